@@ -1,0 +1,1 @@
+"""Aqueduct engine: pure, synchronous; no asyncio, no Redis."""

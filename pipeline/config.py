@@ -1,0 +1,88 @@
+"""Engine configuration: frozen dataclasses, validated on construction.
+
+Each error names the field and the rule, so a bad CLI flag reads as a clear message.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def parse_size(text: str | int) -> int:
+    """'2GiB' -> 2147483648, '512MB' -> 512000000, 1024 -> 1024."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    if match is None or match.group(2).upper() not in _SIZE_UNITS:
+        raise ValueError(f"size must look like '2GiB', '512MB' or a byte count, got {text!r}")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Which weights to load and how. `model=None` means the built-in default model."""
+
+    model: str | None = None
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"  # auto: cuda when available, else cpu
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    enforce_eager: bool = False  # disable CUDA graphs (always eager on CPU)
+    seed: int = 0  # weight-independent engine seed (e.g. for profiling inputs)
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+                 f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        _require(self.max_model_len is None or self.max_model_len >= 1,
+                 f"max_model_len must be >= 1, got {self.max_model_len}")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Paged KV cache size. `num_kv_blocks` overrides every other sizing rule."""
+
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int = 2 * 2**30  # bytes; the CPU sizing rule
+    gpu_memory_utilization: float = 0.9  # the CUDA sizing rule (after profiling)
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0,
+                 f"block_size must be a power of two >= 1, got {self.block_size}")
+        _require(self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+                 f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        _require(self.kv_cache_memory >= 1, f"kv_cache_memory must be >= 1 byte, got {self.kv_cache_memory}")
+        _require(0.0 < self.gpu_memory_utilization <= 1.0,
+                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """The per-step token budget (DESIGN §4)."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 128
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_batched_tokens >= 1,
+                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        _require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -1,0 +1,45 @@
+"""What the engine reports per step: one RequestDelta per request that advanced (DESIGN §3 reply entry)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    rank: int  # 1 = the most likely token
+    top: list[tuple[int, float]] = field(default_factory=list)  # best first
+
+
+@dataclass(slots=True)
+class ChoiceDelta:
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(slots=True)
+class RequestDelta:
+    request_id: str
+    seq: int  # dense per request: 0, 1, 2, ...
+    choices: list[ChoiceDelta]
+    usage: Usage | None = None  # on the final delta
+    error: dict[str, str] | None = None  # {code, message} on a final error delta
+    # On the first delta of a request that asked: one entry per prompt token (None for the first).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.usage is not None or self.error is not None

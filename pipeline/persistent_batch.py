@@ -1,0 +1,136 @@
+"""PersistentBatch: preallocated per-row state of the running sequences, patched by each StepPlan.
+
+A row is taken when a sequence is (re)scheduled as new and given back when the plan says it
+left (finished, aborted, preempted). Rows are reused, so steady-state steps allocate nothing
+per sequence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.sampling_batch import SamplingBatch
+from pipeline.step_plan import NewSequence, StepPlan
+
+_EMPTY = np.zeros(0, np.int64)
+
+
+class PersistentBatch:
+    def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int) -> None:
+        max_blocks = -(-max_model_len // block_size)
+        self.token_ids = np.zeros((max_num_seqs, max_model_len), np.int32)
+        self.block_table = np.zeros((max_num_seqs, max_blocks), np.int32)
+        self.num_blocks = np.zeros(max_num_seqs, np.int32)
+        self.num_tokens = np.zeros(max_num_seqs, np.int32)
+        self.num_prompt_tokens = np.zeros(max_num_seqs, np.int32)
+        self.num_computed = np.zeros(max_num_seqs, np.int32)
+        self.temperature = np.zeros(max_num_seqs, np.float32)
+        self.top_p = np.ones(max_num_seqs, np.float32)
+        self.top_k = np.zeros(max_num_seqs, np.int32)
+        self.min_p = np.zeros(max_num_seqs, np.float32)
+        self.presence_penalty = np.zeros(max_num_seqs, np.float32)
+        self.frequency_penalty = np.zeros(max_num_seqs, np.float32)
+        self.repetition_penalty = np.ones(max_num_seqs, np.float32)
+        self.seeds = np.zeros(max_num_seqs, np.uint64)
+        self.choice_index = np.zeros(max_num_seqs, np.int64)
+        self.num_logprobs = np.full(max_num_seqs, -1, np.int32)
+        self.prompt_logprobs = np.full(max_num_seqs, -1, np.int32)
+        self.min_tokens = np.zeros(max_num_seqs, np.int32)
+        self.stop_token_ids: list[np.ndarray] = [_EMPTY] * max_num_seqs
+        self.row_of: dict[int, int] = {}
+        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
+
+    def apply(self, plan: StepPlan) -> None:
+        for seq_id in plan.removed_seq_ids:
+            row = self.row_of.pop(seq_id, None)
+            if row is not None:
+                self._free_rows.append(row)
+        for new in plan.new_sequences:
+            self._add(new)
+        for running in plan.running_sequences:
+            row = self.row_of[running.seq_id]
+            self._append_tokens(row, running.new_token_ids)
+            self._append_blocks(row, running.new_block_ids)
+            self.num_computed[row] = running.num_computed_tokens
+
+    def _add(self, new: NewSequence) -> None:
+        row = self._free_rows.pop()
+        self.row_of[new.seq_id] = row
+        self.num_tokens[row] = 0
+        self.num_blocks[row] = 0
+        self._append_tokens(row, new.token_ids)
+        self._append_blocks(row, new.block_ids)
+        self.num_prompt_tokens[row] = new.num_prompt_tokens
+        self.num_computed[row] = new.num_computed_tokens
+        values = new.params.row_values()
+        self.temperature[row] = values.temperature
+        self.top_p[row] = values.top_p
+        self.top_k[row] = values.top_k
+        self.min_p[row] = values.min_p
+        self.presence_penalty[row] = values.presence_penalty
+        self.frequency_penalty[row] = values.frequency_penalty
+        self.repetition_penalty[row] = values.repetition_penalty
+        self.seeds[row] = new.seed
+        self.choice_index[row] = new.choice_index
+        self.num_logprobs[row] = values.num_logprobs
+        prompt_logprobs = new.params.prompt_logprobs
+        self.prompt_logprobs[row] = -1 if prompt_logprobs is None else prompt_logprobs
+        self.min_tokens[row] = new.params.min_tokens
+        self.stop_token_ids[row] = np.asarray(new.stop_token_ids, np.int64)
+
+    def _append_tokens(self, row: int, token_ids: list[int]) -> None:
+        start = self.num_tokens[row]
+        self.token_ids[row, start:start + len(token_ids)] = token_ids
+        self.num_tokens[row] = start + len(token_ids)
+
+    def _append_blocks(self, row: int, block_ids: list[int]) -> None:
+        start = self.num_blocks[row]
+        self.block_table[row, start:start + len(block_ids)] = block_ids
+        self.num_blocks[row] = start + len(block_ids)
+
+    def sampling_batch(self, rows: np.ndarray) -> SamplingBatch:
+        output_position = (self.num_tokens[rows] - self.num_prompt_tokens[rows]).astype(np.int64)
+        banned_rows, banned_tokens = self._min_tokens_bans(rows, output_position)
+        prompt_ids, output_ids = self._penalty_inputs(rows)
+        return SamplingBatch(
+            temperature=self.temperature[rows],
+            top_p=self.top_p[rows],
+            top_k=self.top_k[rows],
+            min_p=self.min_p[rows],
+            presence_penalty=self.presence_penalty[rows],
+            frequency_penalty=self.frequency_penalty[rows],
+            repetition_penalty=self.repetition_penalty[rows],
+            seeds=self.seeds[rows],
+            choice_index=self.choice_index[rows],
+            output_position=output_position,
+            num_logprobs=self.num_logprobs[rows],
+            prompt_token_ids=prompt_ids,
+            output_token_ids=output_ids,
+            banned_rows=banned_rows,
+            banned_tokens=banned_tokens,
+        )
+
+    def _min_tokens_bans(self, rows: np.ndarray, output_position: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row, token) pairs for EOS/stop tokens of rows still below min_tokens."""
+        below = np.flatnonzero(output_position < self.min_tokens[rows])
+        if len(below) == 0:
+            return _EMPTY, _EMPTY
+        stops = [self.stop_token_ids[rows[i]] for i in below]
+        banned_rows = np.repeat(below, [len(s) for s in stops]).astype(np.int64)
+        return banned_rows, np.concatenate(stops).astype(np.int64)
+
+    def _penalty_inputs(self, rows: np.ndarray) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
+        penalized = ((self.presence_penalty[rows] != 0) | (self.frequency_penalty[rows] != 0)
+                     | (self.repetition_penalty[rows] != 1))
+        if not penalized.any():
+            return None, None
+        prompt_ids, output_ids = [], []
+        for row, wanted in zip(rows, penalized, strict=True):
+            if not wanted:
+                prompt_ids.append(_EMPTY)
+                output_ids.append(_EMPTY)
+                continue
+            num_prompt, num_tokens = self.num_prompt_tokens[row], self.num_tokens[row]
+            prompt_ids.append(self.token_ids[row, :num_prompt].astype(np.int64))
+            output_ids.append(self.token_ids[row, num_prompt:num_tokens].astype(np.int64))
+        return prompt_ids, output_ids

@@ -1,0 +1,103 @@
+"""Per-request state. A Request owns `n` Sequences, one per choice; the scheduler schedules Sequences.
+
+Each choice is an independent sequence with its own KV blocks; choices of one request share
+their prompt blocks through the prefix cache.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+from pipeline.sampling_params import SamplingParams
+
+_seq_counter = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    request: Request
+    choice_index: int
+    token_ids: list[int]  # prompt + outputs
+    seq_id: int = field(default_factory=lambda: next(_seq_counter))
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache (or scheduled into it)
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first schedule
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # chain hashes of full blocks, grown lazily
+    num_published_blocks: int = 0  # leading blocks already offered to the prefix cache
+    num_sent_tokens: int = 0  # tokens tensor prep has been told about (the rest go in the next plan)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.request.num_prompt_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.request.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.request.num_prompt_tokens:]
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def finish(self, reason: FinishReason, stop_reason: int | str | None = None) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int  # params.seed, or derived from request_id (DESIGN §5)
+    eos_token_ids: frozenset[int] = frozenset()
+    prompt: str | None = None
+    arrival_index: int = 0
+    cache_salt: int | None = None  # extra prefix-cache key (e.g. a LoRA id)
+    sequences: list[Sequence] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.sequences:
+            self.sequences = [Sequence(self, index, list(self.prompt_token_ids))
+                              for index in range(self.params.n)]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return all(seq.is_finished for seq in self.sequences)

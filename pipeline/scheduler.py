@@ -1,0 +1,175 @@
+"""The scheduler: one rule for prefill and decode (DESIGN §4).
+
+Each sequence has `num_computed_tokens`; a step hands sequences tokens under a token budget
+(`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`): running sequences first, then
+waiting ones in FCFS order. A long prompt simply gets a chunk of the budget per step while
+decodes keep running beside it. When KV blocks run out, the newest running sequence is
+preempted: its blocks are freed and it is recomputed later (its prefix may still be cached).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from pipeline.config import SchedulerConfig
+from pipeline.kv_cache_manager import KVCacheManager
+from pipeline.request import FinishReason, Request, Sequence, SequenceStatus
+from pipeline.step_plan import NewSequence, RunningSequence, StepPlan
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int) -> None:
+        self.config = config
+        self.kv_cache = kv_cache
+        # A sequence must fit in the whole cache, or it could only preempt itself forever.
+        self.max_model_len = min(max_model_len, kv_cache.pool.num_blocks * kv_cache.block_size)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.sequences: dict[int, Sequence] = {}
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self._removed_seq_ids: list[int] = []
+        self._next_step_id = 0
+
+    # ---- requests in and out -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise ValueError(f"prompt has {request.num_prompt_tokens} tokens; the limit is "
+                             f"{self.max_model_len - 1} (max_model_len {self.max_model_len} incl. one output)")
+        self.requests[request.request_id] = request
+        for seq in request.sequences:
+            self.sequences[seq.seq_id] = seq
+            self.waiting.append(seq)
+
+    def finish_sequence(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None) -> None:
+        if seq.is_finished:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self._removed_seq_ids.append(seq.seq_id)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv_cache.free(seq)
+        seq.finish(reason, stop_reason)
+        del self.sequences[seq.seq_id]
+        if seq.request.is_finished:
+            self.requests.pop(seq.request.request_id, None)
+
+    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> Request | None:
+        request = self.requests.get(request_id)
+        if request is not None:
+            for seq in request.sequences:
+                self.finish_sequence(seq, reason)
+        return request
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan(step_id=self._next_step_id, removed_seq_ids=self._removed_seq_ids)
+        self._next_step_id += 1
+        self._removed_seq_ids = []
+        budget = self.config.max_num_batched_tokens
+        budget, preempted = self._schedule_running(plan, budget)
+        if not preempted:
+            self._schedule_waiting(plan, budget)
+        return plan
+
+    def _schedule_running(self, plan: StepPlan, budget: int) -> tuple[int, bool]:
+        preempted = False
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_blocks_before = len(seq.block_ids)
+            while not self.kv_cache.allocate(seq, num_new):
+                preempted = True
+                victim = self.running[-1]
+                self._preempt(victim, plan)
+                if victim is seq:
+                    return budget, preempted
+            plan.running_sequences.append(RunningSequence(
+                seq_id=seq.seq_id,
+                new_token_ids=seq.token_ids[seq.num_sent_tokens:],
+                new_block_ids=seq.block_ids[num_blocks_before:],
+                num_computed_tokens=seq.num_computed_tokens,
+            ))
+            self._commit(seq, num_new, plan)
+            budget -= num_new
+            index += 1
+        return budget, preempted
+
+    def _schedule_waiting(self, plan: StepPlan, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            cached_block_ids = self.kv_cache.find_cached_prefix(seq)
+            num_cached = len(cached_block_ids) * self.kv_cache.block_size
+            num_new = seq.num_tokens - num_cached
+            if num_new > budget and not self.config.enable_chunked_prefill:
+                return
+            num_new = min(num_new, budget)
+            if not self.kv_cache.allocate(seq, num_new, cached_block_ids):
+                return
+            self.waiting.popleft()
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = num_cached
+            seq.num_computed_tokens = num_cached
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            plan.new_sequences.append(self._describe_new(seq))
+            self._commit(seq, num_new, plan)
+            budget -= num_new
+
+    def _commit(self, seq: Sequence, num_new: int, plan: StepPlan) -> None:
+        plan.num_scheduled_tokens[seq.seq_id] = num_new
+        seq.num_computed_tokens += num_new
+        seq.num_sent_tokens = seq.num_tokens
+
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        self.running.remove(seq)
+        self.kv_cache.free(seq)
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        plan.removed_seq_ids.append(seq.seq_id)
+        self.waiting.appendleft(seq)
+
+    @staticmethod
+    def _describe_new(seq: Sequence) -> NewSequence:
+        params = seq.params
+        eos = () if params.ignore_eos else tuple(sorted(seq.request.eos_token_ids))
+        return NewSequence(
+            seq_id=seq.seq_id,
+            token_ids=list(seq.token_ids),
+            num_prompt_tokens=seq.num_prompt_tokens,
+            block_ids=list(seq.block_ids),
+            num_computed_tokens=seq.num_computed_tokens,
+            params=params,
+            seed=seq.request.seed,
+            choice_index=seq.choice_index,
+            stop_token_ids=tuple(dict.fromkeys(eos + tuple(params.stop_token_ids))),
+        )
+
+    # ---- results -----------------------------------------------------------------------------
+
+    def append_token(self, seq: Sequence, token_id: int) -> None:
+        """Record a sampled token and finish the sequence if a stop condition holds."""
+        seq.token_ids.append(token_id)
+        params = seq.params
+        num_output = seq.num_output_tokens
+        # Tokens at output positions < min_tokens cannot stop the sequence (they are also banned).
+        if num_output > params.min_tokens:
+            if not params.ignore_eos and token_id in seq.request.eos_token_ids:
+                self.finish_sequence(seq, FinishReason.STOP)
+                return
+            if token_id in params.stop_token_ids:
+                self.finish_sequence(seq, FinishReason.STOP, token_id)
+                return
+        if (params.max_tokens is not None and num_output >= params.max_tokens) \
+                or seq.num_tokens >= self.max_model_len:
+            self.finish_sequence(seq, FinishReason.LENGTH)

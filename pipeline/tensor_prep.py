@@ -1,0 +1,120 @@
+"""TensorPrep: StepPlan -> StepInputs + SamplingBatch, vectorized over a persistent batch.
+
+Every running sequence owns a row of preallocated arrays (its token ids, block table and
+sampling parameters). A plan only patches rows (new rows in full, running rows by diff), and
+the flat per-token arrays of the step are then built with numpy gathers, no loop over tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.persistent_batch import PersistentBatch
+from pipeline.sampling_batch import SamplingBatch
+from pipeline.step_inputs import StepInputs
+from pipeline.step_plan import StepPlan
+
+
+@dataclass(slots=True)
+class PromptLogprobSegment:
+    """Logits rows [row_start, row_start + count) score prompt tokens first_position + 1, ..."""
+
+    seq_id: int
+    row_start: int
+    count: int
+    first_position: int
+
+
+@dataclass(slots=True)
+class PreparedStep:
+    plan: StepPlan
+    inputs: StepInputs
+    sampling: SamplingBatch
+    sample_seq_ids: list[int]  # sequence of each sampling row
+    prompt_logprob_segments: list[PromptLogprobSegment]
+    prompt_logprob_targets: np.ndarray  # [P] int64, token scored by each prompt-logprob row
+
+
+class TensorPrep:
+    def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.batch = PersistentBatch(max_num_seqs, max_model_len, block_size)
+
+    def prepare(self, plan: StepPlan) -> PreparedStep:
+        batch = self.batch
+        batch.apply(plan)
+        rows = np.fromiter((batch.row_of[s] for s in plan.num_scheduled_tokens), np.int64,
+                           len(plan.num_scheduled_tokens))
+        num_scheduled = np.fromiter(plan.num_scheduled_tokens.values(), np.int64, len(rows))
+        inputs = self._build_inputs(rows, num_scheduled)
+        samples = inputs.seq_lens == batch.num_tokens[rows]
+        sample_rows = rows[samples]
+        segments, targets = self._prompt_logprob_rows(plan, rows, num_scheduled, inputs, samples)
+        batch.num_computed[rows] = inputs.seq_lens
+        seq_ids = list(plan.num_scheduled_tokens)
+        return PreparedStep(
+            plan=plan,
+            inputs=inputs,
+            sampling=batch.sampling_batch(sample_rows),
+            sample_seq_ids=[seq_ids[i] for i in np.flatnonzero(samples)],
+            prompt_logprob_segments=segments,
+            prompt_logprob_targets=targets,
+        )
+
+    def _build_inputs(self, rows: np.ndarray, num_scheduled: np.ndarray) -> StepInputs:
+        batch, block_size = self.batch, self.block_size
+        # num_scheduled [2, 5, 3] -> query_start_loc [0, 2, 7, 10]
+        query_start_loc = np.zeros(len(rows) + 1, np.int32)
+        np.cumsum(num_scheduled, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+        # token -> its row: [0, 0, 1, 1, 1, 1, 1, 2, 2, 2]; offset in chunk: [0, 1, 0, 1, 2, 3, 4, 0, 1, 2]
+        token_rows = np.repeat(rows, num_scheduled)
+        offsets = np.arange(num_tokens) - np.repeat(query_start_loc[:-1], num_scheduled)
+        num_computed = batch.num_computed[rows]
+        positions = np.repeat(num_computed, num_scheduled) + offsets
+        block_ids = batch.block_table[token_rows, positions // block_size]
+        seq_lens = (num_computed + num_scheduled).astype(np.int32)
+        max_seq_len = int(seq_lens.max())
+        max_blocks = -(-max_seq_len // block_size)
+        samples = seq_lens == batch.num_tokens[rows]
+        return StepInputs(
+            input_ids=batch.token_ids[token_rows, positions].astype(np.int64),
+            positions=positions,
+            slot_mapping=block_ids.astype(np.int64) * block_size + positions % block_size,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=batch.block_table[rows, :max_blocks],
+            logits_indices=(query_start_loc[1:][samples] - 1).astype(np.int64),
+            num_tokens=num_tokens,
+            max_query_len=int(num_scheduled.max()),
+            max_seq_len=max_seq_len,
+        )
+
+    def _prompt_logprob_rows(self, plan: StepPlan, rows: np.ndarray, num_scheduled: np.ndarray,
+                             inputs: StepInputs, samples: np.ndarray,
+                             ) -> tuple[list[PromptLogprobSegment], np.ndarray]:
+        """Append logits rows for prompt positions of sequences that asked for prompt logprobs.
+        Position p's logits score prompt token p + 1, so the last prompt position scores nothing."""
+        batch = self.batch
+        wanted = np.flatnonzero(batch.prompt_logprobs[rows] >= 0)
+        segments: list[PromptLogprobSegment] = []
+        extra_indices: list[np.ndarray] = []
+        targets: list[np.ndarray] = []
+        next_row = int(samples.sum())
+        seq_ids = list(plan.num_scheduled_tokens)
+        for i in wanted:
+            row, start = rows[i], int(inputs.positions[inputs.query_start_loc[i]])
+            end = min(start + int(num_scheduled[i]), int(batch.num_prompt_tokens[row]) - 1)
+            if end <= start:
+                continue
+            count = end - start
+            extra_indices.append(np.arange(count) + inputs.query_start_loc[i])
+            targets.append(batch.token_ids[row, start + 1:end + 1].astype(np.int64))
+            segments.append(PromptLogprobSegment(seq_ids[i], next_row, count, start))
+            next_row += count
+        if segments:
+            inputs.logits_indices = np.concatenate([inputs.logits_indices, *extra_indices]).astype(np.int64)
+            return segments, np.concatenate(targets)
+        return segments, np.zeros(0, np.int64)
