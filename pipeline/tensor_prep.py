@@ -19,7 +19,8 @@ from pipeline.step_plan import StepPlan
 
 @dataclass(slots=True)
 class PromptLogprobSegment:
-    """Logits rows [row_start, row_start + count) score prompt tokens first_position + 1, ..."""
+    """Prompt-logprob rows [row_start, row_start + count), counted after the sampling rows, score
+    prompt tokens first_position + 1, first_position + 2, ..."""
 
     seq_id: int
     row_start: int
@@ -51,7 +52,7 @@ class TensorPrep:
         inputs = self._build_inputs(rows, num_scheduled)
         samples = inputs.seq_lens == batch.num_tokens[rows]
         sample_rows = rows[samples]
-        segments, targets = self._prompt_logprob_rows(plan, rows, num_scheduled, inputs, samples)
+        segments, targets = self._prompt_logprob_rows(plan, rows, num_scheduled, inputs)
         batch.num_computed[rows] = inputs.seq_lens
         seq_ids = list(plan.num_scheduled_tokens)
         return PreparedStep(
@@ -93,8 +94,7 @@ class TensorPrep:
         )
 
     def _prompt_logprob_rows(self, plan: StepPlan, rows: np.ndarray, num_scheduled: np.ndarray,
-                             inputs: StepInputs, samples: np.ndarray,
-                             ) -> tuple[list[PromptLogprobSegment], np.ndarray]:
+                             inputs: StepInputs) -> tuple[list[PromptLogprobSegment], np.ndarray]:
         """Append logits rows for prompt positions of sequences that asked for prompt logprobs.
         Position p's logits score prompt token p + 1, so the last prompt position scores nothing."""
         batch = self.batch
@@ -102,7 +102,7 @@ class TensorPrep:
         segments: list[PromptLogprobSegment] = []
         extra_indices: list[np.ndarray] = []
         targets: list[np.ndarray] = []
-        next_row = int(samples.sum())
+        next_row = 0
         seq_ids = list(plan.num_scheduled_tokens)
         for i in wanted:
             row, start = rows[i], int(inputs.positions[inputs.query_start_loc[i]])

@@ -28,7 +28,8 @@ def _reference(plan, scheduler, block_size):
 def test_prepared_inputs_match_a_per_token_reference(seed):
     rng = random.Random(seed)
     block_size = rng.choice([2, 4, 16])
-    scheduler = make_scheduler(num_blocks=rng.randint(64 // block_size + 1, 64 // block_size + 40), block_size=block_size,
+    min_blocks = 64 // block_size + 1  # room for the longest request (40 prompt + 20 output tokens)
+    scheduler = make_scheduler(num_blocks=rng.randint(min_blocks, min_blocks + 40), block_size=block_size,
                                max_num_batched_tokens=rng.randint(8, 64), max_num_seqs=rng.randint(2, 8),
                                prefix_caching=rng.random() < 0.5)
     prep = TensorPrep(8, scheduler.max_model_len, block_size)
@@ -86,5 +87,6 @@ def test_prompt_logprob_rows_follow_the_sampling_rows():
     second = prep.prepare(scheduler.schedule())  # tokens 6..9: samples at 9, scores 7..9
     assert second.sample_seq_ids == [seq.seq_id]
     assert second.inputs.logits_indices.tolist() == [3, 0, 1, 2]
+    assert second.prompt_logprob_segments[0].row_start == 0
     assert second.prompt_logprob_targets.tolist() == seq.token_ids[7:10]
     assert second.prompt_logprob_segments[0].first_position == 6

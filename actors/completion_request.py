@@ -1,0 +1,39 @@
+"""OpenAI /v1/completions bodies (plus vLLM's extras) -> prompt and SamplingParams, strictly.
+
+Unknown fields are an error, and so are OpenAI fields we do not implement yet, so a client
+never gets silently different behaviour.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.sampling_params import SamplingParams
+
+_IGNORED = {"model", "user"}  # accepted and not used: one model per worker; user is metadata
+_UNSUPPORTED = {"echo", "suffix", "logit_bias", "stream_options"}
+
+
+def parse_completion_body(body: Any) -> tuple[str | list[int], SamplingParams]:
+    if not isinstance(body, dict):
+        raise ValueError(f"body must be a JSON object, got {type(body).__name__}")
+    if "prompt" not in body:
+        raise ValueError("body.prompt is required")
+    prompt = _parse_prompt(body["prompt"])
+    if body.get("stream"):
+        raise ValueError("stream must be false in a batch file")
+    unsupported = sorted(_UNSUPPORTED & body.keys())
+    if unsupported:
+        raise ValueError(f"not supported yet: {', '.join(unsupported)}")
+    params = {key: value for key, value in body.items()
+              if key not in _IGNORED and key not in ("prompt", "stream")}
+    return prompt, SamplingParams.from_dict(params)
+
+
+def _parse_prompt(prompt: Any) -> str | list[int]:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    raise ValueError("prompt must be a non-empty string or a non-empty list of token ids "
+                     "(one prompt per batch line)")

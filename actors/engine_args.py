@@ -1,0 +1,38 @@
+"""The engine flags shared by every CLI command, and their mapping onto EngineConfig."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipeline.config import DTYPES, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_size
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument("--model", default=None,
+                       help="local HF model directory (default: the built-in random-weight demo model)")
+    group.add_argument("--dtype", choices=DTYPES, default="auto", help="auto = float32 on CPU, bfloat16 on CUDA")
+    group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    group.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
+    group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    group.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV cache size in blocks")
+    group.add_argument("--kv-cache-memory", default="2GiB", help="KV cache size on CPU, e.g. 2GiB")
+    group.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                       help="share of GPU memory for weights + activations + KV cache")
+    group.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    group.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step")
+    group.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=ModelConfig(model=args.model, dtype=args.dtype, device=args.device,
+                          max_model_len=args.max_model_len, enforce_eager=args.enforce_eager),
+        cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                          kv_cache_memory=parse_size(args.kv_cache_memory),
+                          gpu_memory_utilization=args.gpu_memory_utilization,
+                          enable_prefix_caching=not args.no_prefix_caching),
+        scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
+                                  max_num_seqs=args.max_num_seqs),
+    )

@@ -1,0 +1,239 @@
+"""Paged attention: a small backend interface and a portable torch implementation.
+
+KV cache of one layer: a tensor [2, num_blocks, block_size, num_kv_heads, head_dim]
+(index 0 = K, 1 = V). Token slot s lives at block s // block_size, offset s % block_size.
+
+`TorchPagedAttention` splits a step's sequences into groups, each handled by one
+scaled_dot_product_attention call per layer:
+- decode (query length 1): K/V gathered through the block tables into [B, L, H_kv, D], a
+  boolean mask from seq_lens;
+- prefill (query length > 1, which covers chunked prefill and prefix-cache hits): queries padded
+  to the longest chunk of the group, causal mask offset by each sequence's cached context.
+  Sequences of very different cost go to separate groups so padding stays bounded.
+All index tensors and masks are built once per step (`build_metadata`), never per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pipeline.step_inputs import StepInputs
+
+# A prefill group may cost at most this many times its unpadded attention work.
+_MAX_PADDING_RATIO = 2.0
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    token_rows: torch.Tensor  # [Bd] rows of the flat token axis
+    block_ids: torch.Tensor  # [Bd * nb] block ids, nb blocks per sequence, flattened
+    mask: torch.Tensor  # [Bd, 1, 1, nb * block_size] bool, True = attend
+    all_rows: bool  # token_rows == arange(T): no gather/scatter of q and out needed
+
+
+@dataclass(slots=True)
+class PrefillGroup:
+    query_rows: torch.Tensor  # [P, Q] token row of each padded query (pads repeat the last row)
+    out_src: torch.Tensor  # [n] indices into the flattened [P * Q] queries that are real
+    out_dst: torch.Tensor  # [n] their token rows
+    block_ids: torch.Tensor | None  # [P * nb]; None = no cached context, keys are the new tokens
+    mask: torch.Tensor | None  # [P, 1, Q, L] bool; None = plain causal (one sequence, no context)
+
+
+@dataclass(slots=True)
+class TorchAttentionMetadata:
+    slot_mapping: torch.Tensor  # [T'] slots written (padding already removed)
+    write_rows: torch.Tensor | None  # [T'] token rows whose K/V are written; None = rows 0..T'-1
+    decode: DecodeGroup | None
+    prefills: list[PrefillGroup]
+
+
+class AttentionBackend(Protocol):
+    """What a model layer needs from an attention implementation (FlashAttention etc. later)."""
+
+    def build_metadata(self, inputs: StepInputs, device: torch.device) -> object: ...
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, metadata: object) -> torch.Tensor:
+        """q [T, H, D], k/v [T, H_kv, D] -> [T, H, D]; writes k/v into kv_cache first."""
+        ...
+
+
+def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+
+def _split_prefills(query_lens: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
+    """Group prefill sequences (indices into the arrays) so padding wastes at most ~2x.
+
+    Sorted by cost, a group grows while padded work (n * max_q * max_kv) stays within
+    _MAX_PADDING_RATIO of the real work (sum of q * kv). Worked example: query lens
+    [400, 8, 390, 6] (no context) -> groups [[0, 2], [1, 3]].
+    """
+    order = np.argsort(-(query_lens * seq_lens), kind="stable")
+    groups: list[list[int]] = []
+    real = max_q = max_kv = 0
+    for seq in order.tolist():
+        q_len, kv_len = int(query_lens[seq]), int(seq_lens[seq])
+        grown = len(groups[-1]) + 1 if groups else 0
+        padded = grown * max(max_q, q_len) * max(max_kv, kv_len)
+        if groups and padded <= _MAX_PADDING_RATIO * (real + q_len * kv_len):
+            groups[-1].append(seq)
+            real, max_q, max_kv = real + q_len * kv_len, max(max_q, q_len), max(max_kv, kv_len)
+        else:
+            groups.append([seq])
+            real, max_q, max_kv = q_len * kv_len, q_len, kv_len
+    return [np.array(group, dtype=np.int64) for group in groups]
+
+
+class TorchPagedAttention:
+    """Portable backend built on torch indexing and F.scaled_dot_product_attention."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                 scale: float) -> None:
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.block_size = block_size
+        self.scale = scale
+
+    # ---- metadata, once per step -------------------------------------------------------------
+
+    def build_metadata(self, inputs: StepInputs, device: torch.device) -> TorchAttentionMetadata:
+        starts = inputs.query_start_loc[:-1].astype(np.int64)
+        query_lens = np.diff(inputs.query_start_loc).astype(np.int64)
+        seq_lens = inputs.seq_lens.astype(np.int64)
+        slots = inputs.slot_mapping[: inputs.num_tokens]
+        write_rows = None
+        if (slots < 0).any():
+            keep = np.flatnonzero(slots >= 0)
+            slots, write_rows = slots[keep], _to(keep, device)
+        decode = None
+        decode_seqs = np.flatnonzero(query_lens == 1)
+        if len(decode_seqs):
+            decode = self._decode_group(starts[decode_seqs], seq_lens[decode_seqs],
+                                        inputs.block_tables[decode_seqs], len(inputs.input_ids), device)
+        prefill_seqs = np.flatnonzero(query_lens > 1)
+        prefills = []
+        if len(prefill_seqs):
+            for group in _split_prefills(query_lens[prefill_seqs], seq_lens[prefill_seqs]):
+                seqs = prefill_seqs[group]
+                prefills.append(self._prefill_group(starts[seqs], query_lens[seqs], seq_lens[seqs],
+                                                    inputs.block_tables[seqs], device))
+        return TorchAttentionMetadata(_to(slots.astype(np.int64), device), write_rows, decode, prefills)
+
+    def _num_blocks(self, seq_lens: np.ndarray) -> int:
+        return int(-(-int(seq_lens.max()) // self.block_size))  # ceil
+
+    def _decode_group(self, rows: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
+                      total_rows: int, device: torch.device) -> DecodeGroup:
+        num_blocks = self._num_blocks(seq_lens)
+        block_ids = block_tables[:, :num_blocks].astype(np.int64).reshape(-1)
+        # seq_lens [3, 5], block_size 4, 2 blocks -> [[T T T F F F F F], [T T T T T F F F]]
+        mask = np.arange(num_blocks * self.block_size)[None, :] < seq_lens[:, None]
+        all_rows = len(rows) == total_rows and bool((rows == np.arange(len(rows))).all())
+        return DecodeGroup(_to(rows, device), _to(block_ids, device), _to(mask[:, None, None, :], device),
+                           all_rows)
+
+    def _prefill_group(self, starts: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
+                       block_tables: np.ndarray, device: torch.device) -> PrefillGroup:
+        max_q = int(query_lens.max())
+        offsets = np.arange(max_q)[None, :]  # [1, Q]
+        valid = offsets < query_lens[:, None]  # [P, Q]
+        # Pad queries repeat the sequence's last token so gathers stay in range.
+        # starts [0, 7], query_lens [3, 2], Q=3 -> rows [[0, 1, 2], [7, 8, 8]]
+        rows = starts[:, None] + np.minimum(offsets, query_lens[:, None] - 1)
+        contexts = seq_lens - query_lens
+        out_src, out_dst = np.flatnonzero(valid.reshape(-1)), rows[valid]
+        if not contexts.any():
+            block_ids = None
+            keys_len, key_end = max_q, query_lens
+        else:
+            num_blocks = self._num_blocks(seq_lens)
+            block_ids = _to(block_tables[:, :num_blocks].astype(np.int64).reshape(-1), device)
+            keys_len, key_end = num_blocks * self.block_size, seq_lens
+        mask = None
+        if len(starts) > 1 or contexts.any():
+            # Query i of sequence p sits at position contexts[p] + i and sees keys j <= that.
+            # context 2, query len 2 -> [[T T T F], [T T T T]] (padded to 4 keys)
+            keys = np.arange(keys_len)[None, None, :]
+            mask = (keys <= (contexts[:, None] + offsets)[:, :, None]) & (keys < key_end[:, None, None])
+            mask = _to(mask[:, None], device)
+        return PrefillGroup(_to(rows, device), _to(out_src, device), _to(out_dst, device), block_ids, mask)
+
+    def static_decode_metadata(self, slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
+                               block_tables: torch.Tensor) -> TorchAttentionMetadata:
+        """Decode-only metadata from device tensors of fixed shape (CUDA-graph capture).
+
+        Every row is a decode token and every slot is written (padding rows must point at a
+        scratch slot); every sequence gathers all block_tables.shape[1] blocks.
+        """
+        num_seqs, max_blocks = block_tables.shape
+        key_positions = torch.arange(max_blocks * self.block_size, device=seq_lens.device)
+        mask = (key_positions[None, :] < seq_lens[:, None])[:, None, None, :]
+        rows = torch.arange(num_seqs, device=seq_lens.device)
+        decode = DecodeGroup(rows, block_tables.reshape(-1).long(), mask, all_rows=True)
+        return TorchAttentionMetadata(slot_mapping, None, decode, [])
+
+    # ---- per layer ---------------------------------------------------------------------------
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, metadata: TorchAttentionMetadata) -> torch.Tensor:
+        self._write_kv(k, v, kv_cache, metadata)
+        decode = metadata.decode
+        if decode is not None and decode.all_rows:
+            return self._decode(q, kv_cache, decode)
+        out = torch.zeros_like(q)  # rows in no group (graph padding) stay zero
+        if decode is not None:
+            out[decode.token_rows] = self._decode(q[decode.token_rows], kv_cache, decode)
+        for group in metadata.prefills:
+            self._prefill(q, k, v, kv_cache, group, out)
+        return out
+
+    def _write_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                  metadata: TorchAttentionMetadata) -> None:
+        num_written = metadata.slot_mapping.shape[0]
+        if metadata.write_rows is not None:
+            k, v = k[metadata.write_rows], v[metadata.write_rows]
+        else:
+            k, v = k[:num_written], v[:num_written]
+        # [2, N, bs, H, D] -> [2, N * bs, H, D]: row s is slot s.
+        kv_flat = kv_cache.view(2, -1, self.num_kv_heads, self.head_dim)
+        kv_flat[0].index_copy_(0, metadata.slot_mapping, k.to(kv_cache.dtype))
+        kv_flat[1].index_copy_(0, metadata.slot_mapping, v.to(kv_cache.dtype))
+
+    def _gather(self, kv_cache: torch.Tensor, block_ids: torch.Tensor,
+                num_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of whole blocks per sequence, as [B, H_kv, L, D] views."""
+        # index_select on each half's leading axis is several times faster on CPU than
+        # fancy indexing kv_cache[:, block_tables].
+        shape = (num_seqs, -1, self.num_kv_heads, self.head_dim)
+        keys = kv_cache[0].index_select(0, block_ids).view(shape)
+        values = kv_cache[1].index_select(0, block_ids).view(shape)
+        return keys.transpose(1, 2), values.transpose(1, 2)
+
+    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
+        keys, values = self._gather(kv_cache, group.block_ids, q.shape[0])
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=group.mask,
+                                             scale=self.scale, enable_gqa=True)  # [B, H, 1, D]
+        return out.squeeze(2)
+
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                 group: PrefillGroup, out: torch.Tensor) -> None:
+        num_seqs, max_q = group.query_rows.shape
+        queries = q[group.query_rows].transpose(1, 2)  # [P, H, Q, D]
+        if group.block_ids is None:
+            keys, values = k[group.query_rows].transpose(1, 2), v[group.query_rows].transpose(1, 2)
+        else:
+            keys, values = self._gather(kv_cache, group.block_ids, num_seqs)
+        result = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask,
+                                                is_causal=group.mask is None, scale=self.scale,
+                                                enable_gqa=True)  # [P, H, Q, D]
+        flat = result.transpose(1, 2).reshape(num_seqs * max_q, *q.shape[1:])
+        out[group.out_dst] = flat[group.out_src].to(out.dtype)

@@ -1,0 +1,108 @@
+"""CUDA-graph replay for decode-only steps (every sequence contributes exactly one token).
+
+UNTESTED ON A GPU: this machine has none. The padding and static-buffer logic is exercised on
+CPU with `capture=False` (the same code path, called eagerly instead of replayed); the capture
+itself (torch.cuda.graph, shared pool, largest size first) has not run here.
+
+Graphs are captured for batch sizes 1, 2, 4, 8, 16, 24, 32, ... (step 8) up to max_num_seqs,
+largest first so smaller graphs reuse the one memory pool. A real batch of B sequences is padded
+to the next captured size: pad rows write their K/V to a scratch slot the runner reserves, have
+seq_len 1 and block table row 0, so they touch nothing a real sequence reads. Attention metadata
+is built inside the graph from static buffers, with a fixed number of blocks per sequence (the
+whole max_model_len), so every decode step gathers max_model_len keys per sequence: simple and
+capturable, but memory and bandwidth grow with max_model_len; a paged kernel (FlashInfer) is the
+real fix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import structlog
+import torch
+
+from pipeline.model.attention import TorchPagedAttention
+from pipeline.model.models.llama import LlamaForCausalLM
+from pipeline.step_inputs import StepInputs
+
+log = structlog.get_logger(__name__)
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """[1, 2, 4, 8, 16, 24, ...] up to and including max_num_seqs, largest first.
+
+    max_num_seqs 20 -> [20, 16, 8, 4, 2, 1]
+    """
+    sizes = {size for size in (1, 2, 4) if size <= max_num_seqs}
+    sizes.update(range(8, max_num_seqs + 1, 8))
+    sizes.add(max_num_seqs)
+    return sorted(sizes, reverse=True)
+
+
+class CUDAGraphRunner:
+    def __init__(self, model: LlamaForCausalLM, backend: TorchPagedAttention, kv_caches: list[torch.Tensor],
+                 max_num_seqs: int, max_blocks_per_seq: int, scratch_slot: int, device: torch.device,
+                 capture: bool = True) -> None:
+        self.model, self.backend, self.kv_caches = model, backend, kv_caches
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.scratch_slot = scratch_slot
+        self.sizes = capture_sizes(max_num_seqs)
+        self.use_graphs = capture
+        size = self.sizes[0]
+        self.input_ids = torch.zeros(size, dtype=torch.long, device=device)
+        self.positions = torch.zeros(size, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((size,), scratch_slot, dtype=torch.long, device=device)
+        self.seq_lens = torch.ones(size, dtype=torch.long, device=device)
+        self.block_tables = torch.zeros(size, max_blocks_per_seq, dtype=torch.long, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        if capture:
+            self._capture_all()
+
+    def _forward(self, size: int) -> torch.Tensor:
+        metadata = self.backend.static_decode_metadata(
+            self.slot_mapping[:size], self.seq_lens[:size], self.block_tables[:size])
+        return self.model(self.input_ids[:size], self.positions[:size], metadata, self.kv_caches)
+
+    def _capture_all(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        for size in self.sizes:  # largest first: later graphs fit in the pool it reserved
+            self._forward(size)  # warm up kernels and allocator outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[size] = self._forward(size)
+            self.graphs[size] = graph
+        torch.cuda.synchronize()
+        log.info("cuda graphs captured", sizes=self.sizes, max_blocks_per_seq=self.max_blocks_per_seq)
+
+    def can_run(self, inputs: StepInputs) -> bool:
+        num_seqs = inputs.num_seqs
+        return (inputs.max_query_len == 1 and inputs.num_tokens == num_seqs and 0 < num_seqs <= self.sizes[0]
+                and int(inputs.seq_lens.max()) <= self.max_blocks_per_seq * self.backend.block_size)
+
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Hidden states [num_seqs, hidden] of a decode-only step."""
+        num_seqs = inputs.num_seqs
+        size = min(s for s in self.sizes if s >= num_seqs)
+        self._fill(inputs, size)
+        if not self.use_graphs:
+            return self._forward(size)[:num_seqs]
+        self.graphs[size].replay()
+        return self.outputs[size][:num_seqs]
+
+    def _fill(self, inputs: StepInputs, size: int) -> None:
+        num_seqs = inputs.num_seqs
+        width = min(inputs.block_tables.shape[1], self.max_blocks_per_seq)
+
+        def copy(dst: torch.Tensor, src: np.ndarray, pad: int) -> None:
+            dst[:num_seqs].copy_(torch.from_numpy(np.ascontiguousarray(src)))
+            dst[num_seqs:size].fill_(pad)
+
+        copy(self.input_ids, inputs.input_ids[:num_seqs].astype(np.int64), 0)
+        copy(self.positions, inputs.positions[:num_seqs].astype(np.int64), 0)
+        slots = inputs.slot_mapping[:num_seqs].astype(np.int64)
+        copy(self.slot_mapping, np.where(slots < 0, self.scratch_slot, slots), self.scratch_slot)
+        copy(self.seq_lens, inputs.seq_lens.astype(np.int64), 1)
+        self.block_tables[:size].zero_()
+        self.block_tables[:num_seqs, :width].copy_(
+            torch.from_numpy(inputs.block_tables[:, :width].astype(np.int64)))

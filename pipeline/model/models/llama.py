@@ -1,0 +1,172 @@
+"""Decoder-only transformer for the Llama family: Llama (incl. llama3 rope), Qwen2, Qwen3.
+
+The families differ only in flags: qkv bias (Qwen2), per-head q/k RMSNorm (Qwen3), an explicit
+head_dim (Qwen3), tied embeddings. Module names mirror HF checkpoints except two fusions:
+q/k/v_proj -> qkv_proj and gate/up_proj -> gate_up_proj (fewer, larger matmuls); `load_weights`
+maps checkpoint names onto them.
+
+Tokens are flat ([T], no batch axis); attention metadata says which tokens belong together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from pipeline.model.attention import AttentionBackend
+from pipeline.model.layers import GatedMLP, RMSNorm, RopeParams, RotaryEmbedding, apply_rotary
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeParams
+    max_positions: int  # rows of the rotary table
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    tie_word_embeddings: bool = False
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DecoderConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.backend = backend
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                metadata: object) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = self.backend.forward(q, k, v, kv_cache, metadata)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: DecoderConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, backend)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                metadata: object) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: DecoderConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, backend) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_positions, config.rope)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Serves LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM checkpoints."""
+
+    # checkpoint suffix -> (fused parameter suffix, shard index)
+    _FUSED: ClassVar[dict[str, tuple[str, int]]] = {
+        "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config: DecoderConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config, backend)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share embed_tokens' weight with lm_head (again after materialising from meta)."""
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: object,
+                kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """input_ids, positions [T] -> hidden states [T, hidden_size], final norm applied."""
+        hidden = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary_emb.lookup(positions, hidden.dtype)  # shared by every layer
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            hidden = layer(hidden, cos, sin, kv_cache, metadata)
+        return self.model.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[R, hidden_size] -> float32 logits [R, vocab_size]."""
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors into the (possibly fused) parameters; raise if any is missing."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        pending = set(params)
+        if self.config.tie_word_embeddings:
+            pending.discard("lm_head.weight")
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue  # old checkpoints store the rope table; it is recomputed
+            target, rows = self._target(name, params)
+            with torch.no_grad():
+                target.data[rows].copy_(tensor)
+            pending.discard(self._fused_name(name))
+        if "lm_head.weight" in pending and "model.embed_tokens.weight" not in pending:
+            self.tie_weights()  # no lm_head in the checkpoint: the embeddings double as the head
+            pending.discard("lm_head.weight")
+        # A fused parameter counts as loaded only if all of its shards were seen; tracked coarsely
+        # via the fused name, which is enough to catch a missing file or a wrong architecture.
+        if pending:
+            raise ValueError(f"checkpoint is missing weights: {sorted(pending)[:8]}")
+
+    def _fused_name(self, name: str) -> str:
+        module, _, kind = name.rpartition(".")
+        prefix, _, proj = module.rpartition(".")
+        if proj in self._FUSED:
+            return f"{prefix}.{self._FUSED[proj][0]}.{kind}"
+        return name
+
+    def _target(self, name: str, params: dict[str, nn.Parameter]) -> tuple[nn.Parameter, slice]:
+        fused = self._fused_name(name)
+        if fused not in params:
+            raise ValueError(f"unexpected weight in checkpoint: {name}")
+        param = params[fused]
+        proj = name.rpartition(".")[0].rpartition(".")[2]
+        if fused == name:
+            return param, slice(None)
+        shard = self._FUSED[proj][1]
+        sizes = self._shard_sizes(fused)
+        start = sum(sizes[:shard])
+        return param, slice(start, start + sizes[shard])
+
+    def _shard_sizes(self, fused: str) -> list[int]:
+        c = self.config
+        if ".qkv_proj." in fused:
+            return [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
+        return [c.intermediate_size, c.intermediate_size]

@@ -1,0 +1,144 @@
+"""ModelRunner: owns the weights and the paged KV cache; turns StepInputs into logits.
+
+KV cache: one tensor per layer, [2, blocks, block_size, num_kv_heads, head_dim]. When CUDA
+graphs are used, one extra block past num_kv_blocks is a scratch block that graph padding rows
+write into; the scheduler never sees it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import structlog
+import torch
+
+from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
+from pipeline.model.attention import TorchPagedAttention
+from pipeline.model.graphs import CUDAGraphRunner
+from pipeline.model.loader import ModelInfo, load_model, read_config, resolve_device, resolve_dtype
+from pipeline.step_inputs import StepInputs
+
+log = structlog.get_logger(__name__)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def dummy_prefill_inputs(num_tokens: int, num_seqs: int, max_len: int) -> StepInputs:
+    """A first-chunk prefill of num_tokens tokens over num_seqs sequences; writes nothing (slots -1).
+
+    num_tokens 10, num_seqs 3 -> query lens [4, 3, 3], positions [0 1 2 3 0 1 2 0 1 2]
+    """
+    num_seqs = max(1, min(num_seqs, num_tokens))
+    lens = np.full(num_seqs, num_tokens // num_seqs, dtype=np.int64)
+    lens[: num_tokens % num_seqs] += 1
+    lens = np.minimum(lens, max_len)
+    starts = np.concatenate([[0], np.cumsum(lens)])
+    total = int(starts[-1])
+    positions = np.arange(total) - np.repeat(starts[:-1], lens)
+    return StepInputs(
+        input_ids=np.zeros(total, dtype=np.int64), positions=positions,
+        slot_mapping=np.full(total, -1, dtype=np.int64), query_start_loc=starts.astype(np.int32),
+        seq_lens=lens.astype(np.int32), block_tables=np.zeros((num_seqs, 1), dtype=np.int32),
+        logits_indices=(starts[1:] - 1).astype(np.int64), num_tokens=total,
+        max_query_len=int(lens.max()), max_seq_len=int(lens.max()))
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig,
+                 scheduler_config: SchedulerConfig, model_dir: str) -> None:
+        self.device = resolve_device(model_config.device)
+        self.dtype = resolve_dtype(model_config.dtype, self.device)
+        self.block_size = cache_config.block_size
+        self.max_model_len = model_config.max_model_len or read_config(model_dir)["max_position_embeddings"]
+        self.scheduler_config = scheduler_config
+        self.model, self.info = self._load(model_config, model_dir)
+        self.vocab_size = self.info.vocab_size
+        self.eos_token_ids = self.info.eos_token_ids
+        self.num_kv_blocks = self._decide_num_blocks(cache_config)
+        use_graphs = self.device.type == "cuda" and not model_config.enforce_eager
+        self.kv_caches = self._allocate_kv_caches(self.num_kv_blocks + int(use_graphs))
+        self.graph_runner = self._capture_graphs() if use_graphs else None
+        log.info("model runner ready", device=str(self.device), dtype=str(self.dtype),
+                 num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
+                 max_model_len=self.max_model_len, cuda_graphs=use_graphs)
+
+    def _load(self, model_config: ModelConfig, model_dir: str) -> tuple[torch.nn.Module, ModelInfo]:
+        config = read_config(model_dir)
+        num_heads = config["num_attention_heads"]
+        head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
+        self.backend = TorchPagedAttention(num_heads, config.get("num_key_value_heads") or num_heads,
+                                           head_dim, self.block_size, scale=head_dim**-0.5)
+        return load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
+                          max_positions=max(self.max_model_len, config["max_position_embeddings"]))
+
+    # ---- KV cache sizing -----------------------------------------------------------------------
+
+    @property
+    def bytes_per_block(self) -> int:
+        info = self.info
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        return 2 * self.block_size * info.num_kv_heads * info.head_dim * elem * info.num_layers
+
+    def _decide_num_blocks(self, cache_config: CacheConfig) -> int:
+        if cache_config.num_kv_blocks is not None:
+            return cache_config.num_kv_blocks
+        if self.device.type != "cuda":
+            return max(1, cache_config.kv_cache_memory // self.bytes_per_block)
+        return self._profile_num_blocks(cache_config.gpu_memory_utilization)
+
+    def _profile_num_blocks(self, gpu_memory_utilization: float) -> int:
+        """Run a max-size step without a cache; whatever memory it leaves under the limit holds KV."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        sched = self.scheduler_config
+        inputs = dummy_prefill_inputs(sched.max_num_batched_tokens, sched.max_num_seqs, self.max_model_len)
+        with torch.inference_mode():
+            self._forward(inputs, self._allocate_kv_caches(1))
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        available = int(gpu_memory_utilization * total) - peak
+        num_blocks = available // self.bytes_per_block
+        log.info("profiled memory", peak_bytes=peak, total_bytes=total, kv_bytes=available,
+                 num_blocks=num_blocks)
+        if num_blocks < 1:
+            raise ValueError(f"no memory left for the KV cache: peak {peak} bytes of {total}; "
+                             "raise gpu_memory_utilization or lower max_num_batched_tokens")
+        torch.cuda.empty_cache()
+        return num_blocks
+
+    def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+        info = self.info
+        shape = (2, num_blocks, self.block_size, info.num_kv_heads, info.head_dim)
+        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(info.num_layers)]
+
+    def _capture_graphs(self) -> CUDAGraphRunner:
+        start = time.perf_counter()
+        max_blocks_per_seq = _cdiv(self.max_model_len, self.block_size)
+        with torch.inference_mode():
+            runner = CUDAGraphRunner(self.model, self.backend, self.kv_caches,
+                                     self.scheduler_config.max_num_seqs, max_blocks_per_seq,
+                                     scratch_slot=self.num_kv_blocks * self.block_size, device=self.device)
+        log.info("graph capture done", seconds=round(time.perf_counter() - start, 2))
+        return runner
+
+    # ---- the step ------------------------------------------------------------------------------
+
+    def _forward(self, inputs: StepInputs, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        input_ids = torch.from_numpy(inputs.input_ids.astype(np.int64, copy=False)).to(self.device)
+        positions = torch.from_numpy(inputs.positions.astype(np.int64, copy=False)).to(self.device)
+        metadata = self.backend.build_metadata(inputs, self.device)
+        return self.model(input_ids, positions, metadata, kv_caches)
+
+    def execute(self, inputs: StepInputs) -> torch.Tensor:
+        """Float32 logits [len(logits_indices), vocab_size] on self.device."""
+        with torch.inference_mode():
+            if self.graph_runner is not None and self.graph_runner.can_run(inputs):
+                hidden = self.graph_runner.run(inputs)
+            else:
+                hidden = self._forward(inputs, self.kv_caches)
+            logits_indices = torch.from_numpy(inputs.logits_indices.astype(np.int64, copy=False))
+            return self.model.compute_logits(hidden[logits_indices.to(self.device)])

@@ -1,0 +1,74 @@
+"""Test helpers: build an engine on a model directory, run requests to completion, HF greedy oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from pipeline.engine import LLMEngine
+from pipeline.sampling_params import SamplingParams
+
+NEAR_TIE_MARGIN = 1e-3
+
+
+def make_engine(model_dir: Path, *, block_size: int = 16, num_kv_blocks: int | None = 512,
+                max_num_batched_tokens: int = 512, max_num_seqs: int = 32,
+                prefix_caching: bool = True, max_model_len: int | None = None) -> LLMEngine:
+    return LLMEngine(EngineConfig(
+        model=ModelConfig(model=str(model_dir), max_model_len=max_model_len),
+        cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, enable_prefix_caching=prefix_caching),
+        scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
+    ))
+
+
+def run_requests(engine: LLMEngine, requests: dict[str, tuple[Any, SamplingParams]]) -> dict[str, dict]:
+    """Submit all, step to completion; per request: choices (token_ids, text, logprobs, finish) and usage."""
+    results: dict[str, dict] = {}
+    for request_id, (prompt, params) in requests.items():
+        engine.add_request(request_id, prompt, params)
+        results[request_id] = {"choices": {}, "usage": None, "prompt_logprobs": None, "seqs": []}
+    while engine.has_unfinished:
+        for delta in engine.step():
+            result = results[delta.request_id]
+            result["seqs"].append(delta.seq)
+            for choice in delta.choices:
+                state = result["choices"].setdefault(
+                    choice.index, {"token_ids": [], "text": "", "logprobs": [], "finish_reason": None})
+                state["token_ids"] += choice.token_ids
+                state["text"] += choice.text
+                state["logprobs"] += choice.logprobs or []
+                if choice.finish_reason is not None:
+                    state["finish_reason"], state["stop_reason"] = choice.finish_reason, choice.stop_reason
+            if delta.prompt_logprobs is not None:
+                result["prompt_logprobs"] = delta.prompt_logprobs
+            if delta.usage is not None:
+                result["usage"] = delta.usage
+    return results
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int,
+              eos_token_id: list[int] | None = None, min_new_tokens: int = 0) -> tuple[list[int], torch.Tensor]:
+    """HF greedy tokens and the raw logits of each generated position ([steps, vocab])."""
+    model.generation_config.eos_token_id = eos_token_id
+    model.generation_config.pad_token_id = 0
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens or None,
+                             do_sample=False, output_logits=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    return tokens, torch.cat(out.logits).float()
+
+
+def assert_greedy_equal(ours: list[int], theirs: list[int], their_logits: torch.Tensor, label: str) -> None:
+    """Token-for-token equality; a divergence is accepted only at a near-tie of HF's logits."""
+    for position, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+        if a != b:
+            top2 = torch.topk(their_logits[position], 2).values
+            margin = float(top2[0] - top2[1])
+            assert margin < NEAR_TIE_MARGIN, (
+                f"{label}: diverged at output {position} (ours {a}, HF {b}) with HF top-2 margin {margin:.2e}")
+            return
+    assert len(ours) == len(theirs), f"{label}: {len(ours)} tokens vs HF {len(theirs)}"

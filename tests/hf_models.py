@@ -1,0 +1,78 @@
+"""Tiny random-weight HF checkpoints for tests (Llama, Llama with llama3 rope, Qwen2, Qwen3).
+
+HF's default init (std 0.02, zero biases, unit norms) gives near-tied logits and leaves biases
+and norm weights untested, so every parameter is re-drawn: matrices with std 1/sqrt(fan_in)
+(activations stay O(1), logits spread by ~1), biases and norm weights around their defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import GenerationConfig
+
+EOS_TOKEN_ID = 2
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": EOS_TOKEN_ID,
+}
+
+# arch name -> (config class, model class, overrides)
+_ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {"rope_theta": 10000.0}),
+    "llama3": ("LlamaConfig", "LlamaForCausalLM", {
+        "rope_theta": 500000.0,
+        # original_max_position_embeddings small so all three llama3 bands (kept, interpolated,
+        # divided by factor) occur at head_dim 16.
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    }),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True, "rope_theta": 1000000.0}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32, "rope_theta": 1000000.0,
+                                                  "tie_word_embeddings": False}),
+}
+ARCHS = tuple(_ARCHS)
+
+
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim == 2:
+                std = 1.0 if "embed_tokens" in name else param.shape[1] ** -0.5
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+            elif name.endswith("bias"):
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+            else:  # norm weights
+                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=generator))
+
+
+def make_tiny_hf_model(arch: str, path: str | Path, *, seed: int = 0, shard: bool = False,
+                       **config_overrides: Any) -> Path:
+    """Write a tiny float32 checkpoint of `arch` (one of ARCHS) to `path`; returns the path."""
+    if arch not in _ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    config_name, model_name, arch_overrides = _ARCHS[arch]
+    config = getattr(transformers, config_name)(**{**_COMMON, **arch_overrides, **config_overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).float().eval()
+    _randomize(model, seed)
+    path = Path(path)
+    save_kwargs: dict[str, Any] = {"safe_serialization": True}
+    if shard:
+        save_kwargs["max_shard_size"] = "100KB"
+    model.save_pretrained(path, **save_kwargs)
+    GenerationConfig(bos_token_id=1, eos_token_id=[EOS_TOKEN_ID, 3]).save_pretrained(path)
+    return path
