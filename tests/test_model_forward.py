@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
@@ -224,6 +225,45 @@ def test_unsupported_architecture_names_supported_ones(tmp_path: Path) -> None:
     config = json.loads((path / "config.json").read_text())
     config["architectures"] = ["GPT2LMHeadModel"]
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="LlamaForCausalLM.*Qwen2ForCausalLM.*Qwen3ForCausalLM"):
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM.*Qwen2ForCausalLM.*Qwen3ForCausalLM"):
         make_runner(path)
     shutil.rmtree(path)
+
+
+def test_missing_lm_head_falls_back_to_embeddings(tmp_path: Path) -> None:
+    path = make_tiny_hf_model("llama", tmp_path / "m")
+    weights = load_file(path / "model.safetensors")
+    del weights["lm_head.weight"]
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf.lm_head.weight = hf.model.embed_tokens.weight
+    ref = Reference(path, hf)
+    runner = make_runner(path)
+    seqs = Seqs(runner.block_size)
+    run_and_check(runner, seqs, ref, [(seqs.add(9), 9)])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_runs_close_to_float32(tmp_path: Path, dtype: torch.dtype) -> None:
+    path = make_tiny_hf_model("qwen3", tmp_path / "m")
+    runner = ModelRunner(ModelConfig(device="cpu", dtype=str(dtype).removeprefix("torch.")),
+                         CacheConfig(block_size=4, num_kv_blocks=NUM_BLOCKS), SchedulerConfig(), str(path))
+    assert runner.kv_caches[0].dtype == dtype
+    ref = Reference(path, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
+    seqs = Seqs(runner.block_size)
+    seq = seqs.add(12)
+    steps = [[(seq, 12)], [(seq, 1)]]
+    for step, chunks in enumerate(steps):
+        if step > 0:
+            seqs.append_token(seq)
+        logits = runner.execute(seqs.step(chunks))
+        assert logits.dtype == torch.float32
+        torch.testing.assert_close(logits, seqs.expected(ref, chunks), atol=0.1, rtol=0)
+
+
+def test_cuda_device_without_cuda_is_a_clear_error(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    path = make_tiny_hf_model("llama", tmp_path / "m")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        ModelRunner(ModelConfig(device="cuda"), CacheConfig(num_kv_blocks=4), SchedulerConfig(), str(path))

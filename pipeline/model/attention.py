@@ -15,6 +15,7 @@ All index tensors and masks are built once per step (`build_metadata`), never pe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -72,8 +73,9 @@ def _split_prefills(query_lens: np.ndarray, seq_lens: np.ndarray) -> list[np.nda
     """Group prefill sequences (indices into the arrays) so padding wastes at most ~2x.
 
     Sorted by cost, a group grows while padded work (n * max_q * max_kv) stays within
-    _MAX_PADDING_RATIO of the real work (sum of q * kv). Worked example: query lens
-    [400, 8, 390, 6] (no context) -> groups [[0, 2], [1, 3]].
+    _MAX_PADDING_RATIO of the real work (sum of q * kv). Worked example, no cached context:
+    query lens [300, 8, 290, 6, 5] -> groups [[0, 2, 1], [3, 4]] (the 8-token chunk still fits
+    beside the long ones; 3 * 300 * 300 <= 2 * (300^2 + 290^2 + 8^2)).
     """
     order = np.argsort(-(query_lens * seq_lens), kind="stable")
     groups: list[list[int]] = []
@@ -102,6 +104,9 @@ class TorchPagedAttention:
         self.head_dim = head_dim
         self.block_size = block_size
         self.scale = scale
+        # Reused gather buffers (K, V): a fresh multi-MB tensor per layer costs page faults that
+        # took longer than the gather itself on CPU. Grown on demand, never shrunk.
+        self._workspace: list[torch.Tensor] = [torch.empty(0), torch.empty(0)]
 
     # ---- metadata, once per step -------------------------------------------------------------
 
@@ -213,16 +218,29 @@ class TorchPagedAttention:
         """K, V of whole blocks per sequence, as [B, H_kv, L, D] views."""
         # index_select on each half's leading axis is several times faster on CPU than
         # fancy indexing kv_cache[:, block_tables].
-        shape = (num_seqs, -1, self.num_kv_heads, self.head_dim)
-        keys = kv_cache[0].index_select(0, block_ids).view(shape)
-        values = kv_cache[1].index_select(0, block_ids).view(shape)
-        return keys.transpose(1, 2), values.transpose(1, 2)
+        gathered = []
+        for half in (0, 1):
+            out = self._buffer(half, (block_ids.shape[0], *kv_cache.shape[2:]), kv_cache)
+            torch.index_select(kv_cache[half], 0, block_ids, out=out)
+            gathered.append(out.view(num_seqs, -1, self.num_kv_heads, self.head_dim).transpose(1, 2))
+        return gathered[0], gathered[1]
+
+    def _buffer(self, index: int, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        numel = math.prod(shape)
+        buffer = self._workspace[index]
+        if buffer.numel() < numel or buffer.dtype != like.dtype or buffer.device != like.device:
+            buffer = self._workspace[index] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return buffer[:numel].view(shape)
 
     def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
-        keys, values = self._gather(kv_cache, group.block_ids, q.shape[0])
-        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=group.mask,
-                                             scale=self.scale, enable_gqa=True)  # [B, H, 1, D]
-        return out.squeeze(2)
+        num_seqs = q.shape[0]
+        keys, values = self._gather(kv_cache, group.block_ids, num_seqs)
+        # Query heads h = kv * G + g share KV head kv (as HF's repeat_kv), so the G heads of a
+        # group become G query rows against one KV head: K/V are read once per group, ~1.3x faster
+        # on CPU than enable_gqa. [B, H, D] -> [B, H_kv, G, D]; the mask broadcasts over rows.
+        queries = q.reshape(num_seqs, self.num_kv_heads, -1, self.head_dim)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, scale=self.scale)
+        return out.reshape(q.shape)
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                  group: PrefillGroup, out: torch.Tensor) -> None:

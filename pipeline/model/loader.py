@@ -47,7 +47,10 @@ def resolve_device(name: str) -> torch.device:
     """'auto' -> cuda when available, else cpu."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return device
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

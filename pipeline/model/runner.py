@@ -51,6 +51,8 @@ class ModelRunner:
                  scheduler_config: SchedulerConfig, model_dir: str) -> None:
         self.device = resolve_device(model_config.device)
         self.dtype = resolve_dtype(model_config.dtype, self.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # graph capture and profiling use the current device
         self.block_size = cache_config.block_size
         self.max_model_len = model_config.max_model_len or read_config(model_dir)["max_position_embeddings"]
         self.scheduler_config = scheduler_config
