@@ -27,6 +27,10 @@ from pipeline.step_inputs import StepInputs
 
 # A prefill group may cost at most this many times its unpadded attention work.
 _MAX_PADDING_RATIO = 2.0
+# Decode groups: padded keys at most this many times the real ones, but at least this many
+# sequences per group (each group is one more SDPA call per layer).
+_DECODE_PADDING_RATIO = 1.25
+_MIN_DECODE_GROUP = 16
 
 
 @dataclass(slots=True)
@@ -50,7 +54,7 @@ class PrefillGroup:
 class TorchAttentionMetadata:
     slot_mapping: torch.Tensor  # [T'] slots written (padding already removed)
     write_rows: torch.Tensor | None  # [T'] token rows whose K/V are written; None = rows 0..T'-1
-    decode: DecodeGroup | None
+    decodes: list[DecodeGroup]
     prefills: list[PrefillGroup]
 
 
@@ -93,6 +97,28 @@ def _split_prefills(query_lens: np.ndarray, seq_lens: np.ndarray) -> list[np.nda
     return [np.array(group, dtype=np.int64) for group in groups]
 
 
+def _split_decodes(seq_lens: np.ndarray) -> list[np.ndarray]:
+    """Group decode sequences (indices) by length so gathered keys are mostly real, not padding.
+
+    Sorted by length, a group grows while len(group) * longest <= ratio * sum(lengths), or while
+    it is smaller than _MIN_DECODE_GROUP. Worked example with ratio 1.25 and min size 2:
+    seq_lens [500, 40, 480, 60, 45] -> [[0, 2], [3, 4, 1]].
+    """
+    order = np.argsort(-seq_lens, kind="stable")
+    groups: list[list[int]] = []
+    total = longest = 0
+    for seq in order.tolist():
+        length = int(seq_lens[seq])
+        if groups and (len(groups[-1]) < _MIN_DECODE_GROUP
+                       or (len(groups[-1]) + 1) * longest <= _DECODE_PADDING_RATIO * (total + length)):
+            groups[-1].append(seq)
+            total += length
+        else:
+            groups.append([seq])
+            total = longest = length
+    return [np.array(group, dtype=np.int64) for group in groups]
+
+
 class TorchPagedAttention:
     """Portable backend built on torch indexing and F.scaled_dot_product_attention."""
 
@@ -119,11 +145,13 @@ class TorchPagedAttention:
         if (slots < 0).any():
             keep = np.flatnonzero(slots >= 0)
             slots, write_rows = slots[keep], _to(keep, device)
-        decode = None
+        decodes = []
         decode_seqs = np.flatnonzero(query_lens == 1)
         if len(decode_seqs):
-            decode = self._decode_group(starts[decode_seqs], seq_lens[decode_seqs],
-                                        inputs.block_tables[decode_seqs], len(inputs.input_ids), device)
+            for group in _split_decodes(seq_lens[decode_seqs]):
+                seqs = decode_seqs[group]
+                decodes.append(self._decode_group(starts[seqs], seq_lens[seqs], inputs.block_tables[seqs],
+                                                  len(inputs.input_ids), device))
         prefill_seqs = np.flatnonzero(query_lens > 1)
         prefills = []
         if len(prefill_seqs):
@@ -131,7 +159,7 @@ class TorchPagedAttention:
                 seqs = prefill_seqs[group]
                 prefills.append(self._prefill_group(starts[seqs], query_lens[seqs], seq_lens[seqs],
                                                     inputs.block_tables[seqs], device))
-        return TorchAttentionMetadata(_to(slots.astype(np.int64), device), write_rows, decode, prefills)
+        return TorchAttentionMetadata(_to(slots.astype(np.int64), device), write_rows, decodes, prefills)
 
     def _num_blocks(self, seq_lens: np.ndarray) -> int:
         return int(-(-int(seq_lens.max()) // self.block_size))  # ceil
@@ -184,18 +212,18 @@ class TorchPagedAttention:
         mask = (key_positions[None, :] < seq_lens[:, None])[:, None, None, :]
         rows = torch.arange(num_seqs, device=seq_lens.device)
         decode = DecodeGroup(rows, block_tables.reshape(-1).long(), mask, all_rows=True)
-        return TorchAttentionMetadata(slot_mapping, None, decode, [])
+        return TorchAttentionMetadata(slot_mapping, None, [decode], [])
 
     # ---- per layer ---------------------------------------------------------------------------
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor, metadata: TorchAttentionMetadata) -> torch.Tensor:
         self._write_kv(k, v, kv_cache, metadata)
-        decode = metadata.decode
-        if decode is not None and decode.all_rows:
-            return self._decode(q, kv_cache, decode)
+        decodes = metadata.decodes
+        if len(decodes) == 1 and decodes[0].all_rows:
+            return self._decode(q, kv_cache, decodes[0])
         out = torch.zeros_like(q)  # rows in no group (graph padding) stay zero
-        if decode is not None:
+        for decode in decodes:
             out[decode.token_rows] = self._decode(q[decode.token_rows], kv_cache, decode)
         for group in metadata.prefills:
             self._prefill(q, k, v, kv_cache, group, out)
