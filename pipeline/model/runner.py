@@ -115,11 +115,9 @@ class ModelRunner:
     def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
         info = self.info
         shape = (2, num_blocks, self.block_size, info.num_kv_heads, info.head_dim)
-        # A slot is always written before a query may attend to it, and unwritten slots are masked;
-        # masked keys only need to be finite. On CPU a multi-MB tensor is a fresh mmap (zero pages
-        # until touched), so `empty` is zero without paying ~0.5 s/GiB for memset and page faults.
-        make = torch.empty if self.device.type == "cpu" else torch.zeros
-        return [make(shape, dtype=self.dtype, device=self.device) for _ in range(info.num_layers)]
+        # Zeroed, not empty: masked (unwritten) slots get zero attention weight, but 0 * NaN from
+        # recycled memory would still poison the output.
+        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(info.num_layers)]
 
     def _capture_graphs(self) -> CUDAGraphRunner:
         start = time.perf_counter()
