@@ -17,6 +17,7 @@ import numpy as np
 import structlog
 
 from actors.engine_args import engine_config_from_args
+from pipeline.engine import EngineStats, LLMEngine
 from pipeline.sampling_params import SamplingParams
 
 log = structlog.get_logger(__name__)
@@ -42,17 +43,17 @@ def make_workload(num_requests: int, prompt_len: tuple[int, int], output_len: tu
     return Workload(prompts, output_lens)
 
 
-def run_engine(engine, workload: Workload) -> tuple[float, float]:
-    """Seconds of wall time, and the share of it spent in model forward + sampling."""
+def run_engine(engine: LLMEngine, workload: Workload) -> tuple[float, float, float]:
+    """Seconds of wall time, and the shares of it spent in the model forward and in sampling."""
+    engine.stats = EngineStats()
     started = time.perf_counter()
-    forward_before = engine.stats.forward_seconds
     for index, (prompt, output_len) in enumerate(zip(workload.prompts, workload.output_lens, strict=True)):
         params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
         engine.add_request(f"bench-{index}", prompt, params)
     while engine.has_unfinished:
         engine.step()
     elapsed = time.perf_counter() - started
-    return elapsed, (engine.stats.forward_seconds - forward_before) / elapsed
+    return elapsed, engine.stats.forward_seconds / elapsed, engine.stats.sample_seconds / elapsed
 
 
 def run_hf(model_dir: str, workload: Workload, batch_size: int) -> float:
@@ -79,19 +80,18 @@ def run_hf(model_dir: str, workload: Workload, batch_size: int) -> float:
 
 
 def run_bench(args: argparse.Namespace) -> None:
-    from pipeline.engine import LLMEngine
-
     engine = LLMEngine(engine_config_from_args(args))
     workload = make_workload(args.num_requests, tuple(args.prompt_len), tuple(args.output_len),
                              engine.vocab_size, args.workload_seed)
     # Warm-up (allocator, kernels) on a tiny workload, outside the timing.
     run_engine(engine, make_workload(4, (8, 16), (4, 8), engine.vocab_size, seed=1))
-    ours_seconds, forward_share = run_engine(engine, workload)
+    ours_seconds, forward_share, sample_share = run_engine(engine, workload)
     ours_rate = workload.useful_tokens / ours_seconds
     print(f"workload: {args.num_requests} requests, prompt {args.prompt_len[0]}-{args.prompt_len[1]}, "
           f"output {args.output_len[0]}-{args.output_len[1]} tokens, {workload.useful_tokens} useful tokens")
     print(f"aqueduct: {ours_seconds:.2f} s, {ours_rate:.1f} useful tokens/s, "
-          f"forward share {forward_share:.0%}, preemptions {engine.scheduler.num_preemptions}")
+          f"model forward {forward_share:.0%} of wall time, sampling {sample_share:.0%}, "
+          f"{engine.stats.num_steps} steps, preemptions {engine.scheduler.num_preemptions}")
     if args.skip_hf:
         return
     batch_size = args.hf_batch_size or args.num_requests

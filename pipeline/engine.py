@@ -37,7 +37,8 @@ log = structlog.get_logger(__name__)
 class EngineStats:
     num_steps: int = 0
     step_seconds: float = 0.0
-    forward_seconds: float = 0.0
+    forward_seconds: float = 0.0  # inside the model runner (forward + logits)
+    sample_seconds: float = 0.0
     num_generated_tokens: int = 0
 
 
@@ -120,9 +121,11 @@ class LLMEngine:
         prepared = self.tensor_prep.prepare(plan)
         forward_started = time.perf_counter()
         logits = self.runner.execute(prepared.inputs)
+        sample_started = time.perf_counter()
         num_sample_rows = len(prepared.sample_seq_ids)
         sampled = self.sampler(logits[:num_sample_rows], prepared.sampling)
-        self.stats.forward_seconds += time.perf_counter() - forward_started
+        self.stats.forward_seconds += sample_started - forward_started
+        self.stats.sample_seconds += time.perf_counter() - sample_started
         touched: dict[str, Request] = {}
         self._record_prompt_logprobs(prepared, logits[num_sample_rows:], sequences)
         self._record_samples(prepared, sampled, sequences, touched)

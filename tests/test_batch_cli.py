@@ -1,0 +1,52 @@
+"""`aqueduct batch` end to end on the built-in model: output shape, errors per line, order."""
+
+from __future__ import annotations
+
+import json
+
+from actors.cli import main
+
+
+def _line(custom_id, body, **envelope):
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body, **envelope})
+
+
+def test_batch_file_round_trip_with_bad_lines(tmp_path, default_model_path, monkeypatch):
+    monkeypatch.setenv("AQUEDUCT_CACHE_DIR", str(default_model_path.parent))
+    lines = [
+        _line("greedy", {"prompt": "The river", "max_tokens": 5, "temperature": 0}),
+        "this is not json",
+        _line("typo", {"prompt": "x", "temprature": 0.5}),
+        _line("ids", {"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0, "ignore_eos": True, "logprobs": 2}),
+        _line("too-long", {"prompt": list(range(1, 3000)), "max_tokens": 3}),
+        _line("bad-id", {"prompt": [1, 99999], "max_tokens": 3}),
+        _line("n2", {"prompt": "Water", "max_tokens": 4, "n": 2, "seed": 3, "ignore_eos": True}),
+        _line("greedy", {"prompt": "duplicate id", "max_tokens": 2}),
+        _line("wrong-url", {"prompt": "x"}, url="/v1/chat/completions"),
+    ]
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    assert main(["batch", "-i", str(source), "-o", str(target), "--no-progress", "--num-kv-blocks", "256"]) == 0
+    results = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [r["custom_id"] for r in results] == ["greedy", "line-2", "typo", "ids", "too-long", "bad-id", "n2",
+                                                 "greedy", "wrong-url"]
+    ok = {r["custom_id"]: r for r in results if r["error"] is None}
+    assert set(ok) == {"greedy", "ids", "n2"}
+    errors = {r["custom_id"]: r["error"]["message"] for r in results if r["error"] is not None}
+    assert "temprature" in errors["typo"]
+    assert "limit is" in errors["too-long"]
+    assert "prompt_token_ids must be ints in [0, 4096)" in errors["bad-id"]
+    assert "duplicate custom_id" in errors["greedy"]
+    assert "url must be /v1/completions" in errors["wrong-url"]
+    assert results[1]["response"]["status_code"] == 400
+
+    ids = ok["ids"]["response"]["body"]
+    [choice] = ids["choices"]
+    assert len(choice["token_ids"]) == 3 and choice["finish_reason"] == "length"
+    assert len(choice["logprobs"]["token_logprobs"]) == 3
+    assert all(len(top) == 2 for top in choice["logprobs"]["top_logprobs"])
+    assert ids["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+                            "prompt_tokens_details": {"cached_tokens": 0}}
+    n2 = ok["n2"]["response"]["body"]["choices"]
+    assert [c["index"] for c in n2] == [0, 1] and all(len(c["token_ids"]) == 4 for c in n2)
+    assert ok["greedy"]["response"]["body"]["choices"][0]["text"] is not None
