@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.model.cpu_kernel import DecodeKernel
 from pipeline.step_inputs import StepInputs
 
 # A prefill group may cost at most this many times its unpadded attention work.
@@ -36,9 +37,13 @@ _MIN_DECODE_GROUP = 16
 @dataclass(slots=True)
 class DecodeGroup:
     token_rows: torch.Tensor  # [Bd] rows of the flat token axis
-    block_ids: torch.Tensor  # [Bd * nb] block ids, nb blocks per sequence, flattened
-    mask: torch.Tensor  # [Bd, 1, 1, nb * block_size] bool, True = attend
+    block_ids: torch.Tensor | None  # [Bd * nb] block ids, nb blocks per sequence, flattened
+    mask: torch.Tensor | None  # [Bd, 1, 1, nb * block_size] bool, True = attend
     all_rows: bool  # token_rows == arange(T): no gather/scatter of q and out needed
+    # Inputs of the native CPU kernel (set instead of block_ids/mask when it is used).
+    block_tables: torch.Tensor | None = None  # [Bd, nb] int32
+    seq_lens: torch.Tensor | None = None  # [Bd] int32
+    max_seq_len: int = 0
 
 
 @dataclass(slots=True)
@@ -133,6 +138,8 @@ class TorchPagedAttention:
         # Reused gather buffers (K, V): a fresh multi-MB tensor per layer costs page faults that
         # took longer than the gather itself on CPU. Grown on demand, never shrunk.
         self._workspace: list[torch.Tensor] = [torch.empty(0), torch.empty(0)]
+        # Native decode kernel (float32 on CPU only); the runner sets it when it applies.
+        self.decode_kernel: DecodeKernel | None = None
 
     # ---- metadata, once per step -------------------------------------------------------------
 
@@ -147,7 +154,10 @@ class TorchPagedAttention:
             slots, write_rows = slots[keep], _to(keep, device)
         decodes = []
         decode_seqs = np.flatnonzero(query_lens == 1)
-        if len(decode_seqs):
+        if len(decode_seqs) and self.decode_kernel is not None:
+            decodes.append(self._kernel_decode_group(starts[decode_seqs], seq_lens[decode_seqs],
+                                                     inputs.block_tables[decode_seqs], len(inputs.input_ids)))
+        elif len(decode_seqs):
             for group in _split_decodes(seq_lens[decode_seqs]):
                 seqs = decode_seqs[group]
                 decodes.append(self._decode_group(starts[seqs], seq_lens[seqs], inputs.block_tables[seqs],
@@ -173,6 +183,16 @@ class TorchPagedAttention:
         all_rows = len(rows) == total_rows and bool((rows == np.arange(len(rows))).all())
         return DecodeGroup(_to(rows, device), _to(block_ids, device), _to(mask[:, None, None, :], device),
                            all_rows)
+
+    def _kernel_decode_group(self, rows: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
+                             total_rows: int) -> DecodeGroup:
+        num_blocks = self._num_blocks(seq_lens)
+        all_rows = len(rows) == total_rows and bool((rows == np.arange(len(rows))).all())
+        return DecodeGroup(torch.from_numpy(rows), None, None, all_rows,
+                           block_tables=torch.from_numpy(np.ascontiguousarray(block_tables[:, :num_blocks],
+                                                                             dtype=np.int32)),
+                           seq_lens=torch.from_numpy(seq_lens.astype(np.int32)),
+                           max_seq_len=int(seq_lens.max()))
 
     def _prefill_group(self, starts: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
                        block_tables: np.ndarray, device: torch.device) -> PrefillGroup:
@@ -261,6 +281,9 @@ class TorchPagedAttention:
         return buffer[:numel].view(shape)
 
     def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
+        if group.block_tables is not None:
+            return self.decode_kernel(q, kv_cache, group.block_tables, group.seq_lens, group.max_seq_len,
+                                      self.scale)
         num_seqs = q.shape[0]
         keys, values = self._gather(kv_cache, group.block_ids, num_seqs)
         # Query heads h = kv * G + g share KV head kv (as HF's repeat_kv), so the G heads of a

@@ -15,6 +15,7 @@ import torch
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
 from pipeline.model.attention import TorchPagedAttention
+from pipeline.model.cpu_kernel import load_decode_kernel
 from pipeline.model.graphs import CUDAGraphRunner
 from pipeline.model.loader import ModelInfo, load_model, read_config, resolve_device, resolve_dtype
 from pipeline.step_inputs import StepInputs
@@ -73,6 +74,8 @@ class ModelRunner:
         head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
         self.backend = TorchPagedAttention(num_heads, config.get("num_key_value_heads") or num_heads,
                                            head_dim, self.block_size, scale=head_dim**-0.5)
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            self.backend.decode_kernel = load_decode_kernel()
         return load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
                           max_positions=max(self.max_model_len, config["max_position_embeddings"]))
 

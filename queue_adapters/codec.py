@@ -1,0 +1,247 @@
+"""Wire protocol v1 (DESIGN §3): msgpack maps as msgspec Structs that validate on decode.
+
+Unknown keys are rejected at every level (a typo never silently does nothing), and every
+decode failure is a CodecError whose message names the field and the rule, e.g.
+`prompt_token_ids[3] must be >= 0`. When the entry is at least a msgpack map with a usable
+`id`, the error carries it (and `reply_to`) so a worker can answer with an error reply
+instead of only dead-lettering.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from pipeline.sampling_params import SamplingParams
+
+ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
+MAX_ID_LENGTH = 128
+MAX_KEY_LENGTH = 512  # reply_to is a Redis key; long enough for any prefix, short enough to refuse junk
+
+RequestId = Annotated[str, Meta(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)]
+StreamKey = Annotated[str, Meta(min_length=1, max_length=MAX_KEY_LENGTH)]
+NonNegativeInt = Annotated[int, Meta(ge=0)]
+FinishReason = Literal["stop", "length", "abort", "timeout", "error"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "timeout", "error")
+PROMPT_FIELDS: tuple[str, ...] = ("prompt", "prompt_token_ids", "messages")
+
+
+class CodecError(ValueError):
+    """An entry that is not a valid v1 message; `request_id`/`reply_to` are set when readable."""
+
+    def __init__(self, message: str, request_id: str | None = None, reply_to: str | None = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+        self.reply_to = reply_to
+
+
+class _Wire(Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class ChatMessage(_Wire):
+    role: Annotated[str, Meta(min_length=1)]
+    content: str
+
+
+class WireRequest(_Wire, omit_defaults=True):
+    id: RequestId
+    prompt: str | None = None
+    prompt_token_ids: list[NonNegativeInt] | None = None
+    messages: list[ChatMessage] | None = None
+    params: dict[str, Any] = {}
+    lora: Annotated[str, Meta(min_length=1)] | None = None
+    reply_to: StreamKey | None = None
+    deadline_ms: NonNegativeInt | None = None
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams.from_dict(self.params)
+
+
+class WireChoice(_Wire):
+    index: NonNegativeInt = 0
+    token_ids: list[NonNegativeInt] = []
+    text: str = ""
+    logprobs: list[Any] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+
+
+class WireUsage(_Wire):
+    prompt_tokens: NonNegativeInt
+    completion_tokens: NonNegativeInt
+    cached_tokens: NonNegativeInt = 0
+
+
+class WireError(_Wire):
+    code: str
+    message: str
+
+
+class WireReply(_Wire):
+    id: RequestId
+    seq: NonNegativeInt
+    choices: list[WireChoice] = []
+    usage: WireUsage | None = None
+    error: WireError | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.error is not None
+
+
+class WireCancel(_Wire):
+    cancel: RequestId
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """Marker a consumer delivers instead of crashing on an entry it cannot decode.
+
+    `raw` is None when the entry had no `data` field. The caller replies with an error when
+    `request_id` is known, and dead-letters the entry otherwise (or in any case)."""
+
+    raw: bytes | None
+    error: str
+    entry_id: str | None = None
+    request_id: str | None = None
+    reply_to: str | None = None
+
+    @classmethod
+    def from_error(cls, raw: bytes | None, error: Exception, entry_id: str | None = None) -> Malformed:
+        if isinstance(error, CodecError):
+            return cls(raw, str(error), entry_id, error.request_id, error.reply_to)
+        return cls(raw, f"{type(error).__name__}: {error}", entry_id)
+
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(WireRequest)
+_reply_decoder = msgspec.msgpack.Decoder(WireReply)
+_cancel_decoder = msgspec.msgpack.Decoder(WireCancel)
+
+
+def encode(message: Struct | dict[str, Any]) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_request(raw: bytes) -> WireRequest:
+    request = _decode(_request_decoder, raw, "request")
+    try:
+        _check_prompt(request)
+        _check_params(request.params)
+    except CodecError as error:
+        raise CodecError(str(error), request.id, request.reply_to) from None
+    return request
+
+
+def decode_reply(raw: bytes) -> WireReply:
+    return _decode(_reply_decoder, raw, "reply")
+
+
+def decode_cancel(raw: bytes) -> WireCancel:
+    return _decode(_cancel_decoder, raw, "control entry")
+
+
+def _decode(decoder: msgspec.msgpack.Decoder[Any], raw: bytes, what: str) -> Any:
+    if not isinstance(raw, bytes | bytearray | memoryview):
+        raise CodecError(f"{what} data must be bytes, got {type(raw).__name__}")
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as error:
+        request_id, reply_to = peek_ids(raw)
+        fields = msgspec.structs.fields(decoder.type)
+        message = readable_validation_error(str(error), what, tuple(f.encode_name for f in fields))
+        raise CodecError(message, request_id, reply_to) from None
+    except msgspec.DecodeError as error:
+        raise CodecError(f"{what} data is not valid msgpack: {error}") from None
+
+
+def _check_prompt(request: WireRequest) -> None:
+    given = [name for name in PROMPT_FIELDS if getattr(request, name) is not None]
+    if len(given) != 1:
+        found = ", ".join(given) if given else "none"
+        raise CodecError(f"exactly one of {', '.join(PROMPT_FIELDS)} is required, got {found}")
+    if not getattr(request, given[0]):
+        raise CodecError(f"{given[0]} must not be empty")
+
+
+def _check_params(params: dict[str, Any]) -> None:
+    known = SamplingParams.__dataclass_fields__
+    unknown = sorted(key for key in params if key not in known)
+    if unknown:
+        names = ", ".join(f"params.{key}" for key in unknown)
+        raise CodecError(f"unknown sampling parameter(s): {names} (known: {', '.join(sorted(known))})")
+    try:
+        SamplingParams.from_dict(params)
+    except (ValueError, TypeError) as error:
+        # SamplingParams messages start with the field name: `max_tokens must be >= 1, got 0`.
+        raise CodecError(f"params.{error}") from None
+
+
+def peek_ids(raw: bytes) -> tuple[str | None, str | None]:
+    """Best-effort (id, reply_to) of an invalid entry, each None unless it is a valid value."""
+    try:
+        data = msgspec.msgpack.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    request_id = _valid_or_none(data.get("id"), RequestId)
+    reply_to = _valid_or_none(data.get("reply_to"), StreamKey) if request_id else None
+    return request_id, reply_to
+
+
+def _valid_or_none(value: Any, kind: Any) -> str | None:
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError:
+        return None
+
+
+# --- turning msgspec's `Expected ... - at `$.path`` into `path must be ...` -------------------
+
+_LOCATION = re.compile(r"^(?P<body>.*?)(?: - at `(?P<where>[^`]*)`(?: in `(?P<container>[^`]*)`)?)?$", re.S)
+_KINDS = {"str": "a string", "int": "an int", "float": "a number", "bool": "a bool", "object": "a map",
+          "array": "a list", "null": "nil", "bytes": "bytes", "ext": "a msgpack extension"}
+_ALLOWED_VALUES = {"finish_reason": FINISH_REASONS}
+_RULES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`"), "{field} must be {want}, got {got}"),
+    (re.compile(r"Expected `[^`]+` of length (?P<op>\S+) (?P<n>\d+)"), "{field} must have length {op} {n}"),
+    (re.compile(r"Expected `str` matching regex '(?P<regex>.*)'"), "{field} must match {regex}"),
+    (re.compile(r"Expected `[^`]+` (?P<op>[<>]=?) (?P<n>\S+)"), "{field} must be {op} {n}"),
+    (re.compile(r"Object contains unknown field `(?P<name>[^`]+)`"), "{child} is not a known field{known}"),
+    (re.compile(r"Object missing required field `(?P<name>[^`]+)`"), "{child} is required"),
+    (re.compile(r"Invalid enum value (?P<value>.+)"), "{field} must be one of {allowed}, got {value}"),
+]
+
+
+def readable_validation_error(message: str, root: str, root_fields: tuple[str, ...] = ()) -> str:
+    """`Expected `int` >= 0 - at `$.prompt_token_ids[3]`` -> `prompt_token_ids[3] must be >= 0`."""
+    located = _LOCATION.match(message)
+    body, where, container = (located["body"], located["where"], located["container"]) if located else (
+        message, None, None)
+    is_key = where == "key" and container is not None
+    path = ((container if is_key else where) or "$").removeprefix("$").removeprefix(".")
+    field = f"{path or root} keys" if is_key else (path or root)
+    for pattern, template in _RULES:
+        found = pattern.search(body)
+        if found:
+            return template.format(**_template_values(found.groupdict(), path, field, root_fields))
+    return f"{field}: {body}"
+
+
+def _template_values(groups: dict[str, str], path: str, field: str, root_fields: tuple[str, ...]) -> dict[str, str]:
+    values = dict(groups)
+    for key in ("want", "got"):
+        if key in values:
+            values[key] = " or ".join(_KINDS.get(part, part) for part in values[key].split(" | "))
+    name = values.get("name", "")
+    values["child"] = f"{path}.{name}" if path else name
+    values["known"] = f" (known: {', '.join(root_fields)})" if root_fields and not path else ""
+    last = re.sub(r"\[\d+\]$", "", field).rsplit(".", 1)[-1]
+    values["allowed"] = ", ".join(_ALLOWED_VALUES.get(last, ())) or "the allowed values"
+    return {"field": field, **values}

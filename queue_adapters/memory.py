@@ -1,0 +1,145 @@
+"""In-memory stream: the embedded default transport, and the fast stand-in for Redis in tests.
+
+Zero-copy: messages are the Python objects the producer sent, handed to the consumer as-is
+(numpy arrays included), so a sender must not mutate a message after sending it.
+
+Bounded: `send` waits while `maxsize` messages are queued, which is the backpressure that keeps
+a fast actor from running ahead of a slow one. A nack puts the message back at the *front* with
+attempt + 1, and may briefly exceed `maxsize`: a consumer handing work back must never block on
+its own queue.
+
+Unlike Redis there is no pending list: a delivery that is neither acked nor nacked is simply
+gone. That is fine in one process (a crash loses the queue anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from queue_adapters.base import Delivery
+
+T = TypeVar("T")
+
+
+class StreamClosed(RuntimeError):
+    """Raised by `send` on a closed stream or producer."""
+
+
+@dataclass(slots=True)
+class _Queued(Generic[T]):
+    message: T
+    attempt: int
+    message_id: str
+
+
+class MemoryStream(Generic[T]):
+    """A bounded FIFO joining any number of producers and consumers in one event loop."""
+
+    def __init__(self, maxsize: int = 1024, name: str = "memory") -> None:
+        if maxsize < 1:
+            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
+        self.maxsize = maxsize
+        self.name = name
+        self.closed = False
+        self._items: deque[_Queued[T]] = deque()
+        self._changed = asyncio.Condition()
+        self._ids = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def producer(self) -> MemoryProducer[T]:
+        return MemoryProducer(self)
+
+    def consumer(self) -> MemoryConsumer[T]:
+        return MemoryConsumer(self)
+
+    async def close(self) -> None:
+        """Refuse new messages; consumers drain what is queued, then get empty lists."""
+        async with self._changed:
+            self.closed = True
+            self._changed.notify_all()
+
+    async def put(self, message: T) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.closed or len(self._items) < self.maxsize)
+            if self.closed:
+                raise StreamClosed(f"stream {self.name} is closed")
+            self._items.append(_Queued(message, 1, f"{self.name}-{next(self._ids)}"))
+            self._changed.notify_all()
+
+    async def take(self, max_count: int, timeout_s: float | None) -> list[Delivery[T]]:
+        if max_count < 1:
+            raise ValueError(f"max_count must be >= 1, got {max_count}")
+        async with self._changed:
+            if not await self._wait_for_items(timeout_s):
+                return []
+            taken = [self._items.popleft() for _ in range(min(max_count, len(self._items)))]
+            self._changed.notify_all()  # wakes producers waiting for room
+        return [self._delivery(item) for item in taken]
+
+    async def _wait_for_items(self, timeout_s: float | None) -> bool:
+        """With the lock held: whether items are there before the timeout (or close)."""
+        def ready() -> bool:
+            return bool(self._items) or self.closed
+
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._changed.wait_for(ready)
+        except TimeoutError:
+            pass
+        return bool(self._items)
+
+    def _delivery(self, item: _Queued[T]) -> Delivery[T]:
+        settled = False
+
+        async def ack() -> None:
+            nonlocal settled
+            settled = True
+
+        async def nack() -> None:
+            nonlocal settled
+            if settled:
+                return  # settling twice must not duplicate the message
+            settled = True
+            await self._requeue_front(item)
+
+        return Delivery(item.message, item.attempt, item.message_id, ack, nack)
+
+    async def _requeue_front(self, item: _Queued[T]) -> None:
+        async with self._changed:
+            self._items.appendleft(_Queued(item.message, item.attempt + 1, item.message_id))
+            self._changed.notify_all()
+
+
+class MemoryProducer(Generic[T]):
+    def __init__(self, stream: MemoryStream[T]) -> None:
+        self.stream = stream
+        self._closed = False
+
+    async def send(self, message: T) -> None:
+        if self._closed:
+            raise StreamClosed(f"producer of stream {self.stream.name} is closed")
+        await self.stream.put(message)
+
+    async def close(self) -> None:
+        """Closes this producer only; other producers of the stream keep sending."""
+        self._closed = True
+
+
+class MemoryConsumer(Generic[T]):
+    def __init__(self, stream: MemoryStream[T]) -> None:
+        self.stream = stream
+        self._closed = False
+
+    async def receive(self, max_count: int = 1, timeout_s: float | None = None) -> list[Delivery[T]]:
+        if self._closed:
+            return []
+        return await self.stream.take(max_count, timeout_s)
+
+    async def close(self) -> None:
+        self._closed = True

@@ -1,0 +1,260 @@
+"""Redis Streams transport: XADD producer, consumer-group consumer, stale-entry claiming, dead letters.
+
+Every entry has one field, `data` (DESIGN §3). Settling follows Redis' model:
+- ack = XACK. Call it only once the work is durable (for a request: after its final reply entry).
+- nack = nothing: Redis has no "give back". The entry stays in this consumer's pending list, and
+  any consumer (this one included) gets it again from `claim_stale` once it has been idle for
+  `min_idle_ms`, with the attempt (= Redis' delivery counter) raised by one.
+An entry read but never handed out (the read was cancelled, the process died) is pending in the
+same way, so nothing is lost: it comes back through `claim_stale`.
+
+Clients must be created with `decode_responses=False`: `data` is binary msgpack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import redis.asyncio as aioredis
+import structlog
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from queue_adapters.base import Delivery
+from queue_adapters.codec import Malformed
+
+T = TypeVar("T")
+log = structlog.get_logger(__name__)
+
+DATA_FIELD = b"data"
+_TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisStreamProducer(Generic[T]):
+    """XADD `data=encode(message)` to one stream, trimmed to about `maxlen` entries (None = never).
+
+    The Redis client is shared and owned by the caller, so `close` does not close it."""
+
+    def __init__(self, redis: aioredis.Redis, stream_key: str, encode: Callable[[T], bytes],
+                 maxlen: int | None = 100_000) -> None:
+        self.redis = redis
+        self.stream_key = stream_key
+        self.encode = encode
+        self.maxlen = maxlen
+
+    async def send(self, message: T) -> None:
+        await self.publish(message)
+
+    async def publish(self, message: T) -> str:
+        """Like `send`, returning the new entry id."""
+        entry_id = await self.redis.xadd(self.stream_key, {DATA_FIELD: self.encode(message)},
+                                         maxlen=self.maxlen, approximate=True)
+        return _text(entry_id)
+
+    async def close(self) -> None:
+        return None
+
+
+class Backoff:
+    """Capped exponential delays with full jitter; `reset` after a success."""
+
+    def __init__(self, base_s: float = 0.05, cap_s: float = 5.0) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self.failures = 0
+
+    def next_delay_s(self) -> float:
+        self.failures += 1
+        ceiling = min(self.cap_s, self.base_s * 2 ** min(self.failures - 1, 30))
+        # Full jitter spreads reconnects of many consumers after a Redis restart.
+        return random.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+ClientSource = str | Callable[[], aioredis.Redis]
+
+
+def _make_client(source: ClientSource, block_ms: int, name: str) -> aioredis.Redis:
+    if not isinstance(source, str):
+        return source()
+    # No built-in retries: `_read` owns reconnecting, with backoff and a log line per retry.
+    # The socket timeout must outlast BLOCK, or every idle read would look like a failure.
+    return aioredis.Redis.from_url(source, retry=Retry(NoBackoff(), 0), socket_timeout=block_ms / 1000 + 10,
+                                   socket_keepalive=True, client_name=name)
+
+
+class RedisStreamConsumer(Generic[T]):
+    """One member of a consumer group; `receive` returns Delivery[T | Malformed].
+
+    `source` is a redis URL or a factory of clients; it gives the dedicated connection that
+    blocks in XREADGROUP, so acks/claims (on `client`, or a second client from `source`) never
+    wait behind a blocking read."""
+
+    def __init__(self, source: ClientSource, stream_key: str, group: str, consumer_name: str,
+                 decode: Callable[[bytes], T], *, block_ms: int = 2000, client: aioredis.Redis | None = None,
+                 group_start_id: str = "0", backoff: Backoff | None = None) -> None:
+        if block_ms < 1:
+            raise ValueError(f"block_ms must be >= 1, got {block_ms}")
+        self.stream_key = stream_key
+        self.group = group
+        self.consumer_name = consumer_name
+        self.decode = decode
+        self.block_ms = block_ms
+        self.group_start_id = group_start_id
+        self.backoff = backoff or Backoff()
+        self._reader = _make_client(source, block_ms, f"aqueduct-reader-{consumer_name}")
+        self._owns_client = client is None
+        self.client = client if client is not None else _make_client(source, block_ms, f"aqueduct-{consumer_name}")
+        self._group_ready = False
+        self._claim_cursor = "0-0"
+        self._log = log.bind(stream=stream_key, group=group, consumer=consumer_name)
+
+    async def ensure_group(self) -> None:
+        """Create the group (and the stream) unless it exists; any error but BUSYGROUP propagates."""
+        try:
+            await self.client.xgroup_create(self.stream_key, self.group, id=self.group_start_id, mkstream=True)
+        except ResponseError as error:
+            if not str(error).startswith("BUSYGROUP"):
+                raise
+        self._group_ready = True
+
+    async def receive(self, max_count: int = 1, timeout_s: float | None = None) -> list[Delivery[T | Malformed]]:
+        if max_count < 1:
+            raise ValueError(f"max_count must be >= 1, got {max_count}")
+        if not self._group_ready:
+            await self.ensure_group()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            block_ms = self._block_ms_until(deadline)
+            entries = await self._read(max_count, block_ms)
+            if entries:
+                return [self._delivery(entry_id, fields, attempt=1) for entry_id, fields in entries]
+            if deadline is not None and time.monotonic() >= deadline:
+                return []
+
+    def _block_ms_until(self, deadline: float | None) -> int | None:
+        if deadline is None:
+            return self.block_ms
+        remaining_ms = int((deadline - time.monotonic()) * 1000)
+        return None if remaining_ms <= 0 else min(self.block_ms, remaining_ms)  # None = don't block
+
+    async def _read(self, max_count: int, block_ms: int | None) -> list[tuple[Any, dict[bytes, bytes] | None]]:
+        """One XREADGROUP; [] after a transient failure (having slept the backoff delay)."""
+        try:
+            response = await self._reader.xreadgroup(self.group, self.consumer_name, {self.stream_key: ">"},
+                                                     count=max_count, block=block_ms)
+        except _TRANSIENT_ERRORS as error:
+            await self._sleep_before_retry(error)
+            return []
+        except ResponseError as error:
+            if not str(error).startswith("NOGROUP"):
+                raise
+            # The stream or group was deleted under us (a trim or a cleanup): recreate and go on.
+            self._log.warning("consumer group missing, recreating", error=str(error))
+            await self.ensure_group()
+            return []
+        self.backoff.reset()
+        return stream_entries(response)
+
+    async def _sleep_before_retry(self, error: Exception) -> None:
+        delay_s = self.backoff.next_delay_s()
+        self._log.warning("stream read failed, reconnecting", error=repr(error),
+                          retry=self.backoff.failures, delay_s=round(delay_s, 3))
+        await asyncio.sleep(delay_s)
+
+    async def claim_stale(self, min_idle_ms: int, count: int = 10) -> list[Delivery[T | Malformed]]:
+        """Take over up to `count` entries pending (unacked) for at least `min_idle_ms` in any consumer.
+
+        Each delivery's attempt is Redis' delivery counter after the claim (2 for an entry whose
+        first reader died). Entries deleted from the stream while pending are dropped from the
+        pending list by Redis and are not returned."""
+        if not self._group_ready:
+            await self.ensure_group()
+        response = await self.client.xautoclaim(self.stream_key, self.group, self.consumer_name,
+                                                min_idle_time=min_idle_ms, start_id=self._claim_cursor, count=count)
+        # XAUTOCLAIM scans a bounded slice of the pending list per call; the cursor walks the rest
+        # on later calls and comes back to 0-0 at the end.
+        self._claim_cursor = _text(response[0])
+        claimed = [(entry_id, fields) for entry_id, fields in response[1] if entry_id is not None]
+        if not claimed:
+            return []
+        attempts = await self._delivery_counts(entry_id for entry_id, _ in claimed)
+        return [self._delivery(entry_id, fields, attempts.get(_text(entry_id), 2)) for entry_id, fields in claimed]
+
+    async def _delivery_counts(self, entry_ids: Iterable[bytes | str]) -> dict[str, int]:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for entry_id in entry_ids:
+                pipe.xpending_range(self.stream_key, self.group, min=entry_id, max=entry_id, count=1)
+            rows = await pipe.execute()
+        return {_text(row[0]["message_id"]): int(row[0]["times_delivered"]) for row in rows if row}
+
+    def _delivery(self, entry_id: bytes | str, fields: dict[bytes, bytes] | None,
+                  attempt: int) -> Delivery[T | Malformed]:
+        entry_id = _text(entry_id)
+        message = self._decode_entry(entry_id, fields)
+
+        async def ack() -> None:
+            await self.client.xack(self.stream_key, self.group, entry_id)
+
+        async def nack() -> None:
+            # Left pending on purpose: claim_stale hands it out again (see the module docstring).
+            self._log.debug("entry nacked, left pending", entry_id=entry_id, attempt=attempt)
+
+        return Delivery(message, attempt, entry_id, ack, nack)
+
+    def _decode_entry(self, entry_id: str, fields: dict[bytes, bytes] | None) -> T | Malformed:
+        fields = fields or {}
+        raw = fields.get(DATA_FIELD)
+        if raw is None:
+            names = ", ".join(sorted(_text(name) for name in fields)) or "none"
+            return Malformed(None, f"entry has no data field (fields: {names})", entry_id)
+        try:
+            return self.decode(raw)
+        except Exception as error:  # any decode failure: a poison entry must never stop the consumer
+            self._log.warning("undecodable entry", entry_id=entry_id, error=str(error))
+            return Malformed.from_error(raw, error, entry_id)
+
+    async def close(self) -> None:
+        await self._reader.aclose()
+        if self._owns_client:
+            await self.client.aclose()
+
+
+def stream_entries(response: Any) -> list[tuple[Any, dict[bytes, bytes] | None]]:
+    """The (entry id, fields) pairs of an XREAD/XREADGROUP response, from a RESP2 list or a RESP3 map."""
+    if not response:
+        return []
+    per_stream = response.values() if isinstance(response, dict) else (entries for _, entries in response)
+    found = []
+    for entries in per_stream:
+        # Some redis-py versions wrap a RESP3 stream's entry list in a one-item list.
+        wrapped = len(entries) == 1 and isinstance(entries[0], list)
+        found.extend(entries[0] if wrapped else entries)
+    return found
+
+
+async def dead_letter(redis: aioredis.Redis, prefix: str, entry_id: str | None, raw: bytes | None, reason: str,
+                      *, source: str | None = None, maxlen: int | None = 100_000) -> str:
+    """Record an entry that cannot be processed in `{prefix}:dead`; returns the dead entry's id.
+
+    Like every stream entry it has one field `data`, a msgpack map: the original bytes (which may
+    not be msgpack at all) travel as a binary value next to where they came from and why."""
+    record = {"entry_id": entry_id, "source": source, "reason": reason, "raw": raw}
+    dead_id = await redis.xadd(f"{prefix}:dead", {DATA_FIELD: msgspec.msgpack.encode(record)},
+                               maxlen=maxlen, approximate=True)
+    log.warning("entry dead-lettered", prefix=prefix, entry_id=entry_id, source=source, reason=reason)
+    return _text(dead_id)

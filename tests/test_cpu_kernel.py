@@ -1,0 +1,68 @@
+"""The native CPU decode kernel against the portable torch path (and so against SDPA)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipeline.model.cpu_kernel import load_decode_kernel
+from pipeline.sampling_params import SamplingParams
+from tests.engine_helpers import make_engine, run_requests
+from tests.hf_models import make_tiny_hf_model
+
+kernel = load_decode_kernel()
+pytestmark = pytest.mark.skipif(kernel is None, reason="no C compiler: the CPU kernel is not built here")
+
+
+def _reference(q, kv_cache, block_tables, seq_lens, scale):
+    """Per-sequence SDPA over the sequence's own slots, GQA by repeating K/V heads."""
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    out = torch.empty_like(q)
+    for seq, length in enumerate(seq_lens.tolist()):
+        positions = torch.arange(length)
+        blocks = block_tables[seq, positions // block_size].long()
+        keys = kv_cache[0, blocks, positions % block_size]  # [L, H_kv, D]
+        values = kv_cache[1, blocks, positions % block_size]
+        group = q.shape[1] // num_kv_heads
+        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+        out[seq] = F.scaled_dot_product_attention(q[seq][:, None], keys.transpose(0, 1), values.transpose(0, 1),
+                                                  scale=scale)[:, 0]
+    return out
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "block_size"),
+                         [(4, 4, 16, 1), (8, 2, 64, 16), (8, 1, 32, 4), (6, 3, 128, 8)])
+def test_kernel_matches_sdpa(num_heads, num_kv_heads, head_dim, block_size):
+    generator = torch.Generator().manual_seed(num_heads * head_dim + block_size)
+    rng = np.random.default_rng(block_size)
+    num_seqs = 9
+    seq_lens = torch.from_numpy(rng.integers(1, 200, num_seqs).astype(np.int32))
+    max_blocks = -(-int(seq_lens.max()) // block_size)
+    num_blocks = num_seqs * max_blocks + 5
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=generator)
+    block_tables = torch.from_numpy(rng.permutation(num_blocks)[: num_seqs * max_blocks]
+                                    .reshape(num_seqs, max_blocks).astype(np.int32))
+    q = torch.randn(num_seqs, num_heads, head_dim, generator=generator)
+    scale = head_dim**-0.5
+    out = kernel(q, kv_cache, block_tables, seq_lens, int(seq_lens.max()), scale)
+    torch.testing.assert_close(out, _reference(q, kv_cache, block_tables, seq_lens, scale), atol=2e-5, rtol=1e-5)
+
+
+def test_engine_gives_the_same_tokens_with_and_without_the_kernel(tmp_path):
+    path = make_tiny_hf_model("qwen3", tmp_path / "qwen3", seed=4)
+    rng = np.random.default_rng(0)
+    requests = {f"r{i}": (rng.integers(3, 512, int(rng.integers(2, 70))).tolist(),
+                          SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=1))
+                for i in range(8)}
+    with_kernel = make_engine(path, block_size=4)
+    assert with_kernel.runner.backend.decode_kernel is not None
+    without = make_engine(path, block_size=4)
+    without.runner.backend.decode_kernel = None
+    ours, theirs = run_requests(with_kernel, requests), run_requests(without, requests)
+    for request_id in requests:
+        a, b = ours[request_id]["choices"][0], theirs[request_id]["choices"][0]
+        assert a["token_ids"] == b["token_ids"]
+        for x, y in zip(a["logprobs"], b["logprobs"], strict=True):
+            assert abs(x.logprob - y.logprob) < 1e-4
