@@ -1,130 +1,176 @@
-"""Turns sampled tokens into per-request deltas: incremental text, stop strings, logprobs, usage.
+"""Output stage: token events -> per-request deltas (incremental text, stop strings, logprobs, usage).
 
-Per choice it keeps a detokenizer and a stop-string matcher; per request, the dense `seq`
-counter of the reply stream. A stop string found here ends the sequence: the caller tells the
-scheduler, which frees its blocks before the next step.
+It keeps, per choice, a detokenizer and a stop-string matcher, and per request the dense `seq`
+counter of the reply stream. A stop string ends a choice here: the caller forwards the returned
+StopStringFinish to the scheduler. Between the two, the scheduler may already have run one more
+step for that choice; events for a choice that has ended are dropped, so the reply stream never
+carries tokens past a stop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pipeline.detokenizer import IncrementalDetokenizer
-from pipeline.outputs import ChoiceDelta, RequestDelta, TokenLogprob, Usage
-from pipeline.request import FinishReason, Request, Sequence
+from pipeline.outputs import (
+    ChoiceDelta,
+    PromptLogprobsEvent,
+    RequestDelta,
+    StopStringFinish,
+    TokenEvent,
+    TokenLogprob,
+    Usage,
+)
+from pipeline.sampling_params import SamplingParams
 from pipeline.stop import StopStringMatcher
 
 
 @dataclass(slots=True)
-class _ChoiceState:
+class _Choice:
     detokenizer: IncrementalDetokenizer | None
     stop_matcher: StopStringMatcher
+    num_tokens: int = 0
     new_token_ids: list[int] = field(default_factory=list)
     new_text: list[str] = field(default_factory=list)
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
     reported_finish: bool = False
 
 
 @dataclass(slots=True)
-class _RequestState:
-    request: Request
-    choices: list[_ChoiceState]
+class _Request:
+    params: SamplingParams
+    num_prompt_tokens: int
+    choices: list[_Choice]
     next_seq: int = 0
+    num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob | None] | None = None
     prompt_logprobs_sent: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return all(choice.finish_reason is not None for choice in self.choices)
 
 
 class OutputProcessor:
     def __init__(self, tokenizer: object | None) -> None:
         self.tokenizer = tokenizer
-        self._states: dict[str, _RequestState] = {}
+        self._requests: dict[str, _Request] = {}
 
-    def add_request(self, request: Request) -> None:
-        params = request.params
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    first_seq: int = 0) -> None:
         choices = [
-            _ChoiceState(
-                detokenizer=(IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
-                                                    params.skip_special_tokens)
+            _Choice(
+                detokenizer=(IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
                              if self.tokenizer is not None else None),
                 stop_matcher=StopStringMatcher(params.stop, params.include_stop_str_in_output),
             )
             for _ in range(params.n)
         ]
-        state = _RequestState(request, choices)
+        state = _Request(params, len(prompt_token_ids), choices, next_seq=first_seq)
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]  # the first prompt token has no context to score it
-        self._states[request.request_id] = state
+        self._requests[request_id] = state
 
-    def on_token(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> str | None:
-        """Record one sampled token (already appended by the scheduler). Returns the stop string
-        it completed, if any."""
-        choice = self._states[seq.request.request_id].choices[seq.choice_index]
-        choice.new_token_ids.append(token_id)
-        if logprob is not None:
-            choice.new_logprobs.append(logprob)
-        if choice.detokenizer is None or self._ends_on_hidden_stop_token(seq):
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    def process(self, events: Iterable[TokenEvent | PromptLogprobsEvent],
+                ) -> tuple[list[RequestDelta], list[StopStringFinish]]:
+        """Apply one step's events; returns the deltas of the requests that advanced, and the
+        choices that a stop string ended."""
+        touched: dict[str, _Request] = {}
+        finishes: list[StopStringFinish] = []
+        for event in events:
+            state = self._requests.get(event.request_id)
+            if state is None:
+                continue  # already answered (e.g. finished by a stop string, then aborted)
+            if isinstance(event, PromptLogprobsEvent):
+                if state.prompt_logprobs is not None:
+                    state.prompt_logprobs.extend(event.entries)
+                continue
+            stop_string = self._on_token(state, event)
+            if stop_string is not None:
+                finishes.append(StopStringFinish(event.request_id, event.choice_index, stop_string))
+            touched[event.request_id] = state
+        return [self._collect(request_id, state) for request_id, state in touched.items()], finishes
+
+    def error_delta(self, request_id: str, code: str, message: str) -> RequestDelta:
+        state = self._requests.pop(request_id, None)
+        return RequestDelta(request_id, state.next_seq if state else 0, [], error={"code": code, "message": message})
+
+    # ---- per event ---------------------------------------------------------------------------
+
+    def _on_token(self, state: _Request, event: TokenEvent) -> str | None:
+        choice = state.choices[event.choice_index]
+        if choice.finish_reason is not None:
+            return None  # ended here already; the scheduler had not heard yet
+        if event.choice_index == 0:  # later choices may hit blocks the first one just cached
+            state.num_cached_tokens = event.num_cached_tokens
+        stop_string = None
+        if event.token_id is not None:
+            stop_string = self._append(state, choice, event)
+        if stop_string is not None:
+            choice.finish_reason, choice.stop_reason = "stop", stop_string
+        elif event.finish_reason is not None:
+            choice.finish_reason, choice.stop_reason = event.finish_reason, event.stop_reason
+            choice.new_text.append(self._flush(choice))
+        return stop_string
+
+    def _append(self, state: _Request, choice: _Choice, event: TokenEvent) -> str | None:
+        choice.num_tokens += 1
+        choice.new_token_ids.append(event.token_id)
+        if event.logprob is not None:
+            choice.new_logprobs.append(event.logprob)
+        # EOS / stop_token_ids text is not part of the output unless include_stop_str_in_output.
+        hidden = (event.finish_reason == "stop" and not isinstance(event.stop_reason, str)
+                  and not state.params.include_stop_str_in_output)
+        if choice.detokenizer is None or hidden:
             return None
-        text, matched = choice.stop_matcher.feed(choice.detokenizer.add([token_id]))
+        text, matched = choice.stop_matcher.feed(choice.detokenizer.add([event.token_id]))
         choice.new_text.append(text)
         return matched
 
-    def on_prompt_logprobs(self, request_id: str, entries: list[TokenLogprob]) -> None:
-        state = self._states[request_id]
-        if state.prompt_logprobs is not None:
-            state.prompt_logprobs.extend(entries)
+    @staticmethod
+    def _flush(choice: _Choice) -> str:
+        """Held-back text of a choice that ended for a reason other than a stop string."""
+        if choice.detokenizer is None:
+            return ""
+        text, _ = choice.stop_matcher.feed(choice.detokenizer.finish())
+        return text + choice.stop_matcher.flush()
 
-    def collect(self, request: Request) -> RequestDelta:
-        """The delta of this step for a request whose choices advanced or finished."""
-        state = self._states[request.request_id]
-        choices = [self._choice_delta(seq, state.choices[seq.choice_index]) for seq in request.sequences]
-        delta = RequestDelta(request.request_id, state.next_seq, [c for c in choices if c is not None])
+    # ---- deltas ------------------------------------------------------------------------------
+
+    def _collect(self, request_id: str, state: _Request) -> RequestDelta:
+        choices = [delta for index, choice in enumerate(state.choices)
+                   if (delta := self._choice_delta(index, choice, state.params)) is not None]
+        delta = RequestDelta(request_id, state.next_seq, choices)
         state.next_seq += 1
         if state.prompt_logprobs is not None and not state.prompt_logprobs_sent \
-                and len(state.prompt_logprobs) >= request.num_prompt_tokens:
+                and len(state.prompt_logprobs) >= state.num_prompt_tokens:
             delta.prompt_logprobs = state.prompt_logprobs
             state.prompt_logprobs_sent = True
-        if request.is_finished:
-            delta.usage = Usage(
-                prompt_tokens=request.num_prompt_tokens,
-                completion_tokens=sum(seq.num_output_tokens for seq in request.sequences),
-                cached_tokens=min(seq.num_cached_tokens for seq in request.sequences),
-            )
-            del self._states[request.request_id]
+        if state.finished:
+            delta.usage = Usage(prompt_tokens=state.num_prompt_tokens,
+                                completion_tokens=sum(choice.num_tokens for choice in state.choices),
+                                cached_tokens=state.num_cached_tokens)
+            del self._requests[request_id]
         return delta
 
-    def error_delta(self, request_id: str, code: str, message: str) -> RequestDelta:
-        state = self._states.pop(request_id, None)
-        seq = state.next_seq if state is not None else 0
-        return RequestDelta(request_id, seq, [], error={"code": code, "message": message})
-
-    def _choice_delta(self, seq: Sequence, choice: _ChoiceState) -> ChoiceDelta | None:
-        if choice.reported_finish or (not choice.new_token_ids and not seq.is_finished):
+    @staticmethod
+    def _choice_delta(index: int, choice: _Choice, params: SamplingParams) -> ChoiceDelta | None:
+        if choice.reported_finish or (not choice.new_token_ids and choice.finish_reason is None):
             return None
-        if seq.is_finished:
-            choice.new_text.append(self._flush(seq, choice))
-            choice.reported_finish = True
+        choice.reported_finish = choice.finish_reason is not None
         delta = ChoiceDelta(
-            index=seq.choice_index,
+            index=index,
             token_ids=choice.new_token_ids,
             text="".join(choice.new_text),
-            logprobs=choice.new_logprobs if seq.params.logprobs is not None else None,
-            finish_reason=str(seq.finish_reason) if seq.is_finished else None,
-            stop_reason=seq.stop_reason,
+            logprobs=choice.new_logprobs if params.logprobs is not None else None,
+            finish_reason=choice.finish_reason,
+            stop_reason=choice.stop_reason,
         )
         choice.new_token_ids, choice.new_text, choice.new_logprobs = [], [], []
         return delta
-
-    @staticmethod
-    def _flush(seq: Sequence, choice: _ChoiceState) -> str:
-        """Held-back text of a sequence that ended for a reason other than a stop string."""
-        if choice.detokenizer is None or isinstance(seq.stop_reason, str):
-            return ""
-        held = choice.detokenizer.finish()
-        text, _ = choice.stop_matcher.feed(held)
-        return text + choice.stop_matcher.flush()
-
-    @staticmethod
-    def _ends_on_hidden_stop_token(seq: Sequence) -> bool:
-        """EOS / stop_token_ids text is not part of the output unless include_stop_str_in_output."""
-        return (seq.finish_reason is FinishReason.STOP and not isinstance(seq.stop_reason, str)
-                and not seq.params.include_stop_str_in_output)

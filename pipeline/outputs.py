@@ -43,3 +43,33 @@ class RequestDelta:
     @property
     def finished(self) -> bool:
         return self.usage is not None or self.error is not None
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """Scheduler -> Output: a choice got a token and/or ended."""
+
+    request_id: str
+    choice_index: int
+    token_id: int | None  # None: the choice ended without a new token (abort, timeout)
+    logprob: TokenLogprob | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
+
+
+@dataclass(slots=True)
+class PromptLogprobsEvent:
+    """Scheduler -> Output: prompt logprobs computed in one step (a chunk of the prompt)."""
+
+    request_id: str
+    entries: list[TokenLogprob]
+
+
+@dataclass(slots=True)
+class StopStringFinish:
+    """Output -> Scheduler: a stop string ended this choice; free its sequence."""
+
+    request_id: str
+    choice_index: int
+    stop_string: str

@@ -10,11 +10,16 @@ preempted: its blocks are freed and it is recomputed later (its prefix may still
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
 
 from pipeline.config import SchedulerConfig
 from pipeline.kv_cache_manager import KVCacheManager
+from pipeline.outputs import PromptLogprobsEvent, StopStringFinish, TokenEvent
 from pipeline.request import FinishReason, Request, Sequence, SequenceStatus
 from pipeline.step_plan import NewSequence, RunningSequence, StepPlan
+
+if TYPE_CHECKING:
+    from pipeline.step_result import StepResult
 
 
 class Scheduler:
@@ -56,12 +61,22 @@ class Scheduler:
         if seq.request.is_finished:
             self.requests.pop(seq.request.request_id, None)
 
-    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> Request | None:
+    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> list[TokenEvent]:
+        """End every unfinished choice of a request (cancel, deadline); events for the Output stage."""
         request = self.requests.get(request_id)
-        if request is not None:
-            for seq in request.sequences:
+        if request is None:
+            return []
+        events = []
+        for seq in request.sequences:
+            if not seq.is_finished:
                 self.finish_sequence(seq, reason)
-        return request
+                events.append(TokenEvent(request_id, seq.choice_index, None, finish_reason=str(reason)))
+        return events
+
+    def finish_by_stop_string(self, finish: StopStringFinish) -> None:
+        request = self.requests.get(finish.request_id)
+        if request is not None:
+            self.finish_sequence(request.sequences[finish.choice_index], FinishReason.STOP, finish.stop_string)
 
     @property
     def has_unfinished(self) -> bool:
@@ -156,6 +171,25 @@ class Scheduler:
         )
 
     # ---- results -----------------------------------------------------------------------------
+
+    def apply_step_result(self, result: StepResult) -> list[TokenEvent | PromptLogprobsEvent]:
+        """Append the sampled tokens, apply stop tokens and length limits; events for Output."""
+        events: list[TokenEvent | PromptLogprobsEvent] = []
+        for seq_id, entries in result.prompt_logprobs.items():
+            seq = self.sequences.get(seq_id)
+            if seq is not None and seq.choice_index == 0:  # every choice scores the same prompt
+                events.append(PromptLogprobsEvent(seq.request.request_id, entries))
+        for seq_id, token_id, logprob in zip(result.seq_ids, result.token_ids, result.logprobs, strict=True):
+            seq = self.sequences.get(seq_id)
+            if seq is None:
+                continue  # ended (aborted, stop string) while the step was running
+            self.append_token(seq, token_id)
+            events.append(TokenEvent(
+                seq.request.request_id, seq.choice_index, token_id, logprob,
+                finish_reason=str(seq.finish_reason) if seq.finish_reason is not None else None,
+                stop_reason=seq.stop_reason, num_cached_tokens=seq.num_cached_tokens,
+            ))
+        return events
 
     def append_token(self, seq: Sequence, token_id: int) -> None:
         """Record a sampled token and finish the sequence if a stop condition holds."""

@@ -26,6 +26,7 @@ class PromptLogprobSegment:
     row_start: int
     count: int
     first_position: int
+    num_logprobs: int  # alternatives per position
 
 
 @dataclass(slots=True)
@@ -112,7 +113,7 @@ class TensorPrep:
             count = end - start
             extra_indices.append(np.arange(count) + inputs.query_start_loc[i])
             targets.append(batch.token_ids[row, start + 1:end + 1].astype(np.int64))
-            segments.append(PromptLogprobSegment(seq_ids[i], next_row, count, start))
+            segments.append(PromptLogprobSegment(seq_ids[i], next_row, count, start, int(batch.prompt_logprobs[row])))
             next_row += count
         if segments:
             inputs.logits_indices = np.concatenate([inputs.logits_indices, *extra_indices]).astype(np.int64)

@@ -35,7 +35,7 @@ def test_batch_file_round_trip_with_bad_lines(tmp_path, default_model_path, monk
     errors = {r["custom_id"]: r["error"]["message"] for r in results if r["error"] is not None}
     assert "temprature" in errors["typo"]
     assert "limit is" in errors["too-long"]
-    assert "prompt_token_ids must be ints in [0, 4096)" in errors["bad-id"]
+    assert "prompt_token_ids[1] must be an int in [0, 4096)" in errors["bad-id"]
     assert "duplicate custom_id" in errors["greedy"]
     assert "url must be /v1/completions" in errors["wrong-url"]
     assert results[1]["response"]["status_code"] == 400

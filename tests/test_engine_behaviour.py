@@ -65,7 +65,7 @@ def test_engine_holds_no_state_after_requests_finish(model_dir):
     assert not engine.scheduler.waiting and not engine.scheduler.running
     # Rows of the last finished sequences are released by the next plan, which carries their ids.
     assert set(engine.tensor_prep.batch.row_of) == set(engine.scheduler._removed_seq_ids)
-    assert engine.outputs._states == {}
+    assert engine.outputs._requests == {}
     assert engine.scheduler.kv_cache.num_free_blocks == 64
     assert growth < 256 * 1024, f"Python heap grew by {growth} bytes over 60 finished requests"
 
@@ -74,10 +74,26 @@ def test_invalid_prompts_are_rejected_with_clear_errors(model_dir):
     engine = make_engine(model_dir, max_model_len=64)
     with pytest.raises(ValueError, match="must not be empty"):
         engine.add_request("a", [], SamplingParams())
-    with pytest.raises(ValueError, match=r"ints in \[0, 512\)"):
+    with pytest.raises(ValueError, match=r"must be an int in \[0, 512\)"):
         engine.add_request("b", [1, 512], SamplingParams())
     with pytest.raises(ValueError, match="limit is 63"):
         engine.add_request("c", list(range(1, 65)), SamplingParams())
     with pytest.raises(ValueError, match="no tokenizer"):
         engine.add_request("d", "text", SamplingParams())
     assert not engine.has_unfinished
+
+
+def test_stop_string_truncates_text_and_frees_the_sequence(default_model_path):
+    engine = make_engine(default_model_path, num_kv_blocks=128)
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    free_text = run_requests(engine, {"free": ("The river", greedy)})["free"]["choices"][0]["text"]
+    clean = free_text.replace("\ufffd", "")
+    stop = clean[len(clean) // 2: len(clean) // 2 + 3]
+    assert len(stop) == 3, free_text
+    stopped = run_requests(engine, {"stopped": ("The river", SamplingParams(
+        max_tokens=40, temperature=0.0, ignore_eos=True, stop=[stop]))})["stopped"]
+    choice = stopped["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
+    assert choice["text"] == free_text[: free_text.index(stop)]
+    assert len(choice["token_ids"]) < 40
+    assert engine.scheduler.kv_cache.num_free_blocks == 128

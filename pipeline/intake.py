@@ -1,0 +1,67 @@
+"""Intake: a client's prompt and parameters -> a validated Request (tokenized, seeded, checked).
+
+Every rejection is a ValueError whose message names the field and the rule; the caller turns
+it into an error reply. Nothing here touches scheduler state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pipeline.request import Request
+from pipeline.rng import request_seed
+from pipeline.sampling_params import SamplingParams
+
+
+class RequestBuilder:
+    def __init__(self, tokenizer: Any | None, vocab_size: int, eos_token_ids: frozenset[int],
+                 max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+
+    def build(self, request_id: str, params: SamplingParams, *, prompt: str | None = None,
+              prompt_token_ids: Sequence[int] | None = None,
+              messages: list[dict[str, str]] | None = None) -> Request:
+        given = [name for name, value in (("prompt", prompt), ("prompt_token_ids", prompt_token_ids),
+                                          ("messages", messages)) if value is not None]
+        if len(given) != 1:
+            raise ValueError(f"exactly one of prompt, prompt_token_ids, messages is required, got {given or 'none'}")
+        if messages is not None:
+            prompt = self._apply_chat_template(messages)
+        ids = self._tokenize(prompt) if prompt is not None else self._check_ids(prompt_token_ids)
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; the limit is {self.max_model_len - 1} "
+                             f"(max_model_len {self.max_model_len} incl. one output token)")
+        return Request(request_id=request_id, prompt_token_ids=ids, params=params,
+                       seed=request_seed(params.seed, request_id), eos_token_ids=self.eos_token_ids,
+                       prompt=prompt)
+
+    def _apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("messages need a chat template, and this model's tokenizer has none")
+        if not messages:
+            raise ValueError("messages must not be empty")
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _tokenize(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: send prompt_token_ids instead of text")
+        if not prompt:
+            raise ValueError("prompt must not be empty")
+        return list(self.tokenizer.encode(prompt))
+
+    def _check_ids(self, ids: Sequence[int]) -> list[int]:
+        ids = list(ids)
+        if not ids:
+            raise ValueError("prompt_token_ids must not be empty")
+        for position, token_id in enumerate(ids):
+            if not isinstance(token_id, int | np.integer) or isinstance(token_id, bool) \
+                    or not 0 <= token_id < self.vocab_size:
+                raise ValueError(f"prompt_token_ids[{position}] must be an int in [0, {self.vocab_size}), "
+                                 f"got {token_id!r}")
+        return [int(t) for t in ids]
