@@ -1,4 +1,4 @@
-"""The `aqueduct` command line: batch, bench."""
+"""The `aqueduct` command line: batch, bench, worker, submit."""
 
 from __future__ import annotations
 
@@ -31,6 +31,54 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _worker(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from actors.worker import WorkerOptions, run_worker
+    from pipeline.engine import LLMEngine
+
+    if not args.redis_url:
+        raise ValueError("--redis-url (or AQUEDUCT_REDIS_URL) is required")
+    engine = LLMEngine(engine_config_from_args(args))  # load the model before serving anything
+    options = WorkerOptions(redis_url=args.redis_url, prefix=args.prefix, name=args.name,
+                            health_host=args.health_host, health_port=args.health_port,
+                            drain_timeout_s=args.drain_timeout, max_in_flight=args.max_in_flight)
+    return asyncio.run(run_worker(engine, options))
+
+
+def _submit(args: argparse.Namespace) -> int:
+    import json
+    import uuid
+
+    from queue_adapters.client import SyncAqueductClient
+
+    params = {"max_tokens": args.max_tokens, "temperature": args.temperature}
+    if args.seed is not None:
+        params["seed"] = args.seed
+    request = {"id": args.id or uuid.uuid4().hex, "prompt": args.prompt, "params": params}
+    with SyncAqueductClient(args.redis_url, args.prefix) as client:
+        request_id = client.submit(request)
+        if args.stream:
+            for reply in client.stream(request_id, timeout_s=args.timeout):
+                for choice in reply.choices:
+                    sys.stdout.write(choice.text)
+                sys.stdout.flush()
+                if reply.error is not None:
+                    sys.stdout.write(f"\nerror: {reply.error.code}: {reply.error.message}\n")
+                    return 1
+            sys.stdout.write("\n")
+            return 0
+        result = client.result(request_id, timeout_s=args.timeout)
+    print(json.dumps(result, ensure_ascii=False))
+    return 1 if result.get("error") else 0
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    import os
+
+    return os.environ.get(name, default)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aqueduct", description="Aqueduct LLM inference service")
     parser.add_argument("--log-level", default="INFO")
@@ -52,6 +100,32 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workload-seed", type=int, default=0)
     add_engine_args(bench)
     bench.set_defaults(handler=_bench)
+
+    worker = commands.add_parser("worker", help="serve requests from a Redis stream (consumer group 'workers')")
+    worker.add_argument("--redis-url", default=_env("AQUEDUCT_REDIS_URL"), help="env AQUEDUCT_REDIS_URL")
+    worker.add_argument("--prefix", default=_env("AQUEDUCT_PREFIX", "aqueduct"), help="key prefix")
+    worker.add_argument("--name", default=_env("AQUEDUCT_WORKER_NAME"),
+                        help="consumer name (default: hostname-pid); env AQUEDUCT_WORKER_NAME")
+    worker.add_argument("--health-port", type=int, default=None, help="serve /healthz, /readyz, /metrics")
+    worker.add_argument("--health-host", default="0.0.0.0")
+    worker.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="seconds to finish in-flight requests on SIGTERM")
+    worker.add_argument("--max-in-flight", type=int, default=None,
+                        help="requests held at once (default 2 x --max-num-seqs); the rest wait in Redis")
+    add_engine_args(worker)
+    worker.set_defaults(handler=_worker)
+
+    submit = commands.add_parser("submit", help="send one request to a deployment and print the result")
+    submit.add_argument("--redis-url", default=_env("AQUEDUCT_REDIS_URL", "redis://127.0.0.1:6379"))
+    submit.add_argument("--prefix", default=_env("AQUEDUCT_PREFIX", "aqueduct"))
+    submit.add_argument("--prompt", required=True)
+    submit.add_argument("--id", default=None, help="request id (default: random)")
+    submit.add_argument("--max-tokens", type=int, default=64)
+    submit.add_argument("--temperature", type=float, default=0.0)
+    submit.add_argument("--seed", type=int, default=None)
+    submit.add_argument("--stream", action="store_true", help="print text as it arrives")
+    submit.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the answer")
+    submit.set_defaults(handler=_submit)
     return parser
 
 

@@ -33,6 +33,7 @@ class Scheduler:
         self.sequences: dict[int, Sequence] = {}
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self.num_generated_tokens = 0
         self._removed_seq_ids: list[int] = []
         self._next_step_id = 0
 
@@ -194,6 +195,7 @@ class Scheduler:
     def append_token(self, seq: Sequence, token_id: int) -> None:
         """Record a sampled token and finish the sequence if a stop condition holds."""
         seq.token_ids.append(token_id)
+        self.num_generated_tokens += 1
         params = seq.params
         num_output = seq.num_output_tokens
         # Tokens at output positions < min_tokens cannot stop the sequence (they are also banned).

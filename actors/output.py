@@ -1,0 +1,84 @@
+"""Output actor: detokenize and stop-check via the pipeline OutputProcessor, write reply entries,
+then ack the request entry and free its admission slot once its final entry is written."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from actors.admission import Admission
+from actors.base import Actor
+from actors.messages import ErrorReply, OpenReply, StepEvents
+from actors.replies import ReplySink, to_wire
+from pipeline.output_processor import OutputProcessor
+from pipeline.outputs import RequestDelta
+from queue_adapters.base import Consumer, Delivery, Producer
+
+
+@dataclass(slots=True)
+class _Route:
+    reply_to: str
+    delivery: Delivery | None
+    arrival_s: float
+    first_token_s: float | None = None
+
+
+class OutputActor(Actor):
+    def __init__(self, outputs: OutputProcessor, sink: ReplySink, inbox: Consumer[Any],
+                 to_scheduler: Producer[Any], admission: Admission, metrics: Any | None = None) -> None:
+        super().__init__("output", inbox)
+        self.outputs = outputs
+        self.sink = sink
+        self.to_scheduler = to_scheduler
+        self.admission = admission
+        self.metrics = metrics
+        self.routes: dict[str, _Route] = {}
+
+    async def handle(self, message: Any) -> None:
+        if isinstance(message, OpenReply):
+            self.outputs.add_request(message.request_id, message.prompt_token_ids, message.request.params)
+            self.routes[message.request_id] = _Route(message.reply_to, message.delivery, message.arrival_s)
+        elif isinstance(message, StepEvents):
+            deltas, finishes = self.outputs.process(message.events)
+            await self._write(deltas)
+            for finish in finishes:
+                await self.to_scheduler.send(finish)
+        elif isinstance(message, ErrorReply):
+            await self._write_error(message)
+        else:
+            raise TypeError(f"output got an unexpected {type(message).__name__}")
+
+    async def _write(self, deltas: list[RequestDelta]) -> None:
+        routed = [(self.routes[delta.request_id], delta) for delta in deltas if delta.request_id in self.routes]
+        await self.sink.write([(route.reply_to, to_wire(delta)) for route, delta in routed])
+        now = time.perf_counter()
+        for route, delta in routed:
+            self._observe(route, delta, now)
+            if delta.finished:
+                del self.routes[delta.request_id]
+                if route.delivery is not None:
+                    await route.delivery.ack()
+                await self.admission.release()
+
+    async def _write_error(self, message: ErrorReply) -> None:
+        delta = RequestDelta(message.request_id, 0, [], error={"code": message.code, "message": message.message})
+        await self.sink.write([(message.reply_to, to_wire(delta))])
+        if message.delivery is not None:
+            await message.delivery.ack()
+        if self.metrics is not None:
+            self.metrics.record_error(message.code)
+
+    def _observe(self, route: _Route, delta: RequestDelta, now: float) -> None:
+        if self.metrics is None:
+            return
+        if route.first_token_s is None and any(choice.token_ids for choice in delta.choices):
+            route.first_token_s = now
+            self.metrics.observe_first_token(now - route.arrival_s)
+        if delta.usage is not None:
+            for choice in delta.choices:
+                if choice.finish_reason is not None:
+                    self.metrics.record_finish(choice.finish_reason)
+            generated = delta.usage.completion_tokens
+            if route.first_token_s is not None and generated > 1:
+                self.metrics.observe_output_token_interval((now - route.first_token_s) / (generated - 1))

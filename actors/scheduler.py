@@ -1,0 +1,76 @@
+"""Scheduler actor: owns the pipeline Scheduler; keeps one step in flight at a time.
+
+Inbox: Admit, StepResult, StopStringFinish, Cancel. After each batch of mail it expires
+deadlines and, when no step is running, schedules the next one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from actors.base import Actor
+from actors.messages import Admit, Cancel, StepEvents
+from pipeline.outputs import StopStringFinish
+from pipeline.request import FinishReason
+from pipeline.scheduler import Scheduler
+from pipeline.step_result import StepResult
+from queue_adapters.base import Consumer, Producer
+
+
+class SchedulerActor(Actor):
+    tick_s = 0.05  # deadline checks while idle
+
+    def __init__(self, scheduler: Scheduler, inbox: Consumer[Any], to_tensor_prep: Producer[Any],
+                 to_output: Producer[StepEvents], metrics: Any | None = None) -> None:
+        super().__init__("scheduler", inbox)
+        self.metrics = metrics
+        self.step_started = 0.0
+        self.scheduler = scheduler
+        self.to_tensor_prep = to_tensor_prep
+        self.to_output = to_output
+        self.step_in_flight = False
+        self.deadlines_ms: dict[str, int] = {}
+
+    async def handle(self, message: Any) -> None:
+        if isinstance(message, Admit):
+            self.scheduler.add_request(message.request)
+            if message.deadline_ms is not None:
+                self.deadlines_ms[message.request.request_id] = message.deadline_ms
+        elif isinstance(message, StepResult):
+            self.step_in_flight = False
+            if self.metrics is not None:
+                self.metrics.observe_step(time.perf_counter() - self.step_started, len(message.token_ids))
+            await self._emit(self.scheduler.apply_step_result(message))
+        elif isinstance(message, StopStringFinish):
+            self.scheduler.finish_by_stop_string(message)
+        elif isinstance(message, Cancel):
+            self.deadlines_ms.pop(message.request_id, None)
+            await self._emit(self.scheduler.abort_request(message.request_id, message.reason))
+        else:
+            raise TypeError(f"scheduler got an unexpected {type(message).__name__}")
+
+    async def after_batch(self) -> None:
+        await self._expire_deadlines()
+        if self.step_in_flight or not self.scheduler.has_unfinished:
+            return
+        plan = self.scheduler.schedule()
+        if not plan.is_empty:
+            self.step_in_flight = True
+            self.step_started = time.perf_counter()
+            await self.to_tensor_prep.send(plan)
+
+    async def _expire_deadlines(self) -> None:
+        if not self.deadlines_ms:
+            return
+        now_ms = time.time() * 1000
+        for request_id, deadline in list(self.deadlines_ms.items()):
+            if request_id not in self.scheduler.requests:
+                del self.deadlines_ms[request_id]
+            elif deadline <= now_ms:
+                del self.deadlines_ms[request_id]
+                await self._emit(self.scheduler.abort_request(request_id, FinishReason.TIMEOUT))
+
+    async def _emit(self, events: list) -> None:
+        if events:
+            await self.to_output.send(StepEvents(events))

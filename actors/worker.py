@@ -1,0 +1,157 @@
+"""Wires one worker: the actor graph of DESIGN §2 over the engine's pipeline objects.
+
+    requests ─► Intake ─► Scheduler ─► TensorPrep ─► GPU ─► Sampling ─┐
+                  │           ▲                                       │
+                  │           └──────────── StepResult ◄──────────────┘
+                  └─► Output ◄── StepEvents ── Scheduler;  Output ─► reply streams, acks
+
+Internal edges are memory streams; requests come from a Redis consumer group (or a memory
+stream when embedded) and replies go to Redis streams (or memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+import structlog
+
+from actors.admission import Admission
+from actors.control import ControlActor
+from actors.intake import DeadLetter, IntakeActor
+from actors.metrics import WorkerMetrics
+from actors.output import OutputActor
+from actors.replies import RedisReplySink, ReplySink
+from actors.runtime import ActorRuntime, Runnable
+from actors.scheduler import SchedulerActor
+from actors.stages import GPUActor, SamplingActor, TensorPrepActor, device_thread
+from pipeline.engine import LLMEngine
+from queue_adapters.base import Consumer
+from queue_adapters.codec import Malformed, WireRequest, decode_request
+from queue_adapters.memory import MemoryStream
+from queue_adapters.redis_streams import RedisStreamConsumer, dead_letter
+
+log = structlog.get_logger(__name__)
+
+REQUESTS_GROUP = "workers"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    redis_url: str
+    prefix: str = "aqueduct"
+    name: str | None = None  # default: hostname-pid (stable per container)
+    health_host: str = "0.0.0.0"
+    health_port: int | None = None
+    drain_timeout_s: float = 30.0
+    max_in_flight: int | None = None  # default: 2 x max_num_seqs
+    reply_expire_s: int = 3600
+    stats_interval_s: float = 10.0
+
+    @property
+    def consumer_name(self) -> str:
+        return self.name or f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(slots=True)
+class Graph:
+    actors: list[Runnable]
+    intake: IntakeActor
+    admission: Admission
+    to_scheduler: MemoryStream[Any]  # for control messages (cancels)
+
+
+def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], sink: ReplySink, prefix: str,
+                dead_letter_fn: DeadLetter, max_in_flight: int, metrics: WorkerMetrics | None = None) -> Graph:
+    """The actors of one worker around `engine`'s pipeline objects (its model, scheduler, ...)."""
+    to_scheduler, to_prep, to_gpu, to_sampling, to_output = (MemoryStream[Any](name=n) for n in (
+        "scheduler", "tensor_prep", "gpu", "sampling", "output"))
+    admission = Admission(max_in_flight)
+    device = device_thread()
+    actors: list[Runnable] = [
+        SchedulerActor(engine.scheduler, to_scheduler.consumer(), to_prep.producer(), to_output.producer(), metrics),
+        TensorPrepActor(engine.tensor_prep, to_prep.consumer(), to_gpu.producer()),
+        GPUActor(engine.runner, device, to_gpu.consumer(), to_sampling.producer()),
+        SamplingActor(engine.sampler, device, to_sampling.consumer(), to_scheduler.producer()),
+        OutputActor(engine.outputs, sink, to_output.consumer(), to_scheduler.producer(), admission, metrics),
+    ]
+    intake = IntakeActor(requests, engine.builder, prefix, admission, to_output.producer(), to_scheduler.producer(),
+                         dead_letter_fn)
+    return Graph(actors, intake, admission, to_scheduler)
+
+
+async def run_worker(engine: LLMEngine, options: WorkerOptions) -> int:
+    redis = aioredis.from_url(options.redis_url)
+    consumer = RedisStreamConsumer(options.redis_url, f"{options.prefix}:requests", REQUESTS_GROUP,
+                                   options.consumer_name, decode_request, client=redis)
+    await consumer.ensure_group()
+    metrics = WorkerMetrics()
+
+    async def dead_letter_fn(message: Malformed) -> None:
+        metrics.record_dead_letter()
+        await dead_letter(redis, options.prefix, message.entry_id, message.raw, message.error,
+                          source=f"{options.prefix}:requests")
+
+    max_in_flight = options.max_in_flight or 2 * engine.config.scheduler.max_num_seqs
+    graph = build_graph(engine, consumer, RedisReplySink(redis, options.reply_expire_s), options.prefix,
+                        dead_letter_fn, max_in_flight, metrics)
+    actors = [*graph.actors, StatsReporter(engine, metrics, options.stats_interval_s),
+              ControlActor(redis, options.prefix, graph.to_scheduler.producer())]
+    runtime = ActorRuntime(actors, graph.intake, graph.admission.wait_idle, options.drain_timeout_s)
+    runtime.install_signal_handlers()
+    health = await _start_health(options, metrics, redis)
+    structlog.contextvars.bind_contextvars(worker=options.consumer_name)
+    log.info("worker started", prefix=options.prefix, consumer=options.consumer_name, max_in_flight=max_in_flight)
+    try:
+        return await runtime.run()
+    finally:
+        if health is not None:
+            await health.stop()
+        await consumer.close()
+        await redis.aclose()
+
+
+async def _start_health(options: WorkerOptions, metrics: WorkerMetrics, redis: aioredis.Redis) -> Any:
+    if options.health_port is None:
+        return None
+    from actors.health import HealthServer
+
+    async def ready() -> bool:
+        return bool(await redis.ping())  # the model is loaded before the event loop starts
+
+    server = HealthServer(options.health_host, options.health_port, metrics, ready)
+    await server.start()
+    log.info("health endpoint listening", host=options.health_host, port=server.port)
+    return server
+
+
+class StatsReporter:
+    """Keeps the queue gauges fresh and logs one stats line per interval (never per token)."""
+
+    name = "stats"
+
+    def __init__(self, engine: LLMEngine, metrics: WorkerMetrics, interval_s: float) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.interval_s = interval_s
+
+    async def run(self) -> None:
+        scheduler = self.engine.scheduler
+        pool = scheduler.kv_cache.pool
+        last_log, last_tokens = time.monotonic(), scheduler.num_generated_tokens
+        while True:
+            await asyncio.sleep(1.0)
+            self.metrics.set_queue_state(len(scheduler.waiting), len(scheduler.running), pool.num_used_blocks,
+                                         pool.num_blocks)
+            now = time.monotonic()
+            if now - last_log >= self.interval_s:
+                tokens = scheduler.num_generated_tokens
+                log.info("stats", running=len(scheduler.running), waiting=len(scheduler.waiting),
+                         kv_used=round(pool.num_used_blocks / pool.num_blocks, 3),
+                         tokens_per_s=round((tokens - last_tokens) / (now - last_log), 1))
+                last_log, last_tokens = now, tokens
