@@ -36,6 +36,9 @@ class ActorRuntime:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def stop_when(self, event: asyncio.Event) -> None:
+        self._stop = event
+
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -85,7 +85,8 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
     return Graph(actors, intake, admission, to_scheduler)
 
 
-async def run_worker(engine: LLMEngine, options: WorkerOptions) -> int:
+async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Event | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (or until `stop` is set, when given: embedding and tests)."""
     redis = aioredis.from_url(options.redis_url)
     consumer = RedisStreamConsumer(options.redis_url, f"{options.prefix}:requests", REQUESTS_GROUP,
                                    options.consumer_name, decode_request, client=redis)
@@ -103,7 +104,10 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions) -> int:
     actors = [*graph.actors, StatsReporter(engine, metrics, options.stats_interval_s),
               ControlActor(redis, options.prefix, graph.to_scheduler.producer())]
     runtime = ActorRuntime(actors, graph.intake, graph.admission.wait_idle, options.drain_timeout_s)
-    runtime.install_signal_handlers()
+    if stop is None:
+        runtime.install_signal_handlers()
+    else:
+        runtime.stop_when(stop)
     health = await _start_health(options, metrics, redis)
     structlog.contextvars.bind_contextvars(worker=options.consumer_name)
     log.info("worker started", prefix=options.prefix, consumer=options.consumer_name, max_in_flight=max_in_flight)

@@ -1,0 +1,188 @@
+"""Workers on a real Redis, driven by a plain msgpack client written from DESIGN §3 alone."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+import msgpack
+import pytest
+import redis.asyncio as aioredis
+import torch
+from transformers import AutoModelForCausalLM
+
+from actors.worker import WorkerOptions, run_worker
+from tests.engine_helpers import assert_greedy_equal, hf_greedy, make_engine
+from tests.hf_models import make_tiny_hf_model
+
+REDIS_URL = "redis://127.0.0.1:6379"
+
+
+def _redis_available() -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(REDIS_URL).ping())
+    except redis.exceptions.ConnectionError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _redis_available(), reason=f"no Redis answers at {REDIS_URL}")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_hf_model("qwen2", tmp_path_factory.mktemp("qwen2"), seed=31, num_hidden_layers=3)
+
+
+@pytest.fixture
+def prefix():
+    return f"test-worker-{uuid.uuid4().hex[:10]}"
+
+
+@asynccontextmanager
+async def running_workers(model_dir, prefix, count=1, **engine_kwargs):
+    stop = asyncio.Event()
+    engines = [make_engine(model_dir, **engine_kwargs) for _ in range(count)]
+    tasks = [asyncio.create_task(run_worker(engine, WorkerOptions(REDIS_URL, prefix, name=f"w{i}"), stop))
+             for i, engine in enumerate(engines)]
+    redis = aioredis.from_url(REDIS_URL)
+    try:
+        yield redis, engines
+    finally:
+        stop.set()
+        codes = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+        keys = [key async for key in redis.scan_iter(f"{prefix}:*")]
+        if keys:
+            await redis.delete(*keys)
+        await redis.aclose()
+        assert codes == [0] * count
+
+
+async def push(redis, prefix, entry):
+    """XADD like any client: one field `data` holding a msgpack map (or raw bytes for fuzzing)."""
+    data = entry if isinstance(entry, bytes) else msgpack.packb(entry)
+    await redis.xadd(f"{prefix}:requests", {"data": data})
+
+
+async def read_replies(redis, key, timeout_s=60.0):
+    """All entries of a reply stream up to the final one (usage or error)."""
+    deadline = time.monotonic() + timeout_s
+    replies, last_id = [], "0"
+    while time.monotonic() < deadline:
+        response = await redis.xread({key: last_id}, block=500, count=100)
+        for _, entries in response or []:
+            for entry_id, fields in entries:
+                last_id = entry_id
+                reply = msgpack.unpackb(fields[b"data"])
+                replies.append(reply)
+                if reply.get("usage") is not None or reply.get("error") is not None:
+                    return replies
+    raise TimeoutError(f"no final entry on {key}; got {replies}")
+
+
+async def pending_count(redis, prefix, settle_s=2.0):
+    """Entries delivered but not acked. Acks follow the final reply write, so allow them a moment."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        pending = (await redis.xpending(f"{prefix}:requests", "workers"))["pending"]
+        if pending == 0 or time.monotonic() > deadline:
+            return pending
+        await asyncio.sleep(0.05)
+
+
+def tokens_of(replies, index=0):
+    return [t for reply in replies for choice in reply["choices"] if choice["index"] == index
+            for t in choice["token_ids"]]
+
+
+async def test_plain_msgpack_requests_get_hf_exact_greedy_tokens(model_dir, prefix):
+    rng = random.Random(5)
+    requests = {f"req-{i}": ([rng.randrange(3, 512) for _ in range(rng.randint(2, 70))], rng.randint(3, 20))
+                for i in range(10)}
+    async with running_workers(model_dir, prefix, block_size=4, max_num_batched_tokens=32) as (redis, _):
+        for request_id, (prompt, max_tokens) in requests.items():
+            await push(redis, prefix, {"id": request_id, "prompt_token_ids": prompt,
+                                       "params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}})
+        replies = {r: await read_replies(redis, f"{prefix}:out:{r}") for r in requests}
+        pending = await pending_count(redis, prefix)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for request_id, (prompt, max_tokens) in requests.items():
+        entries = replies[request_id]
+        assert [e["seq"] for e in entries] == list(range(len(entries)))
+        theirs, logits = hf_greedy(hf, prompt, max_tokens)
+        assert_greedy_equal(tokens_of(entries), theirs, logits, request_id)
+        assert entries[-1]["usage"]["completion_tokens"] == max_tokens
+        assert entries[-1]["choices"][-1]["finish_reason"] == "length"
+    assert pending == 0  # every entry acked after its final reply
+
+
+async def test_two_workers_share_requests_each_answered_exactly_once(model_dir, prefix):
+    async with running_workers(model_dir, prefix, count=2, max_num_seqs=4) as (redis, engines):
+        for i in range(40):
+            await push(redis, prefix, {"id": f"r{i}", "prompt_token_ids": [5 + i, 6, 7, 8 + i],
+                                       "params": {"max_tokens": 6, "temperature": 0.7, "seed": i,
+                                                  "ignore_eos": True}})
+        for i in range(40):
+            entries = await read_replies(redis, f"{prefix}:out:r{i}")
+            assert [e["seq"] for e in entries] == list(range(len(entries)))
+            assert len(tokens_of(entries)) == 6
+        await asyncio.sleep(0.3)
+        for i in range(40):
+            assert await redis.xlen(f"{prefix}:out:r{i}") == len(await read_replies(redis, f"{prefix}:out:r{i}"))
+    served = [engine.scheduler.num_generated_tokens for engine in engines]
+    assert sum(served) == 40 * 6 and all(count > 0 for count in served), served
+
+
+async def test_malformed_entries_are_answered_or_dead_lettered_and_the_worker_keeps_serving(model_dir, prefix):
+    bad_with_id = {
+        "wrong-type": {"id": "wrong-type", "prompt_token_ids": "abc"},
+        "unknown-key": {"id": "unknown-key", "prompt": [1, 2], "colour": "red"},
+        "bad-param": {"id": "bad-param", "prompt_token_ids": [1, 2], "params": {"temperature": -1}},
+        "unknown-param": {"id": "unknown-param", "prompt_token_ids": [1, 2], "params": {"temprature": 1}},
+        "unknown-lora": {"id": "unknown-lora", "prompt_token_ids": [1, 2], "lora": "nope"},
+        "empty-prompt": {"id": "empty-prompt", "prompt_token_ids": []},
+        "too-long": {"id": "too-long", "prompt_token_ids": [1] * 5000},
+        "out-of-vocab": {"id": "out-of-vocab", "prompt_token_ids": [1, 100000]},
+        "no-tokenizer": {"id": "no-tokenizer", "prompt": "text needs a tokenizer"},
+        "two-prompts": {"id": "two-prompts", "prompt": "a", "prompt_token_ids": [1]},
+    }
+    unreadable = [b"\xc1 not msgpack", msgpack.packb([1, 2, 3]), msgpack.packb({"id": "bad id!", "prompt": "x"})]
+    async with running_workers(model_dir, prefix) as (redis, _):
+        for entry in bad_with_id.values():
+            await push(redis, prefix, entry)
+        for raw in unreadable:
+            await push(redis, prefix, raw)
+        await redis.xadd(f"{prefix}:requests", {"other": b"no data field"})
+        await push(redis, prefix, {"id": "good", "prompt_token_ids": [3, 4, 5],
+                                   "params": {"max_tokens": 4, "ignore_eos": True}})
+        for request_id in bad_with_id:
+            [entry] = await read_replies(redis, f"{prefix}:out:{request_id}")
+            assert entry["error"]["code"] == "invalid_request" and entry["error"]["message"], request_id
+        good = await read_replies(redis, f"{prefix}:out:good")
+        assert len(tokens_of(good)) == 4
+        assert await pending_count(redis, prefix) == 0
+        dead = await redis.xrange(f"{prefix}:dead")
+        assert len(dead) == len(unreadable) + 1
+
+
+async def test_cancel_and_deadline_end_requests_early(model_dir, prefix):
+    async with running_workers(model_dir, prefix) as (redis, engines):
+        await push(redis, prefix, {"id": "cancel-me", "prompt_token_ids": [3, 4],
+                                   "params": {"max_tokens": 2000, "ignore_eos": True}})
+        await push(redis, prefix, {"id": "late", "prompt_token_ids": [3, 4], "deadline_ms": int(time.time() * 1000),
+                                   "params": {"max_tokens": 2000, "ignore_eos": True}})
+        first = await redis.xread({f"{prefix}:out:cancel-me": "0"}, block=10_000, count=1)
+        assert first, "no token before cancel"
+        await redis.xadd(f"{prefix}:control", {"data": msgpack.packb({"cancel": "cancel-me"})})
+        cancelled = await read_replies(redis, f"{prefix}:out:cancel-me")
+        late = await read_replies(redis, f"{prefix}:out:late")
+        assert cancelled[-1]["choices"][-1]["finish_reason"] == "abort"
+        assert late[-1]["choices"][-1]["finish_reason"] == "timeout"
+        assert len(tokens_of(cancelled)) < 2000
+        await asyncio.sleep(0.2)
+        kv = engines[0].scheduler.kv_cache
+        assert kv.num_free_blocks == kv.pool.num_blocks
