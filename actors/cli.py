@@ -42,7 +42,8 @@ def _worker(args: argparse.Namespace) -> int:
     engine = LLMEngine(engine_config_from_args(args))  # load the model before serving anything
     options = WorkerOptions(redis_url=args.redis_url, prefix=args.prefix, name=args.name,
                             health_host=args.health_host, health_port=args.health_port,
-                            drain_timeout_s=args.drain_timeout, max_in_flight=args.max_in_flight)
+                            drain_timeout_s=args.drain_timeout, max_in_flight=args.max_in_flight,
+                            redis_edges=frozenset(filter(None, args.redis_edges.split(","))))
     return asyncio.run(run_worker(engine, options))
 
 
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds to finish in-flight requests on SIGTERM")
     worker.add_argument("--max-in-flight", type=int, default=None,
                         help="requests held at once (default 2 x --max-num-seqs); the rest wait in Redis")
+    worker.add_argument("--redis-edges", default="",
+                        help="internal edges to run over Redis, comma-separated: scheduler,tensor_prep,output_events")
     add_engine_args(worker)
     worker.set_defaults(handler=_worker)
 

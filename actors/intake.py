@@ -55,9 +55,9 @@ class IntakeActor:
             return
         self.admission.take()
         # Output learns the route before the scheduler can produce the first token event.
-        await self.to_output.send(OpenReply(message.id, request.prompt_token_ids, request, reply_to, delivery,
+        await self.to_output.send(OpenReply(message.id, request.prompt_token_ids, request.params, reply_to, delivery,
                                             time.perf_counter()))
-        await self.to_scheduler.send(Admit(request, message.deadline_ms))
+        await self.to_scheduler.send(Admit.of(request, message.deadline_ms))
 
     def _build(self, message: WireRequest) -> Any:
         if message.lora is not None:

@@ -9,16 +9,30 @@ import torch
 
 from pipeline.outputs import PromptLogprobsEvent, TokenEvent
 from pipeline.request import FinishReason, Request
+from pipeline.sampling_params import SamplingParams
 from pipeline.tensor_prep import PreparedStep
 from queue_adapters.base import Delivery
 
 
 @dataclass(slots=True)
 class Admit:
-    """Intake -> Scheduler: a validated request."""
+    """Intake -> Scheduler: a validated request, as plain data (the edge may be a Redis stream)."""
 
-    request: Request
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    eos_token_ids: list[int]
     deadline_ms: int | None = None
+
+    @classmethod
+    def of(cls, request: Request, deadline_ms: int | None) -> Admit:
+        return cls(request.request_id, request.prompt_token_ids, request.params, request.seed,
+                   sorted(request.eos_token_ids), deadline_ms)
+
+    def to_request(self) -> Request:
+        return Request(request_id=self.request_id, prompt_token_ids=self.prompt_token_ids, params=self.params,
+                       seed=self.seed, eos_token_ids=frozenset(self.eos_token_ids))
 
 
 @dataclass(slots=True)
@@ -27,7 +41,7 @@ class OpenReply:
 
     request_id: str
     prompt_token_ids: list[int]
-    request: Request
+    params: SamplingParams
     reply_to: str
     delivery: Delivery | None
     arrival_s: float
@@ -62,6 +76,15 @@ class ForwardOutput:
 
 @dataclass(slots=True)
 class StepEvents:
-    """Scheduler -> Output: everything one step (or a cancel) produced."""
+    """Scheduler -> Output: everything one step (or a cancel) produced; prompt logprobs first."""
 
-    events: list[TokenEvent | PromptLogprobsEvent] = field(default_factory=list)
+    tokens: list[TokenEvent] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprobsEvent] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, events: list[TokenEvent | PromptLogprobsEvent]) -> StepEvents:
+        return cls([e for e in events if isinstance(e, TokenEvent)],
+                   [e for e in events if isinstance(e, PromptLogprobsEvent)])
+
+    def all(self) -> list[TokenEvent | PromptLogprobsEvent]:
+        return [*self.prompt_logprobs, *self.tokens]

@@ -25,9 +25,13 @@ class _Route:
 
 
 class OutputActor(Actor):
-    def __init__(self, outputs: OutputProcessor, sink: ReplySink, inbox: Consumer[Any],
+    """Two inboxes: step events (plain data, may be a Redis stream) and routes (OpenReply /
+    ErrorReply from Intake, always memory: they carry ack handles)."""
+
+    def __init__(self, outputs: OutputProcessor, sink: ReplySink, inbox: Consumer[StepEvents], routes: Consumer[Any],
                  to_scheduler: Producer[Any], admission: Admission, metrics: Any | None = None) -> None:
         super().__init__("output", inbox)
+        self.routes_inbox = routes
         self.outputs = outputs
         self.sink = sink
         self.to_scheduler = to_scheduler
@@ -35,12 +39,28 @@ class OutputActor(Actor):
         self.metrics = metrics
         self.routes: dict[str, _Route] = {}
 
+    async def run(self) -> None:
+        while True:
+            deliveries = await self.inbox.receive(max_count=self.batch_size, timeout_s=0.01)
+            # Intake queues a request's route before the scheduler hears of the request, so once
+            # we hold its events, draining the routes first guarantees the route is known.
+            await self._drain_routes()
+            for delivery in deliveries:
+                await self.handle(delivery.message)
+                await delivery.ack()
+
+    async def _drain_routes(self) -> None:
+        while deliveries := await self.routes_inbox.receive(max_count=self.batch_size, timeout_s=0):
+            for delivery in deliveries:
+                await self.handle(delivery.message)
+                await delivery.ack()
+
     async def handle(self, message: Any) -> None:
         if isinstance(message, OpenReply):
-            self.outputs.add_request(message.request_id, message.prompt_token_ids, message.request.params)
+            self.outputs.add_request(message.request_id, message.prompt_token_ids, message.params)
             self.routes[message.request_id] = _Route(message.reply_to, message.delivery, message.arrival_s)
         elif isinstance(message, StepEvents):
-            deltas, finishes = self.outputs.process(message.events)
+            deltas, finishes = self.outputs.process(message.all())
             await self._write(deltas)
             for finish in finishes:
                 await self.to_scheduler.send(finish)

@@ -34,9 +34,9 @@ class SchedulerActor(Actor):
 
     async def handle(self, message: Any) -> None:
         if isinstance(message, Admit):
-            self.scheduler.add_request(message.request)
+            self.scheduler.add_request(message.to_request())
             if message.deadline_ms is not None:
-                self.deadlines_ms[message.request.request_id] = message.deadline_ms
+                self.deadlines_ms[message.request_id] = message.deadline_ms
         elif isinstance(message, StepResult):
             self.step_in_flight = False
             if self.metrics is not None:
@@ -73,4 +73,4 @@ class SchedulerActor(Actor):
 
     async def _emit(self, events: list) -> None:
         if events:
-            await self.to_output.send(StepEvents(events))
+            await self.to_output.send(StepEvents.of(events))

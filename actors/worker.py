@@ -23,6 +23,7 @@ import structlog
 
 from actors.admission import Admission
 from actors.control import ControlActor
+from actors.edges import Edges
 from actors.intake import DeadLetter, IntakeActor
 from actors.metrics import WorkerMetrics
 from actors.output import OutputActor
@@ -31,9 +32,8 @@ from actors.runtime import ActorRuntime, Runnable
 from actors.scheduler import SchedulerActor
 from actors.stages import GPUActor, SamplingActor, TensorPrepActor, device_thread
 from pipeline.engine import LLMEngine
-from queue_adapters.base import Consumer
+from queue_adapters.base import Consumer, Producer
 from queue_adapters.codec import Malformed, WireRequest, decode_request
-from queue_adapters.memory import MemoryStream
 from queue_adapters.redis_streams import RedisStreamConsumer, dead_letter
 
 log = structlog.get_logger(__name__)
@@ -52,6 +52,7 @@ class WorkerOptions:
     max_in_flight: int | None = None  # default: 2 x max_num_seqs
     reply_expire_s: int = 3600
     stats_interval_s: float = 10.0
+    redis_edges: frozenset[str] = frozenset()  # internal edges to run over Redis (see actors/edges.py)
 
     @property
     def consumer_name(self) -> str:
@@ -63,25 +64,27 @@ class Graph:
     actors: list[Runnable]
     intake: IntakeActor
     admission: Admission
-    to_scheduler: MemoryStream[Any]  # for control messages (cancels)
+    to_scheduler: Producer[Any]  # for control messages (cancels)
 
 
 def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], sink: ReplySink, prefix: str,
-                dead_letter_fn: DeadLetter, max_in_flight: int, metrics: WorkerMetrics | None = None) -> Graph:
+                dead_letter_fn: DeadLetter, max_in_flight: int, metrics: WorkerMetrics | None = None,
+                edges: Edges | None = None) -> Graph:
     """The actors of one worker around `engine`'s pipeline objects (its model, scheduler, ...)."""
-    to_scheduler, to_prep, to_gpu, to_sampling, to_output = (MemoryStream[Any](name=n) for n in (
-        "scheduler", "tensor_prep", "gpu", "sampling", "output"))
+    edges = edges or Edges()
+    (to_scheduler, scheduler_inbox), (to_prep, prep_inbox), (to_gpu, gpu_inbox), (to_sampling, sampling_inbox), \
+        (to_events, events_inbox), (to_routes, routes_inbox) = (edges.make(name) for name in (
+            "scheduler", "tensor_prep", "gpu", "sampling", "output_events", "output_routes"))
     admission = Admission(max_in_flight)
     device = device_thread()
     actors: list[Runnable] = [
-        SchedulerActor(engine.scheduler, to_scheduler.consumer(), to_prep.producer(), to_output.producer(), metrics),
-        TensorPrepActor(engine.tensor_prep, to_prep.consumer(), to_gpu.producer()),
-        GPUActor(engine.runner, device, to_gpu.consumer(), to_sampling.producer()),
-        SamplingActor(engine.sampler, device, to_sampling.consumer(), to_scheduler.producer()),
-        OutputActor(engine.outputs, sink, to_output.consumer(), to_scheduler.producer(), admission, metrics),
+        SchedulerActor(engine.scheduler, scheduler_inbox, to_prep, to_events, metrics),
+        TensorPrepActor(engine.tensor_prep, prep_inbox, to_gpu),
+        GPUActor(engine.runner, device, gpu_inbox, to_sampling),
+        SamplingActor(engine.sampler, device, sampling_inbox, to_scheduler),
+        OutputActor(engine.outputs, sink, events_inbox, routes_inbox, to_scheduler, admission, metrics),
     ]
-    intake = IntakeActor(requests, engine.builder, prefix, admission, to_output.producer(), to_scheduler.producer(),
-                         dead_letter_fn)
+    intake = IntakeActor(requests, engine.builder, prefix, admission, to_routes, to_scheduler, dead_letter_fn)
     return Graph(actors, intake, admission, to_scheduler)
 
 
@@ -99,10 +102,12 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
                           source=f"{options.prefix}:requests")
 
     max_in_flight = options.max_in_flight or 2 * engine.config.scheduler.max_num_seqs
+    edges = Edges(options.redis_edges, options.redis_url, redis, options.prefix, options.consumer_name)
     graph = build_graph(engine, consumer, RedisReplySink(redis, options.reply_expire_s), options.prefix,
-                        dead_letter_fn, max_in_flight, metrics)
+                        dead_letter_fn, max_in_flight, metrics, edges)
+    await edges.start()
     actors = [*graph.actors, StatsReporter(engine, metrics, options.stats_interval_s),
-              ControlActor(redis, options.prefix, graph.to_scheduler.producer())]
+              ControlActor(redis, options.prefix, graph.to_scheduler)]
     runtime = ActorRuntime(actors, graph.intake, graph.admission.wait_idle, options.drain_timeout_s)
     if stop is None:
         runtime.install_signal_handlers()
@@ -116,6 +121,7 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
     finally:
         if health is not None:
             await health.stop()
+        await edges.close()
         await consumer.close()
         await redis.aclose()
 

@@ -103,8 +103,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None  # None = derived from the request id (pipeline.rng.request_seed)
-    stop: str | list[str] | tuple[str, ...] | None = ()  # always a tuple after construction
-    stop_token_ids: list[int] | tuple[int, ...] | None = ()  # always a tuple after construction
+    # Annotated with the normalized types; construction also accepts a str, a list or None.
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None  # None = none; k = chosen token + top-k alternatives

@@ -44,11 +44,12 @@ def prefix():
 
 
 @asynccontextmanager
-async def running_workers(model_dir, prefix, count=1, **engine_kwargs):
+async def running_workers(model_dir, prefix, count=1, redis_edges=frozenset(), **engine_kwargs):
     stop = asyncio.Event()
     engines = [make_engine(model_dir, **engine_kwargs) for _ in range(count)]
-    tasks = [asyncio.create_task(run_worker(engine, WorkerOptions(REDIS_URL, prefix, name=f"w{i}"), stop))
-             for i, engine in enumerate(engines)]
+    options = [WorkerOptions(REDIS_URL, prefix, name=f"w{i}", redis_edges=redis_edges) for i in range(count)]
+    tasks = [asyncio.create_task(run_worker(engine, option, stop))
+             for engine, option in zip(engines, options, strict=True)]
     redis = aioredis.from_url(REDIS_URL)
     try:
         yield redis, engines
@@ -186,3 +187,29 @@ async def test_cancel_and_deadline_end_requests_early(model_dir, prefix):
         await asyncio.sleep(0.2)
         kv = engines[0].scheduler.kv_cache
         assert kv.num_free_blocks == kv.pool.num_blocks
+
+
+async def test_every_plain_data_edge_over_redis_gives_the_same_tokens(model_dir, prefix):
+    rng = random.Random(9)
+    entries = [{"id": f"e{i}", "prompt_token_ids": [rng.randrange(3, 512) for _ in range(rng.randint(2, 40))],
+                "params": {"max_tokens": rng.randint(3, 12), "ignore_eos": True, "n": rng.choice([1, 2]),
+                           "temperature": rng.choice([0.0, 0.8]), "logprobs": rng.choice([None, 2]),
+                           "prompt_logprobs": rng.choice([None, 1])}}
+               for i in range(8)]
+    for entry in entries:
+        entry["params"] = {k: v for k, v in entry["params"].items() if v is not None}
+    results = {}
+    for label, edges in (("memory", frozenset()), ("redis", frozenset({"scheduler", "tensor_prep", "output_events"}))):
+        async with running_workers(model_dir, f"{prefix}-{label}", redis_edges=edges, block_size=4,
+                                   max_num_batched_tokens=24) as (redis, _):
+            for entry in entries:
+                await push(redis, f"{prefix}-{label}", entry)
+            results[label] = {e["id"]: await read_replies(redis, f"{prefix}-{label}:out:{e['id']}") for e in entries}
+            if label == "redis":
+                edge_keys = [key async for key in redis.scan_iter(f"{prefix}-{label}:edge:*")]
+                assert len(edge_keys) == 3  # the edges really ran over Redis
+    for entry in entries:
+        memory, redis_ = results["memory"][entry["id"]], results["redis"][entry["id"]]
+        for index in range(entry["params"].get("n", 1)):
+            assert tokens_of(redis_, index) == tokens_of(memory, index), entry
+        assert redis_[-1]["usage"] == memory[-1]["usage"]
