@@ -1,14 +1,17 @@
-"""`aqueduct batch`: an OpenAI batch file (/v1/completions lines) through the embedded engine.
+"""`aqueduct batch`: an OpenAI batch file (/v1/completions lines) through the actor graph.
 
-Every input line yields one output line, in input order; a bad line yields an error line for
-its custom_id and the rest of the file is still processed.
+Embedded (default): the worker's actor graph runs in this process over memory streams.
+With --redis-url: the lines are submitted to a running deployment and the replies collected.
+Both produce the same output file: one line per input line, in input order; a bad line yields an
+error line for its custom_id and the rest of the file is still processed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,63 +19,55 @@ import structlog
 from tqdm import tqdm
 
 from actors.completion_request import parse_completion_body
+from actors.replies import MemoryReplySink
+from actors.runtime import ActorRuntime
 from pipeline.engine import LLMEngine
-from pipeline.outputs import RequestDelta, TokenLogprob
+from pipeline.rng import seed_from_request_id
+from queue_adapters.client import AqueductClient, assemble
+from queue_adapters.codec import CodecError, Malformed, WireRequest
+from queue_adapters.memory import MemoryStream
 
 log = structlog.get_logger(__name__)
 
 
 @dataclass(slots=True)
-class _Pending:
+class BatchLine:
     custom_id: str
-    choices: dict[int, dict[str, Any]] = field(default_factory=dict)
-    result: dict[str, Any] | None = None
+    request: WireRequest | None  # None: the line was rejected before submission
+    error: str | None = None
 
 
-def run_batch(engine: LLMEngine, input_path: Path, output_path: Path, progress: bool = True) -> dict[str, int]:
-    lines = input_path.read_text(encoding="utf-8").splitlines()
-    entries: list[_Pending] = []
-    by_request: dict[str, _Pending] = {}
-    model_name = engine.model_dir.name
-    for line_number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        entry = _submit_line(engine, line, line_number, by_request)
-        entries.append(entry)
-    bar = tqdm(total=len(by_request), disable=not progress, desc="requests", unit="req")
-    while engine.has_unfinished:
-        for delta in engine.step():
-            entry = by_request[delta.request_id]
-            _accumulate(engine, entry, delta)
-            if delta.finished:
-                entry.result = _response_line(engine, entry, delta, model_name)
-                bar.update(1)
-    bar.close()
-    with output_path.open("w", encoding="utf-8") as out:
-        for entry in entries:
-            out.write(json.dumps(entry.result, ensure_ascii=False) + "\n")
-    num_errors = sum(1 for entry in entries if entry.result["error"] is not None)
-    return {"lines": len(entries), "errors": num_errors}
+def read_batch_file(path: Path) -> list[BatchLine]:
+    lines: list[BatchLine] = []
+    seen: set[str] = set()
+    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if text.strip():
+            lines.append(_parse_line(text, number, seen))
+    return lines
 
 
-def _submit_line(engine: LLMEngine, line: str, line_number: int, by_request: dict[str, _Pending]) -> _Pending:
-    custom_id = f"line-{line_number}"
+def _parse_line(text: str, number: int, seen: set[str]) -> BatchLine:
+    custom_id = f"line-{number}"
     try:
-        item = json.loads(line)
+        item = json.loads(text)
         if not isinstance(item, dict):
             raise ValueError("each line must be a JSON object")
         custom_id = str(item.get("custom_id", custom_id))
         _check_envelope(item)
-        if custom_id in by_request:
+        if custom_id in seen:
             raise ValueError(f"duplicate custom_id {custom_id!r}")
-        prompt, params = parse_completion_body(item.get("body"))
-        engine.add_request(custom_id, prompt, params)
-    except (ValueError, json.JSONDecodeError) as error:
-        log.warning("rejected batch line", line=line_number, custom_id=custom_id, error=str(error))
-        return _Pending(custom_id, result=_error_line(custom_id, str(error)))
-    entry = _Pending(custom_id)
-    by_request[custom_id] = entry
-    return entry
+        seen.add(custom_id)
+        prompt, _ = parse_completion_body(item["body"])  # validates the sampling fields
+        params = {k: v for k, v in item["body"].items() if k not in ("prompt", "model", "user", "stream")}
+        # Unseeded sampling is seeded from the custom_id (not the line's wire id), so a line's
+        # output does not depend on where it sits in the file.
+        params.setdefault("seed", seed_from_request_id(custom_id))
+        kind = "prompt" if isinstance(prompt, str) else "prompt_token_ids"
+        # Wire ids are restricted to [A-Za-z0-9._:-]; custom_ids are free text.
+        return BatchLine(custom_id, WireRequest(id=f"batch-line-{number}", params=params, **{kind: prompt}))
+    except (ValueError, CodecError) as error:  # json.JSONDecodeError is a ValueError
+        log.warning("rejected batch line", line=number, custom_id=custom_id, error=str(error))
+        return BatchLine(custom_id, None, str(error))
 
 
 def _check_envelope(item: dict[str, Any]) -> None:
@@ -87,80 +82,124 @@ def _check_envelope(item: dict[str, Any]) -> None:
         raise ValueError(f"url must be /v1/completions, got {item.get('url')!r}")
 
 
-def _accumulate(engine: LLMEngine, entry: _Pending, delta: RequestDelta) -> None:
-    for choice in delta.choices:
-        state = entry.choices.setdefault(choice.index, {"index": choice.index, "text": "", "token_ids": [],
-                                                        "logprob_entries": [], "finish_reason": None,
-                                                        "stop_reason": None})
-        state["text"] += choice.text
-        state["token_ids"].extend(choice.token_ids)
-        if choice.logprobs is not None:
-            state["logprob_entries"].extend(choice.logprobs)
-            state["wants_logprobs"] = True
-        if choice.finish_reason is not None:
-            state["finish_reason"], state["stop_reason"] = choice.finish_reason, choice.stop_reason
-    if delta.prompt_logprobs is not None:
-        entry.choices.setdefault(-1, {})["prompt_logprobs"] = [
-            None if lp is None else _logprob_map(engine, lp) for lp in delta.prompt_logprobs]
+# ---- running ---------------------------------------------------------------------------------
+
+async def run_embedded(engine: LLMEngine, requests: list[WireRequest], progress: tqdm) -> dict[str, dict]:
+    """The worker's actor graph over memory streams, in this process."""
+    from actors.worker import build_graph
+
+    inbox: MemoryStream[WireRequest | Malformed] = MemoryStream(maxsize=len(requests) + 1)
+    sink = MemoryReplySink()
+
+    async def no_dead_letters(message: Malformed) -> None:
+        raise AssertionError(f"a batch line reached the engine undecodable: {message.error}")
+
+    graph = build_graph(engine, inbox.consumer(), sink, "batch", no_dead_letters,
+                        max_in_flight=2 * engine.config.scheduler.max_num_seqs)
+    runtime = ActorRuntime(graph.actors, graph.intake, graph.admission.wait_idle, drain_timeout_s=5.0)
+    stop = asyncio.Event()
+    runtime.stop_when(stop)
+    running = asyncio.create_task(runtime.run())
+    producer = inbox.producer()
+    for request in requests:
+        await producer.send(request)
+    results = {}
+    for request in requests:
+        waiting = asyncio.create_task(sink.wait_final(f"batch:out:{request.id}"))
+        done, _ = await asyncio.wait([waiting, running], return_when=asyncio.FIRST_COMPLETED)
+        if running in done:
+            waiting.cancel()
+            raise RuntimeError("the actor graph stopped before the batch finished (see the log)")
+        results[request.id] = assemble(request.id, waiting.result())
+        progress.update(1)
+    stop.set()
+    if await running != 0:
+        raise RuntimeError("the actor graph failed while stopping")
+    return results
 
 
-def _response_line(engine: LLMEngine, entry: _Pending, delta: RequestDelta, model_name: str) -> dict[str, Any]:
-    if delta.error is not None:
-        return _error_line(entry.custom_id, delta.error["message"], delta.error["code"])
-    prompt_logprobs = entry.choices.pop(-1, {}).get("prompt_logprobs")
-    choices = [_choice_object(engine, entry.choices[index]) for index in sorted(entry.choices)]
-    usage = delta.usage
-    body = {
-        "id": f"cmpl-{entry.custom_id}",
+async def run_remote(redis_url: str, prefix: str, requests: list[WireRequest], progress: tqdm) -> dict[str, dict]:
+    """Submit to a running deployment and collect the answers."""
+    async with AqueductClient(redis_url, prefix) as client:
+        for request in requests:
+            await client.submit(request)
+
+        async def collect(request: WireRequest) -> tuple[str, dict]:
+            result = await client.result(request.id, n=request.params.get("n", 1))
+            progress.update(1)
+            return request.id, result
+
+        return dict(await asyncio.gather(*(collect(request) for request in requests)))
+
+
+# ---- output ----------------------------------------------------------------------------------
+
+def write_results(lines: list[BatchLine], results: dict[str, dict], output_path: Path, model_name: str,
+                  tokenizer: Any | None) -> dict[str, int]:
+    errors = 0
+    with output_path.open("w", encoding="utf-8") as out:
+        for line in lines:
+            result = results.get(line.request.id) if line.request is not None else None
+            if result is None or result["error"] is not None:
+                errors += 1
+                message = line.error if result is None else result["error"]["message"]
+                code = "invalid_request" if result is None else result["error"]["code"]
+                record = _error_line(line.custom_id, message, code)
+            else:
+                record = _response_line(line.custom_id, result, model_name, tokenizer)
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return {"lines": len(lines), "errors": errors}
+
+
+def _response_line(custom_id: str, result: dict, model_name: str, tokenizer: Any | None) -> dict[str, Any]:
+    usage = result["usage"]
+    body: dict[str, Any] = {
+        "id": f"cmpl-{custom_id}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": model_name,
-        "choices": choices,
-        "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-                  "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-                  "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}},
+        "choices": [_choice_object(choice, tokenizer) for choice in result["choices"]],
+        "usage": {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
+                  "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+                  "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]}},
     }
-    if prompt_logprobs is not None:
-        body["prompt_logprobs"] = prompt_logprobs
-    return {"id": f"batch-{entry.custom_id}", "custom_id": entry.custom_id,
+    if result.get("prompt_logprobs") is not None:
+        body["prompt_logprobs"] = [None if entry is None else {**entry, "token": _token_text(tokenizer,
+                                                                                              entry["token_id"])}
+                                   for entry in result["prompt_logprobs"]]
+    return {"id": f"batch-{custom_id}", "custom_id": custom_id,
             "response": {"status_code": 200, "body": body}, "error": None}
 
 
-def _choice_object(engine: LLMEngine, state: dict[str, Any]) -> dict[str, Any]:
-    logprobs = _openai_logprobs(engine, state["logprob_entries"]) if state.get("wants_logprobs") else None
-    return {"index": state["index"], "text": state["text"], "token_ids": state["token_ids"],
-            "logprobs": logprobs, "finish_reason": state["finish_reason"], "stop_reason": state["stop_reason"]}
+def _choice_object(choice: dict, tokenizer: Any | None) -> dict[str, Any]:
+    entries = choice["logprobs"]
+    return {"index": choice["index"], "text": choice["text"], "token_ids": choice["token_ids"],
+            "logprobs": _openai_logprobs(entries, tokenizer) if entries is not None else None,
+            "finish_reason": choice["finish_reason"], "stop_reason": choice["stop_reason"]}
 
 
-def _openai_logprobs(engine: LLMEngine, entries: list[TokenLogprob]) -> dict[str, Any]:
+def _openai_logprobs(entries: list[dict], tokenizer: Any | None) -> dict[str, Any]:
     """The completions-API logprobs object, plus token ids and ranks (token strings can collide)."""
-    tokens = [_token_text(engine, entry.token_id) for entry in entries]
+    tokens = [_token_text(tokenizer, entry["token_id"]) for entry in entries]
     offsets, offset = [], 0
     for token in tokens:
         offsets.append(offset)
         offset += len(token)
     return {
         "tokens": tokens,
-        "token_logprobs": [entry.logprob for entry in entries],
-        "top_logprobs": [{_token_text(engine, t): lp for t, lp in entry.top} for entry in entries],
+        "token_logprobs": [entry["logprob"] for entry in entries],
+        "top_logprobs": [{_token_text(tokenizer, t): lp for t, lp in entry["top"]} for entry in entries],
         "text_offset": offsets,
-        "token_ids": [entry.token_id for entry in entries],
-        "ranks": [entry.rank for entry in entries],
+        "token_ids": [entry["token_id"] for entry in entries],
+        "ranks": [entry["rank"] for entry in entries],
     }
 
 
-def _token_text(engine: LLMEngine, token_id: int) -> str:
-    if engine.tokenizer is None:
-        return f"token_id:{token_id}"
-    return engine.tokenizer.decode([token_id])
+def _token_text(tokenizer: Any | None, token_id: int) -> str:
+    return tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
 
 
 def _error_line(custom_id: str, message: str, code: str = "invalid_request") -> dict[str, Any]:
     error = {"code": code, "message": message}
     return {"id": f"batch-{custom_id}", "custom_id": custom_id,
             "response": {"status_code": 400, "body": {"error": error}}, "error": error}
-
-
-def _logprob_map(engine: LLMEngine, entry: TokenLogprob) -> dict[str, Any]:
-    return {"token": _token_text(engine, entry.token_id), "token_id": entry.token_id, "logprob": entry.logprob,
-            "rank": entry.rank, "top": [[token_id, logprob] for token_id, logprob in entry.top]}

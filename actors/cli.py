@@ -15,11 +15,29 @@ log = structlog.get_logger(__name__)
 
 
 def _batch(args: argparse.Namespace) -> int:
-    from actors.batch import run_batch
-    from pipeline.engine import LLMEngine
+    import asyncio
 
-    engine = LLMEngine(engine_config_from_args(args))
-    summary = run_batch(engine, Path(args.input), Path(args.output), progress=not args.no_progress)
+    from tqdm import tqdm
+
+    from actors.batch import read_batch_file, run_embedded, run_remote, write_results
+
+    lines = read_batch_file(Path(args.input))
+    requests = [line.request for line in lines if line.request is not None]
+    progress = tqdm(total=len(requests), disable=args.no_progress, desc="requests", unit="req")
+    if args.redis_url:
+        from pipeline.tokenizer import load_tokenizer
+
+        results = asyncio.run(run_remote(args.redis_url, args.prefix, requests, progress))
+        tokenizer = load_tokenizer(args.model) if args.model else None
+        model_name = Path(args.model).name if args.model else "aqueduct"
+    else:
+        from pipeline.engine import LLMEngine
+
+        engine = LLMEngine(engine_config_from_args(args))
+        results = asyncio.run(run_embedded(engine, requests, progress))
+        tokenizer, model_name = engine.tokenizer, engine.model_dir.name
+    progress.close()
+    summary = write_results(lines, results, Path(args.output), model_name, tokenizer)
     log.info("batch done", output=args.output, **summary)
     return 0
 
@@ -89,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("-i", "--input", required=True, help="input .jsonl")
     batch.add_argument("-o", "--output", required=True, help="output .jsonl")
     batch.add_argument("--no-progress", action="store_true", help="no progress bar")
+    batch.add_argument("--redis-url", default=None,
+                       help="submit to a running deployment instead of running the engine here")
+    batch.add_argument("--prefix", default=_env("AQUEDUCT_PREFIX", "aqueduct"), help="deployment key prefix")
     add_engine_args(batch)
     batch.set_defaults(handler=_batch)
 

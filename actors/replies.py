@@ -23,6 +23,8 @@ def to_wire(delta: RequestDelta) -> WireReply:
         usage=(WireUsage(prompt_tokens=delta.usage.prompt_tokens, completion_tokens=delta.usage.completion_tokens,
                          cached_tokens=delta.usage.cached_tokens) if delta.usage is not None else None),
         error=WireError(**delta.error) if delta.error is not None else None,
+        prompt_logprobs=([None if e is None else _logprobs([e])[0] for e in delta.prompt_logprobs]
+                         if delta.prompt_logprobs is not None else None),
     )
 
 

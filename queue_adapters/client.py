@@ -70,8 +70,9 @@ class ReplyOrder:
 def assemble(request_id: str, replies: list[WireReply]) -> dict[str, Any]:
     """Concatenate in-order reply entries into the final result of a request."""
     choices: dict[int, dict[str, Any]] = {}
-    usage = error = None
+    usage = error = prompt_logprobs = None
     for reply in replies:
+        prompt_logprobs = reply.prompt_logprobs if reply.prompt_logprobs is not None else prompt_logprobs
         for delta in reply.choices:
             choice = choices.setdefault(delta.index, {"index": delta.index, "text": "", "token_ids": [],
                                                       "logprobs": None, "finish_reason": None, "stop_reason": None})
@@ -84,7 +85,7 @@ def assemble(request_id: str, replies: list[WireReply]) -> dict[str, Any]:
         usage = msgspec.structs.asdict(reply.usage) if reply.usage is not None else usage
         error = msgspec.structs.asdict(reply.error) if reply.error is not None else error
     return {"id": request_id, "choices": [choices[index] for index in sorted(choices)], "usage": usage,
-            "error": error}
+            "error": error, "prompt_logprobs": prompt_logprobs}
 
 
 class AqueductClient:

@@ -88,6 +88,8 @@ class WireReply(_Wire):
     choices: list[WireChoice] = []
     usage: WireUsage | None = None
     error: WireError | None = None
+    # Once, when the request asked for them: one entry per prompt token (nil for the first).
+    prompt_logprobs: list[Any] | None = None
 
     @property
     def is_error(self) -> bool:

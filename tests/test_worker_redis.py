@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 import uuid
@@ -213,3 +214,38 @@ async def test_every_plain_data_edge_over_redis_gives_the_same_tokens(model_dir,
         for index in range(entry["params"].get("n", 1)):
             assert tokens_of(redis_, index) == tokens_of(memory, index), entry
         assert redis_[-1]["usage"] == memory[-1]["usage"]
+
+
+async def test_batch_file_through_a_deployment_matches_the_embedded_run(model_dir, prefix, tmp_path):
+    from tqdm import tqdm
+
+    from actors.batch import read_batch_file, run_embedded, run_remote, write_results
+
+    rng = random.Random(4)
+    lines = [json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+                         "body": {"prompt": [rng.randrange(3, 512) for _ in range(rng.randint(2, 30))],
+                                  "max_tokens": 6, "temperature": rng.choice([0, 0.9]), "seed": i, "n": 1 + i % 2,
+                                  "ignore_eos": True, "logprobs": 1}})
+             for i in range(6)]
+    lines.append(json.dumps({"custom_id": "bad", "method": "POST", "url": "/v1/completions",
+                             "body": {"prompt": [1, 99999]}}))
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    batch = read_batch_file(source)
+    requests = [line.request for line in batch if line.request is not None]
+    engine = make_engine(model_dir)
+    embedded = await run_embedded(engine, requests, tqdm(disable=True))
+    async with running_workers(model_dir, prefix) as _:
+        remote = await run_remote(REDIS_URL, prefix, requests, tqdm(disable=True))
+    outputs = {}
+    for label, results in (("embedded", embedded), ("remote", remote)):
+        write_results(batch, results, tmp_path / f"{label}.jsonl", "tiny", None)
+        outputs[label] = [json.loads(line) for line in (tmp_path / f"{label}.jsonl").read_text().splitlines()]
+    for a, b in zip(outputs["embedded"], outputs["remote"], strict=True):
+        assert a["custom_id"] == b["custom_id"]
+        if a["error"] is not None:
+            assert a["error"] == b["error"] and "must be an int in [0, 512)" in a["error"]["message"]
+            continue
+        choices_a, choices_b = a["response"]["body"]["choices"], b["response"]["body"]["choices"]
+        assert [c["token_ids"] for c in choices_a] == [c["token_ids"] for c in choices_b]
+        assert all(len(c["logprobs"]["token_logprobs"]) == 6 for c in choices_a)
