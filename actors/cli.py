@@ -49,6 +49,13 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_redis(args: argparse.Namespace) -> int:
+    from actors.bench_redis import run_bench_redis
+
+    run_bench_redis(args)
+    return 0
+
+
 def _worker(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -122,6 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workload-seed", type=int, default=0)
     add_engine_args(bench)
     bench.set_defaults(handler=_bench)
+
+    bench_redis = commands.add_parser("bench-redis", help="added latency and throughput of the Redis path")
+    bench_redis.add_argument("--redis-url", default=_env("AQUEDUCT_REDIS_URL", "redis://127.0.0.1:6379"))
+    bench_redis.add_argument("--num-ttft", type=int, default=50, help="single requests for the latency figure")
+    bench_redis.add_argument("--num-requests", type=int, default=64)
+    bench_redis.add_argument("--prompt-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
+    bench_redis.add_argument("--output-len", type=int, nargs=2, default=[16, 128], metavar=("MIN", "MAX"))
+    add_engine_args(bench_redis)
+    bench_redis.set_defaults(handler=_bench_redis)
 
     worker = commands.add_parser("worker", help="serve requests from a Redis stream (consumer group 'workers')")
     worker.add_argument("--redis-url", default=_env("AQUEDUCT_REDIS_URL"), help="env AQUEDUCT_REDIS_URL")

@@ -72,6 +72,11 @@ class MemoryReplySink:
         async with self._changed:
             self._changed.notify_all()
 
+    async def wait_first(self, key: str) -> WireReply:
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self.streams.get(key)))
+        return self.streams[key][0]
+
     async def wait_final(self, key: str) -> list[WireReply]:
         async with self._changed:
             await self._changed.wait_for(lambda: any(r.usage is not None or r.error is not None
