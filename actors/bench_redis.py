@@ -1,10 +1,11 @@
 """`aqueduct bench-redis`: what the Redis path costs, measured side by side in one process.
 
-1. Added time to first token at low load: the same single requests, one at a time, through the
-   actor graph with memory intake/replies (the embedded path) and through a worker on Redis with
-   a plain client (XADD, then XREAD on the reply stream). Reports medians and p90s.
-2. Throughput: the same workload through `aqueduct batch`'s embedded graph and through a worker
-   on Redis fed by the client. Reports useful tokens/s and the ratio.
+Two engines on the same weights: one behind the actor graph with memory intake and replies (the
+embedded path of `aqueduct batch`), one behind a worker on Redis fed by a client.
+1. Added time to first token at low load: single requests, one at a time, alternating between
+   the two paths so machine noise hits both alike. Reports p50/p90 and the p50 difference.
+2. Throughput: the same workload through each path (Redis: all replies on one shared stream,
+   read by one reader, as a high-throughput client would). Reports tokens/s and the ratio.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import asyncio
 import statistics
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 
+import msgspec
 import redis.asyncio as aioredis
 import structlog
 
@@ -26,11 +27,11 @@ from actors.runtime import ActorRuntime
 from actors.worker import WorkerOptions, build_graph, run_worker
 from pipeline.engine import LLMEngine
 from queue_adapters.client import AqueductClient
-from queue_adapters.codec import Malformed, WireRequest
+from queue_adapters.codec import Malformed, WireRequest, decode_reply
 from queue_adapters.memory import MemoryStream
+from queue_adapters.redis_streams import DATA_FIELD
 
 log = structlog.get_logger(__name__)
-
 
 def _requests(workload, tag: str) -> list[WireRequest]:
     return [WireRequest(id=f"{tag}-{i}", prompt_token_ids=prompt,
@@ -38,84 +39,111 @@ def _requests(workload, tag: str) -> list[WireRequest]:
             for i, (prompt, output_len) in enumerate(zip(workload.prompts, workload.output_lens, strict=True))]
 
 
-async def _memory_path(engine: LLMEngine, ttft_requests: list[WireRequest], load: list[WireRequest],
-                       ) -> tuple[list[float], float]:
-    inbox: MemoryStream[WireRequest | Malformed] = MemoryStream()
-    sink = MemoryReplySink()
+class MemoryPath:
+    """The embedded actor graph: memory intake, memory replies."""
 
-    async def no_dead_letters(message: Malformed) -> None:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.inbox: MemoryStream[WireRequest | Malformed] = MemoryStream()
+        self.sink = MemoryReplySink()
+        graph = build_graph(engine, self.inbox.consumer(), self.sink, "bench", self._no_dead_letters,
+                            2 * engine.config.scheduler.max_num_seqs)
+        self.runtime = ActorRuntime(graph.actors, graph.intake, graph.admission.wait_idle, 5.0)
+        self.stop = asyncio.Event()
+        self.runtime.stop_when(self.stop)
+        self.producer = self.inbox.producer()
+        self.task = asyncio.create_task(self.runtime.run())
+
+    @staticmethod
+    async def _no_dead_letters(message: Malformed) -> None:
         raise AssertionError(message.error)
 
-    graph = build_graph(engine, inbox.consumer(), sink, "bench", no_dead_letters,
-                        2 * engine.config.scheduler.max_num_seqs)
-    runtime = ActorRuntime(graph.actors, graph.intake, graph.admission.wait_idle, 5.0)
-    stop = asyncio.Event()
-    runtime.stop_when(stop)
-    running = asyncio.create_task(runtime.run())
-    producer = inbox.producer()
-
-    async def submit_and_first(request: WireRequest) -> None:
-        await producer.send(request)
-        await sink.wait_first(f"bench:out:{request.id}")
-
-    async def submit_and_finish(request: WireRequest) -> None:
-        await producer.send(request)
-        await sink.wait_final(f"bench:out:{request.id}")
-
-    ttfts = await _sequential_ttft(ttft_requests, submit_and_first, lambda r: sink.wait_final(f"bench:out:{r.id}"))
-    seconds = await _throughput(load, submit_and_finish)
-    stop.set()
-    await running
-    return ttfts, seconds
-
-
-async def _redis_path(engine: LLMEngine, redis_url: str, ttft_requests: list[WireRequest],
-                      load: list[WireRequest]) -> tuple[list[float], float]:
-    prefix = f"bench-{uuid.uuid4().hex[:8]}"
-    stop = asyncio.Event()
-    worker = asyncio.create_task(run_worker(engine, WorkerOptions(redis_url, prefix, name="bench"), stop))
-    redis = aioredis.from_url(redis_url)
-    await asyncio.sleep(0.5)  # let the worker create its group and start reading
-    try:
-        async with AqueductClient(redis_url, prefix) as client:
-
-            async def submit_and_first(request: WireRequest) -> None:
-                await client.submit(request)
-                key = f"{prefix}:out:{request.id}"
-                while not await redis.xread({key: "0"}, block=1000, count=1):
-                    pass
-
-            async def submit_and_finish(request: WireRequest) -> None:
-                await client.submit(request)
-                await client.result(request.id)
-
-            ttfts = await _sequential_ttft(ttft_requests, submit_and_first, lambda r: client.result(r.id))
-            seconds = await _throughput(load, submit_and_finish)
-    finally:
-        stop.set()
-        await worker
-        keys = [key async for key in redis.scan_iter(f"{prefix}:*")]
-        if keys:
-            await redis.delete(*keys)
-        await redis.aclose()
-    return ttfts, seconds
-
-
-async def _sequential_ttft(requests: list[WireRequest], first: Callable[[WireRequest], Awaitable[None]],
-                           finish: Callable[[WireRequest], Awaitable[object]]) -> list[float]:
-    ttfts = []
-    for request in requests:
+    async def single(self, request: WireRequest) -> float:
+        """Seconds to the first reply entry; returns once the request has finished."""
         started = time.perf_counter()
-        await first(request)
-        ttfts.append(time.perf_counter() - started)
-        await finish(request)  # low load: one request at a time
-    return ttfts
+        await self.producer.send(request)
+        await self.sink.wait_first(f"bench:out:{request.id}")
+        first = time.perf_counter() - started
+        await self.sink.wait_final(f"bench:out:{request.id}")
+        return first
+
+    async def finish(self, request: WireRequest) -> None:
+        await self.producer.send(request)
+        await self.sink.wait_final(f"bench:out:{request.id}")
+
+    async def throughput(self, requests: list[WireRequest]) -> float:
+        started = time.perf_counter()
+        await asyncio.gather(*(self.finish(request) for request in requests))
+        return time.perf_counter() - started
+
+    async def close(self) -> None:
+        self.stop.set()
+        await self.task
 
 
-async def _throughput(requests: list[WireRequest], run_one: Callable[[WireRequest], Awaitable[None]]) -> float:
-    started = time.perf_counter()
-    await asyncio.gather(*(run_one(request) for request in requests))
-    return time.perf_counter() - started
+class RedisPath:
+    """A worker on Redis and a client in front of it."""
+
+    def __init__(self, engine: LLMEngine, redis_url: str) -> None:
+        self.prefix = f"bench-{uuid.uuid4().hex[:8]}"
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(run_worker(engine, WorkerOptions(redis_url, self.prefix, name="bench"),
+                                                   self.stop))
+        self.redis = aioredis.from_url(redis_url)
+        self.client = AqueductClient(redis_url, self.prefix)
+
+    async def single(self, request: WireRequest) -> float:
+        """Seconds to the first reply entry; returns once the request has finished."""
+        started = time.perf_counter()
+        await self.client.submit(request)
+        while not await self.redis.xread({f"{self.prefix}:out:{request.id}": "0"}, block=1000, count=1):
+            pass
+        first = time.perf_counter() - started
+        await self.client.result(request.id)
+        return first
+
+    async def throughput(self, requests: list[WireRequest]) -> float:
+        reply_to = f"{self.prefix}:out:load"
+        started = time.perf_counter()
+        for request in requests:
+            await self.client.submit(msgspec.structs.replace(request, reply_to=reply_to))
+        remaining, last_id = len(requests), "0"
+        while remaining:
+            for _, entries in await self.redis.xread({reply_to: last_id}, block=1000, count=1000) or []:
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    reply = decode_reply(fields[DATA_FIELD])
+                    remaining -= reply.usage is not None or reply.error is not None
+        return time.perf_counter() - started
+
+    async def close(self) -> None:
+        self.stop.set()
+        await self.task
+        await self.client.close()
+        keys = [key async for key in self.redis.scan_iter(f"{self.prefix}:*")]
+        if keys:
+            await self.redis.delete(*keys)
+        await self.redis.aclose()
+
+
+async def _compare(args: argparse.Namespace, engines: tuple[LLMEngine, LLMEngine]) -> dict:
+    vocab = engines[0].vocab_size
+    small = make_workload(args.num_ttft, (16, 64), (2, 2), vocab, seed=3)
+    load = make_workload(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), vocab, seed=0)
+    paths = {"memory": MemoryPath(engines[0]), "redis": RedisPath(engines[1], args.redis_url)}
+    await asyncio.sleep(0.5)  # the worker creates its group and starts reading
+    try:
+        for label, path in paths.items():  # warm-up
+            for request in _requests(make_workload(3, (8, 16), (2, 2), vocab, seed=9), f"warm-{label}"):
+                await path.single(request)
+        ttfts: dict[str, list[float]] = {"memory": [], "redis": []}
+        for request in _requests(small, "ttft"):
+            for label, path in paths.items():  # alternate, so drift hits both paths alike
+                ttfts[label].append(await path.single(msgspec.structs.replace(request, id=f"{request.id}-{label}")))
+        seconds = {label: await path.throughput(_requests(load, f"load-{label}")) for label, path in paths.items()}
+    finally:
+        for path in paths.values():
+            await path.close()
+    return {"ttfts": ttfts, "seconds": seconds, "tokens": load.useful_tokens}
 
 
 def _ms(values: list[float], q: float) -> float:
@@ -123,28 +151,16 @@ def _ms(values: list[float], q: float) -> float:
 
 
 def run_bench_redis(args: argparse.Namespace) -> None:
-    engine = LLMEngine(engine_config_from_args(args))
-    small = make_workload(args.num_ttft, (16, 64), (2, 2), engine.vocab_size, seed=3)
-    load = make_workload(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), engine.vocab_size, seed=0)
-    warm = make_workload(4, (8, 16), (2, 4), engine.vocab_size, seed=9)
-    results = {}
-    for label in ("memory", "redis"):
-        tag = uuid.uuid4().hex[:6]
-        ttft_requests, load_requests = _requests(small, f"t{tag}"), _requests(load, f"l{tag}")
-        if label == "memory":
-            asyncio.run(_memory_path(engine, _requests(warm, f"w{tag}"), []))
-            results[label] = asyncio.run(_memory_path(engine, ttft_requests, load_requests))
-        else:
-            results[label] = asyncio.run(_redis_path(engine, args.redis_url, ttft_requests, load_requests))
-    memory_ttft, memory_seconds = results["memory"]
-    redis_ttft, redis_seconds = results["redis"]
-    print(f"time to first token, {args.num_ttft} single requests one at a time (prompt 16-64, 2 tokens):")
-    for label, ttfts in (("memory", memory_ttft), ("redis", redis_ttft)):
-        print(f"  {label:6s} p50 {_ms(ttfts, 0.5):7.2f} ms   p90 {_ms(ttfts, 0.9):7.2f} ms")
-    print(f"  added by Redis: p50 {_ms(redis_ttft, 0.5) - _ms(memory_ttft, 0.5):+.2f} ms")
-    tokens = load.useful_tokens
+    config = engine_config_from_args(args)
+    results = asyncio.run(_compare(args, (LLMEngine(config), LLMEngine(config))))
+    ttfts, seconds, tokens = results["ttfts"], results["seconds"], results["tokens"]
+    print(f"time to first token, {args.num_ttft} single requests one at a time, alternating paths "
+          f"(prompt 16-64 tokens):")
+    for label, values in ttfts.items():
+        print(f"  {label:6s} p50 {_ms(values, 0.5):7.2f} ms   p90 {_ms(values, 0.9):7.2f} ms")
+    print(f"  added by Redis: p50 {_ms(ttfts['redis'], 0.5) - _ms(ttfts['memory'], 0.5):+.2f} ms")
     print(f"throughput, {args.num_requests} requests, prompt {args.prompt_len[0]}-{args.prompt_len[1]}, "
           f"output {args.output_len[0]}-{args.output_len[1]} ({tokens} tokens):")
-    print(f"  embedded graph (aqueduct batch) {tokens / memory_seconds:8.1f} tokens/s")
-    print(f"  worker via Redis               {tokens / redis_seconds:8.1f} tokens/s")
-    print(f"  ratio worker / batch: {memory_seconds / redis_seconds:.2f}x")
+    print(f"  embedded graph (aqueduct batch) {tokens / seconds['memory']:8.1f} tokens/s")
+    print(f"  worker via Redis               {tokens / seconds['redis']:8.1f} tokens/s")
+    print(f"  ratio worker / batch: {seconds['memory'] / seconds['redis']:.2f}x")

@@ -10,6 +10,7 @@ import structlog
 
 from actors.engine_args import add_engine_args, engine_config_from_args
 from actors.logging_setup import configure_logging
+from actors.process_tuning import tune_glibc_malloc
 
 log = structlog.get_logger(__name__)
 
@@ -172,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
+    tune_glibc_malloc()
     try:
         return args.handler(args)
     except (ValueError, FileNotFoundError) as error:

@@ -47,13 +47,18 @@ class IntakeActor:
             await self._reject_malformed(message, delivery)
             return
         reply_to = message.reply_to or f"{self.prefix}:out:{message.id}"
+        if message.id in self.admission.in_flight_ids:
+            # Same id again while it runs here: its one reply stream already answers it.
+            self.log.info("duplicate request id ignored while in flight", request_id=message.id)
+            await delivery.ack()
+            return
         try:
             request = self._build(message)
         except ValueError as error:
             self.log.info("request rejected", request_id=message.id, error=str(error))
             await self.to_output.send(ErrorReply(message.id, reply_to, "invalid_request", str(error), delivery))
             return
-        self.admission.take()
+        self.admission.take(message.id)
         # Output learns the route before the scheduler can produce the first token event.
         await self.to_output.send(OpenReply(message.id, request.prompt_token_ids, request.params, reply_to, delivery,
                                             time.perf_counter()))

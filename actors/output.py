@@ -79,7 +79,7 @@ class OutputActor(Actor):
                 del self.routes[delta.request_id]
                 if route.delivery is not None:
                     await route.delivery.ack()
-                await self.admission.release()
+                await self.admission.release(delta.request_id)
 
     async def _write_error(self, message: ErrorReply) -> None:
         delta = RequestDelta(message.request_id, 0, [], error={"code": message.code, "message": message.message})

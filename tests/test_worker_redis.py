@@ -249,3 +249,16 @@ async def test_batch_file_through_a_deployment_matches_the_embedded_run(model_di
         choices_a, choices_b = a["response"]["body"]["choices"], b["response"]["body"]["choices"]
         assert [c["token_ids"] for c in choices_a] == [c["token_ids"] for c in choices_b]
         assert all(len(c["logprobs"]["token_logprobs"]) == 6 for c in choices_a)
+
+
+async def test_same_id_submitted_twice_while_running_generates_once(model_dir, prefix):
+    entry = {"id": "twice", "prompt_token_ids": [7, 8, 9], "params": {"max_tokens": 40, "ignore_eos": True}}
+    async with running_workers(model_dir, prefix) as (redis, engines):
+        await push(redis, prefix, entry)
+        await redis.xread({f"{prefix}:out:twice": "0"}, block=10_000, count=1)  # it is running
+        await push(redis, prefix, entry)
+        replies = await read_replies(redis, f"{prefix}:out:twice")
+        assert await pending_count(redis, prefix) == 0  # the duplicate entry was acked too
+    assert [r["seq"] for r in replies] == list(range(len(replies)))
+    assert len(tokens_of(replies)) == 40
+    assert engines[0].scheduler.num_generated_tokens == 40

@@ -1,0 +1,34 @@
+"""Process-wide tuning for CPU inference, applied once by the CLI entry point.
+
+glibc serves allocations above its mmap threshold (dynamic, up to 32 MiB) with fresh mmaps and
+returns them on free, so every step's multi-MB activations page-fault anew. Raising the mmap and
+trim thresholds keeps freed blocks in the heap for reuse: about 10% faster steps on a 70M-param
+model here. Best effort: anything but glibc is left alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc's ceiling on 64-bit
+
+
+def tune_glibc_malloc() -> bool:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    ok = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) == 1 and mallopt(_M_TRIM_THRESHOLD, 2**30) == 1
+    log.debug("malloc thresholds raised" if ok else "malloc tuning not applied")
+    return ok
