@@ -3,36 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
-from collections.abc import Iterator
 
 import msgspec
 import pytest
-import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 from structlog.testing import capture_logs
 
 from queue_adapters.codec import Malformed, WireRequest, decode_request, encode
 from queue_adapters.redis_streams import Backoff, RedisStreamConsumer, RedisStreamProducer, dead_letter
-
-REDIS_URL = os.environ.get("AQUEDUCT_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-
-
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    sync = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
-    try:
-        sync.ping()
-    except redis.exceptions.ConnectionError as error:
-        pytest.skip(f"these tests need a Redis server at {REDIS_URL} (set AQUEDUCT_TEST_REDIS_URL): {error}")
-    prefix = f"test-aqueduct:{uuid.uuid4().hex}"
-    yield prefix
-    keys = list(sync.scan_iter(match=f"{prefix}:*"))
-    if keys:
-        sync.delete(*keys)
-    sync.close()
+from tests.conftest import REDIS_URL
 
 
 def make_consumer(prefix: str, name: str = "c1", **kwargs: object) -> RedisStreamConsumer[WireRequest]:

@@ -6,7 +6,6 @@ import asyncio
 import json
 import random
 import time
-import uuid
 from contextlib import asynccontextmanager
 
 import msgpack
@@ -16,32 +15,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from actors.worker import WorkerOptions, run_worker
+from tests.conftest import REDIS_URL
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, make_engine
 from tests.hf_models import make_tiny_hf_model
-
-REDIS_URL = "redis://127.0.0.1:6379"
-
-
-def _redis_available() -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis.from_url(REDIS_URL).ping())
-    except redis.exceptions.ConnectionError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _redis_available(), reason=f"no Redis answers at {REDIS_URL}")
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_tiny_hf_model("qwen2", tmp_path_factory.mktemp("qwen2"), seed=31, num_hidden_layers=3)
-
-
-@pytest.fixture
-def prefix():
-    return f"test-worker-{uuid.uuid4().hex[:10]}"
 
 
 @asynccontextmanager
