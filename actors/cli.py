@@ -69,7 +69,8 @@ def _worker(args: argparse.Namespace) -> int:
     options = WorkerOptions(redis_url=args.redis_url, prefix=args.prefix, name=args.name,
                             health_host=args.health_host, health_port=args.health_port,
                             drain_timeout_s=args.drain_timeout, max_in_flight=args.max_in_flight,
-                            redis_edges=frozenset(filter(None, args.redis_edges.split(","))))
+                            redis_edges=frozenset(filter(None, args.redis_edges.split(","))),
+                            claim_idle_ms=args.claim_idle_ms, max_attempts=args.max_attempts)
     return asyncio.run(run_worker(engine, options))
 
 
@@ -151,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds to finish in-flight requests on SIGTERM")
     worker.add_argument("--max-in-flight", type=int, default=None,
                         help="requests held at once (default 2 x --max-num-seqs); the rest wait in Redis")
+    worker.add_argument("--claim-idle-ms", type=int, default=30_000,
+                        help="take over the requests of workers whose heartbeat is older than this")
+    worker.add_argument("--max-attempts", type=int, default=3,
+                        help="deliveries of one request before it goes to {prefix}:dead")
     worker.add_argument("--redis-edges", default="",
                         help="internal edges to run over Redis, comma-separated: scheduler,tensor_prep,output_events")
     add_engine_args(worker)

@@ -12,11 +12,13 @@ import structlog
 
 from actors.admission import Admission
 from actors.messages import Admit, ErrorReply, OpenReply
+from actors.resume import is_answered, resume_state
 from pipeline.intake import RequestBuilder
 from queue_adapters.base import Consumer, Delivery, Producer
-from queue_adapters.codec import Malformed, WireRequest
+from queue_adapters.codec import Malformed, WireReply, WireRequest, encode
 
 DeadLetter = Callable[[Malformed], Awaitable[None]]
+ReplyReader = Callable[[str, str], Awaitable[list[WireReply]]]  # (reply_to, request id) -> entries so far
 
 
 class IntakeActor:
@@ -24,7 +26,8 @@ class IntakeActor:
 
     def __init__(self, requests: Consumer[WireRequest | Malformed], builder: RequestBuilder, prefix: str,
                  admission: Admission, to_output: Producer[Any], to_scheduler: Producer[Any],
-                 dead_letter: DeadLetter, max_read: int = 32) -> None:
+                 dead_letter: DeadLetter, reply_reader: ReplyReader | None = None, max_attempts: int = 3,
+                 max_read: int = 32) -> None:
         self.requests = requests
         self.builder = builder
         self.prefix = prefix
@@ -32,6 +35,8 @@ class IntakeActor:
         self.to_output = to_output
         self.to_scheduler = to_scheduler
         self.dead_letter = dead_letter
+        self.reply_reader = reply_reader
+        self.max_attempts = max_attempts
         self.max_read = max_read
         self.log = structlog.get_logger(__name__).bind(actor=self.name)
 
@@ -52,17 +57,37 @@ class IntakeActor:
             self.log.info("duplicate request id ignored while in flight", request_id=message.id)
             await delivery.ack()
             return
+        replies: list[WireReply] = []
+        if delivery.attempt > 1 and self.reply_reader is not None:  # claimed from a dead worker
+            replies = await self.reply_reader(reply_to, message.id)
+            if is_answered(replies):
+                self.log.info("claimed request was already answered", request_id=message.id)
+                await delivery.ack()
+                return
+        next_seq = replies[-1].seq + 1 if replies else 0
+        if delivery.attempt > self.max_attempts:
+            await self._give_up(message, delivery, reply_to, next_seq)
+            return
         try:
             request = self._build(message)
         except ValueError as error:
             self.log.info("request rejected", request_id=message.id, error=str(error))
-            await self.to_output.send(ErrorReply(message.id, reply_to, "invalid_request", str(error), delivery))
+            await self.to_output.send(ErrorReply(message.id, reply_to, "invalid_request", str(error), delivery,
+                                                 next_seq))
             return
+        resume = resume_state(replies, request.params.n) if replies else None
         self.admission.take(message.id)
         # Output learns the route before the scheduler can produce the first token event.
         await self.to_output.send(OpenReply(message.id, request.prompt_token_ids, request.params, reply_to, delivery,
-                                            time.perf_counter()))
-        await self.to_scheduler.send(Admit.of(request, message.deadline_ms))
+                                            time.perf_counter(), resume))
+        await self.to_scheduler.send(Admit.of(request, message.deadline_ms, resume))
+
+    async def _give_up(self, message: WireRequest, delivery: Delivery[Any], reply_to: str, next_seq: int) -> None:
+        """A poison request: delivered max_attempts times without finishing."""
+        reason = f"delivered {delivery.attempt} times without finishing (max_attempts {self.max_attempts})"
+        self.log.warning("poison request dead-lettered", request_id=message.id, attempt=delivery.attempt)
+        await self.dead_letter(Malformed(encode(message), reason, delivery.message_id, message.id, reply_to))
+        await self.to_output.send(ErrorReply(message.id, reply_to, "poison", reason, delivery, next_seq))
 
     def _build(self, message: WireRequest) -> Any:
         if message.lora is not None:

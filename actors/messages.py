@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.outputs import PromptLogprobsEvent, TokenEvent
-from pipeline.request import FinishReason, Request
+from pipeline.request import FinishReason, Request, ResumeState
 from pipeline.sampling_params import SamplingParams
 from pipeline.tensor_prep import PreparedStep
 from queue_adapters.base import Delivery
@@ -24,15 +24,19 @@ class Admit:
     seed: int
     eos_token_ids: list[int]
     deadline_ms: int | None = None
+    resume: ResumeState | None = None  # set when continuing a request another worker started
 
     @classmethod
-    def of(cls, request: Request, deadline_ms: int | None) -> Admit:
+    def of(cls, request: Request, deadline_ms: int | None, resume: ResumeState | None = None) -> Admit:
         return cls(request.request_id, request.prompt_token_ids, request.params, request.seed,
-                   sorted(request.eos_token_ids), deadline_ms)
+                   sorted(request.eos_token_ids), deadline_ms, resume)
 
     def to_request(self) -> Request:
-        return Request(request_id=self.request_id, prompt_token_ids=self.prompt_token_ids, params=self.params,
-                       seed=self.seed, eos_token_ids=frozenset(self.eos_token_ids))
+        request = Request(request_id=self.request_id, prompt_token_ids=self.prompt_token_ids, params=self.params,
+                          seed=self.seed, eos_token_ids=frozenset(self.eos_token_ids))
+        if self.resume is not None:
+            request.resume_from(self.resume)
+        return request
 
 
 @dataclass(slots=True)
@@ -45,6 +49,7 @@ class OpenReply:
     reply_to: str
     delivery: Delivery | None
     arrival_s: float
+    resume: ResumeState | None = None
 
 
 @dataclass(slots=True)
@@ -56,6 +61,7 @@ class ErrorReply:
     code: str
     message: str
     delivery: Delivery | None
+    seq: int = 0  # after the entries a previous worker already wrote
 
 
 @dataclass(slots=True)

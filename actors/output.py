@@ -57,7 +57,7 @@ class OutputActor(Actor):
 
     async def handle(self, message: Any) -> None:
         if isinstance(message, OpenReply):
-            self.outputs.add_request(message.request_id, message.prompt_token_ids, message.params)
+            self.outputs.add_request(message.request_id, message.prompt_token_ids, message.params, message.resume)
             self.routes[message.request_id] = _Route(message.reply_to, message.delivery, message.arrival_s)
         elif isinstance(message, StepEvents):
             deltas, finishes = self.outputs.process(message.all())
@@ -82,7 +82,8 @@ class OutputActor(Actor):
                 await self.admission.release(delta.request_id)
 
     async def _write_error(self, message: ErrorReply) -> None:
-        delta = RequestDelta(message.request_id, 0, [], error={"code": message.code, "message": message.message})
+        delta = RequestDelta(message.request_id, message.seq, [],
+                             error={"code": message.code, "message": message.message})
         await self.sink.write([(message.reply_to, to_wire(delta))])
         if message.delivery is not None:
             await message.delivery.ack()

@@ -22,18 +22,20 @@ import redis.asyncio as aioredis
 import structlog
 
 from actors.admission import Admission
+from actors.claimer import Claimer, Heartbeat
 from actors.control import ControlActor
 from actors.edges import Edges
-from actors.intake import DeadLetter, IntakeActor
+from actors.intake import DeadLetter, IntakeActor, ReplyReader
 from actors.metrics import WorkerMetrics
 from actors.output import OutputActor
 from actors.replies import RedisReplySink, ReplySink
+from actors.resume import read_reply_stream
 from actors.runtime import ActorRuntime, Runnable
 from actors.scheduler import SchedulerActor
 from actors.stages import GPUActor, SamplingActor, TensorPrepActor, device_thread
 from pipeline.engine import LLMEngine
 from queue_adapters.base import Consumer, Producer
-from queue_adapters.codec import Malformed, WireRequest, decode_request
+from queue_adapters.codec import Malformed, WireReply, WireRequest, decode_request
 from queue_adapters.redis_streams import RedisStreamConsumer, dead_letter
 
 log = structlog.get_logger(__name__)
@@ -53,6 +55,8 @@ class WorkerOptions:
     reply_expire_s: int = 3600
     stats_interval_s: float = 10.0
     redis_edges: frozenset[str] = frozenset()  # internal edges to run over Redis (see actors/edges.py)
+    claim_idle_ms: int = 30_000  # take over requests of workers silent for this long
+    max_attempts: int = 3  # deliveries of one request before it is dead-lettered
 
     @property
     def consumer_name(self) -> str:
@@ -69,7 +73,7 @@ class Graph:
 
 def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], sink: ReplySink, prefix: str,
                 dead_letter_fn: DeadLetter, max_in_flight: int, metrics: WorkerMetrics | None = None,
-                edges: Edges | None = None) -> Graph:
+                edges: Edges | None = None, reply_reader: ReplyReader | None = None, max_attempts: int = 3) -> Graph:
     """The actors of one worker around `engine`'s pipeline objects (its model, scheduler, ...)."""
     edges = edges or Edges()
     (to_scheduler, scheduler_inbox), (to_prep, prep_inbox), (to_gpu, gpu_inbox), (to_sampling, sampling_inbox), \
@@ -84,7 +88,8 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
         SamplingActor(engine.sampler, device, sampling_inbox, to_scheduler),
         OutputActor(engine.outputs, sink, events_inbox, routes_inbox, to_scheduler, admission, metrics),
     ]
-    intake = IntakeActor(requests, engine.builder, prefix, admission, to_routes, to_scheduler, dead_letter_fn)
+    intake = IntakeActor(requests, engine.builder, prefix, admission, to_routes, to_scheduler, dead_letter_fn,
+                         reply_reader, max_attempts)
     return Graph(actors, intake, admission, to_scheduler)
 
 
@@ -103,11 +108,17 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
 
     max_in_flight = options.max_in_flight or 2 * engine.config.scheduler.max_num_seqs
     edges = Edges(options.redis_edges, options.redis_url, redis, options.prefix, options.consumer_name)
+    async def reply_reader(reply_to: str, request_id: str) -> list[WireReply]:
+        return await read_reply_stream(redis, reply_to, request_id)
+
     graph = build_graph(engine, consumer, RedisReplySink(redis, options.reply_expire_s), options.prefix,
-                        dead_letter_fn, max_in_flight, metrics, edges)
+                        dead_letter_fn, max_in_flight, metrics, edges, reply_reader, options.max_attempts)
     await edges.start()
+    name = options.consumer_name
     actors = [*graph.actors, StatsReporter(engine, metrics, options.stats_interval_s),
-              ControlActor(redis, options.prefix, graph.to_scheduler)]
+              ControlActor(redis, options.prefix, graph.to_scheduler),
+              Heartbeat(redis, options.prefix, name, options.claim_idle_ms),
+              Claimer(redis, consumer, graph.intake, graph.admission, options.prefix, options.claim_idle_ms)]
     runtime = ActorRuntime(actors, graph.intake, graph.admission.wait_idle, options.drain_timeout_s)
     if stop is None:
         runtime.install_signal_handlers()

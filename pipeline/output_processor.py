@@ -22,6 +22,7 @@ from pipeline.outputs import (
     TokenLogprob,
     Usage,
 )
+from pipeline.request import ResumeState
 from pipeline.sampling_params import SamplingParams
 from pipeline.stop import StopStringMatcher
 
@@ -60,17 +61,27 @@ class OutputProcessor:
         self._requests: dict[str, _Request] = {}
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    first_seq: int = 0) -> None:
+                    resume: ResumeState | None = None) -> None:
+        outputs = resume.output_token_ids if resume is not None else [[] for _ in range(params.n)]
         choices = [
             _Choice(
-                detokenizer=(IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+                # A resumed choice's text continues after the tokens the client already has.
+                detokenizer=(IncrementalDetokenizer(self.tokenizer, [*prompt_token_ids, *done],
+                                                    params.skip_special_tokens)
                              if self.tokenizer is not None else None),
                 stop_matcher=StopStringMatcher(params.stop, params.include_stop_str_in_output),
+                num_tokens=len(done),
             )
-            for _ in range(params.n)
+            for done in outputs
         ]
-        state = _Request(params, len(prompt_token_ids), choices, next_seq=first_seq)
-        if params.prompt_logprobs is not None:
+        state = _Request(params, len(prompt_token_ids), choices)
+        if resume is not None:
+            state.next_seq = resume.next_seq
+            state.prompt_logprobs_sent = True  # sent by the first worker, if asked for
+            for choice, reason, stop_reason in zip(choices, resume.finish_reasons, resume.stop_reasons, strict=True):
+                if reason is not None:
+                    choice.finish_reason, choice.stop_reason, choice.reported_finish = reason, stop_reason, True
+        elif params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]  # the first prompt token has no context to score it
         self._requests[request_id] = state
 

@@ -101,3 +101,22 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return all(seq.is_finished for seq in self.sequences)
+
+    def resume_from(self, resume: ResumeState) -> None:
+        """Continue where another worker stopped: each choice starts from prompt + the tokens the
+        client already has, and is recomputed from there (DESIGN §5 makes the rest identical)."""
+        for seq, outputs, reason, stop_reason in zip(self.sequences, resume.output_token_ids,
+                                                     resume.finish_reasons, resume.stop_reasons, strict=True):
+            seq.token_ids = [*self.prompt_token_ids, *outputs]
+            if reason is not None:
+                seq.finish(FinishReason(reason), stop_reason)
+
+
+@dataclass(slots=True)
+class ResumeState:
+    """What a reply stream already holds for a request another worker started (DESIGN §3)."""
+
+    next_seq: int
+    output_token_ids: list[list[int]]  # per choice, tokens already sent to the client
+    finish_reasons: list[str | None]  # per choice; set where the client already saw the end
+    stop_reasons: list[int | str | None]

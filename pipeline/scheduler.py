@@ -45,8 +45,9 @@ class Scheduler:
                              f"{self.max_model_len - 1} (max_model_len {self.max_model_len} incl. one output)")
         self.requests[request.request_id] = request
         for seq in request.sequences:
-            self.sequences[seq.seq_id] = seq
-            self.waiting.append(seq)
+            if not seq.is_finished:  # a resumed request may have finished choices
+                self.sequences[seq.seq_id] = seq
+                self.waiting.append(seq)
 
     def finish_sequence(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None) -> None:
         if seq.is_finished:

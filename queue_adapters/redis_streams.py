@@ -195,6 +195,24 @@ class RedisStreamConsumer(Generic[T]):
         attempts = await self._delivery_counts(entry_id for entry_id, _ in claimed)
         return [self._delivery(entry_id, fields, attempts.get(_text(entry_id), 2)) for entry_id, fields in claimed]
 
+    async def pending(self, min_idle_ms: int, count: int = 100) -> list[tuple[str, str]]:
+        """(entry id, consumer) of entries unacked for at least min_idle_ms, oldest first."""
+        rows = await self.client.xpending_range(self.stream_key, self.group, min="-", max="+", count=count,
+                                                idle=min_idle_ms)
+        return [(_text(row["message_id"]), _text(row["consumer"])) for row in rows]
+
+    async def claim(self, entry_ids: list[str], min_idle_ms: int) -> list[Delivery[T | Malformed]]:
+        """Take over these pending entries (XCLAIM; ones another consumer touched since are skipped)."""
+        if not entry_ids:
+            return []
+        response = await self.client.xclaim(self.stream_key, self.group, self.consumer_name,
+                                            min_idle_time=min_idle_ms, message_ids=entry_ids)
+        claimed = [(entry_id, fields) for entry_id, fields in response if entry_id is not None]
+        if not claimed:
+            return []
+        attempts = await self._delivery_counts(entry_id for entry_id, _ in claimed)
+        return [self._delivery(entry_id, fields, attempts.get(_text(entry_id), 2)) for entry_id, fields in claimed]
+
     async def _delivery_counts(self, entry_ids: Iterable[bytes | str]) -> dict[str, int]:
         async with self.client.pipeline(transaction=False) as pipe:
             for entry_id in entry_ids:

@@ -1,0 +1,79 @@
+"""Crash resume: live workers heartbeat; a worker takes over the pending requests of dead ones.
+
+Heartbeat: `{prefix}:worker:{name}` expires after claim_idle_ms unless refreshed. Claimer: every
+so often, list request entries unacked for at least claim_idle_ms; those whose consumer has no
+heartbeat are claimed (XCLAIM) and go through Intake, which resumes them from what their reply
+streams already hold. A live but slow worker keeps its entries however long they take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from actors.admission import Admission
+from actors.intake import IntakeActor
+from queue_adapters.codec import Malformed, WireRequest
+from queue_adapters.redis_streams import RedisStreamConsumer
+
+log = structlog.get_logger(__name__)
+
+
+def heartbeat_key(prefix: str, worker: str) -> str:
+    return f"{prefix}:worker:{worker}"
+
+
+class Heartbeat:
+    name = "heartbeat"
+
+    def __init__(self, redis: aioredis.Redis, prefix: str, worker: str, ttl_ms: int) -> None:
+        self.redis = redis
+        self.key = heartbeat_key(prefix, worker)
+        self.ttl_ms = ttl_ms
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.redis.set(self.key, 1, px=self.ttl_ms)
+            except (RedisConnectionError, RedisTimeoutError, OSError) as error:
+                log.warning("heartbeat failed", error=str(error))
+            await asyncio.sleep(self.ttl_ms / 3000)
+
+
+class Claimer:
+    name = "claimer"
+
+    def __init__(self, redis: aioredis.Redis, consumer: RedisStreamConsumer[WireRequest | Malformed],
+                 intake: IntakeActor, admission: Admission, prefix: str, claim_idle_ms: int) -> None:
+        self.redis = redis
+        self.consumer = consumer
+        self.intake = intake
+        self.admission = admission
+        self.prefix = prefix
+        self.claim_idle_ms = claim_idle_ms
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.claim_idle_ms / 2000)
+            try:
+                await self.claim_orphans()
+            except (RedisConnectionError, RedisTimeoutError, OSError) as error:
+                log.warning("claim pass failed", error=str(error))
+
+    async def claim_orphans(self) -> int:
+        room = self.admission.max_in_flight - self.admission.in_flight
+        if room <= 0:
+            return 0
+        stale = await self.consumer.pending(self.claim_idle_ms, count=max(room * 4, 16))
+        others = {consumer for _, consumer in stale if consumer != self.consumer.consumer_name}
+        alive = {c for c in others if await self.redis.exists(heartbeat_key(self.prefix, c))}
+        orphans = [entry_id for entry_id, consumer in stale if consumer in others - alive][:room]
+        deliveries = await self.consumer.claim(orphans, self.claim_idle_ms)
+        for delivery in deliveries:
+            log.info("claimed an orphaned request", entry_id=delivery.message_id, attempt=delivery.attempt)
+            await self.intake.admit(delivery)
+        return len(deliveries)

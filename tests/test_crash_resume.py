@@ -1,0 +1,112 @@
+"""Fault injection: kill -9 a worker mid-generation; another worker resumes its requests from the
+reply streams, and every client sees each token once, with the tokens of an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+import redis
+
+from pipeline.sampling_params import SamplingParams
+from tests.conftest import REDIS_URL
+from tests.engine_helpers import make_engine, run_requests
+from tests.hf_models import make_tiny_hf_model
+
+AQUEDUCT = Path(sys.executable).with_name("aqueduct")
+ENGINE_FLAGS = {"max_num_seqs": 4, "num_kv_blocks": 256}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_hf_model("llama", tmp_path_factory.mktemp("llama"), seed=17)
+
+
+def _requests(count: int) -> dict[str, dict]:
+    rng = random.Random(2)
+    requests = {}
+    for i in range(count):
+        kind = ("greedy", "seeded", "unseeded")[i % 3]
+        params = {"max_tokens": 150, "ignore_eos": True, "temperature": 0.0 if kind == "greedy" else 0.9}
+        if kind == "seeded":
+            params["seed"] = 1000 + i
+        requests[f"{kind}-{i}"] = {"id": f"{kind}-{i}", "params": params,
+                                   "prompt_token_ids": [rng.randrange(3, 512) for _ in range(rng.randint(4, 40))]}
+    return requests
+
+
+def _start_worker(model_dir: Path, prefix: str, name: str, log_dir: Path) -> subprocess.Popen:
+    command = [str(AQUEDUCT), "worker", "--redis-url", REDIS_URL, "--prefix", prefix, "--name", name,
+               "--model", str(model_dir), "--claim-idle-ms", "1500", "--max-num-seqs", "4",
+               "--num-kv-blocks", "256", "--drain-timeout", "10"]
+    log = (log_dir / f"{name}.log").open("w")
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+
+
+def _wait(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _entries(client: redis.Redis, prefix: str, request_id: str) -> list[dict]:
+    return [msgpack.unpackb(fields[b"data"]) for _, fields in client.xrange(f"{prefix}:out:{request_id}")]
+
+
+def _is_final(entry: dict) -> bool:
+    return entry.get("usage") is not None or entry.get("error") is not None
+
+
+def test_kill_9_mid_generation_loses_and_duplicates_nothing(model_dir, prefix, tmp_path):
+    requests = _requests(12)
+    uninterrupted = {request_id: (r["prompt_token_ids"], SamplingParams.from_dict(r["params"]))
+                     for request_id, r in requests.items()}
+    reference = run_requests(make_engine(model_dir, **ENGINE_FLAGS), uninterrupted)
+    client = redis.Redis.from_url(REDIS_URL)
+    workers = {name: _start_worker(model_dir, prefix, name, tmp_path) for name in ("victim", "survivor")}
+    try:
+        _wait(lambda: all(client.exists(f"{prefix}:worker:{n}") for n in workers), 60, "workers to start")
+        for request in requests.values():
+            client.xadd(f"{prefix}:requests", {"data": msgpack.packb(request)})
+
+        def victim_is_mid_generation() -> bool:
+            held = {c["name"].decode(): c["pending"] for c in client.xinfo_consumers(f"{prefix}:requests", "workers")}
+            emitted = sum(client.xlen(f"{prefix}:out:{r}") for r in requests)
+            return held.get("victim", 0) > 0 and emitted >= 10
+
+        _wait(victim_is_mid_generation, 60, "the victim to be generating")
+        workers["victim"].send_signal(signal.SIGKILL)
+        workers["victim"].wait(timeout=10)
+        workers["replacement"] = _start_worker(model_dir, prefix, "replacement", tmp_path)
+        _wait(lambda: client.exists(f"{prefix}:worker:replacement"), 60, "the replacement to start")
+        _wait(lambda: all(any(_is_final(e) for e in _entries(client, prefix, r)) for r in requests), 120,
+              "every request to finish")
+    finally:
+        for process in workers.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        exit_codes = {name: process.wait(timeout=30) for name, process in workers.items()}
+    assert exit_codes["victim"] == -signal.SIGKILL
+    assert exit_codes["survivor"] == 0 and exit_codes["replacement"] == 0, (tmp_path / "survivor.log").read_text()
+    resumed = 0
+    for request_id in requests:
+        entries = _entries(client, prefix, request_id)
+        assert [e["seq"] for e in entries] == list(range(len(entries))), request_id  # no gap, no duplicate
+        assert sum(_is_final(e) for e in entries) == 1 and _is_final(entries[-1])
+        tokens = [t for e in entries for choice in e["choices"] for t in choice["token_ids"]]
+        assert tokens == reference[request_id]["choices"][0]["token_ids"], request_id
+        assert entries[-1]["usage"]["completion_tokens"] == 150
+        resumed += 1
+    assert resumed == len(requests)
+    logs = "".join((tmp_path / f"{name}.log").read_text() for name in ("survivor", "replacement"))
+    assert "claimed an orphaned request" in logs
+    assert client.xpending(f"{prefix}:requests", "workers")["pending"] == 0
