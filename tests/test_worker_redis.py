@@ -26,10 +26,12 @@ def model_dir(tmp_path_factory):
 
 
 @asynccontextmanager
-async def running_workers(model_dir, prefix, count=1, redis_edges=frozenset(), **engine_kwargs):
+async def running_workers(model_dir, prefix, count=1, redis_edges=frozenset(), claim_idle_ms=30_000,
+                          **engine_kwargs):
     stop = asyncio.Event()
     engines = [make_engine(model_dir, **engine_kwargs) for _ in range(count)]
-    options = [WorkerOptions(REDIS_URL, prefix, name=f"w{i}", redis_edges=redis_edges) for i in range(count)]
+    options = [WorkerOptions(REDIS_URL, prefix, name=f"w{i}", redis_edges=redis_edges, claim_idle_ms=claim_idle_ms)
+               for i in range(count)]
     tasks = [asyncio.create_task(run_worker(engine, option, stop))
              for engine, option in zip(engines, options, strict=True)]
     redis = aioredis.from_url(REDIS_URL)
@@ -243,3 +245,24 @@ async def test_same_id_submitted_twice_while_running_generates_once(model_dir, p
     assert [r["seq"] for r in replies] == list(range(len(replies)))
     assert len(tokens_of(replies)) == 40
     assert engines[0].scheduler.num_generated_tokens == 40
+
+
+async def test_a_request_delivered_too_often_is_dead_lettered_with_an_error_reply(model_dir, prefix):
+    redis = aioredis.from_url(REDIS_URL)
+    stream = f"{prefix}:requests"
+    await redis.xgroup_create(stream, "workers", id="0", mkstream=True)
+    await push(redis, prefix, {"id": "poison", "prompt_token_ids": [3, 4], "params": {"max_tokens": 4}})
+    await redis.xreadgroup("workers", "ghost", {stream: ">"}, count=1)  # a worker that died on it...
+    [[entry_id, _]] = (await redis.xrange(stream))
+    for _ in range(2):  # ...and two more that did too: delivered 3 times, no heartbeat anywhere
+        await redis.xclaim(stream, "workers", "ghost", min_idle_time=0, message_ids=[entry_id])
+    await redis.aclose()
+    async with running_workers(model_dir, prefix, claim_idle_ms=200) as (redis, _):
+        await push(redis, prefix, {"id": "healthy", "prompt_token_ids": [5, 6], "params": {"max_tokens": 3}})
+        [error_entry] = await read_replies(redis, f"{prefix}:out:poison")
+        healthy = await read_replies(redis, f"{prefix}:out:healthy")
+        dead = await redis.xrange(f"{prefix}:dead")
+        assert await pending_count(redis, prefix) == 0
+    assert error_entry["error"]["code"] == "poison" and "delivered 4 times" in error_entry["error"]["message"]
+    assert len(tokens_of(healthy)) == 3
+    assert len(dead) == 1 and msgpack.unpackb(dead[0][1][b"data"])["entry_id"] == entry_id.decode()
