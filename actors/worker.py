@@ -12,6 +12,7 @@ stream when embedded) and replies go to Redis streams (or memory).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -20,9 +21,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
+from redis.exceptions import RedisError
 
 from actors.admission import Admission
-from actors.claimer import Claimer, Heartbeat
+from actors.claimer import Claimer, Heartbeat, heartbeat_key
 from actors.control import ControlActor
 from actors.edges import Edges
 from actors.intake import DeadLetter, IntakeActor, ReplyReader
@@ -130,6 +132,9 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
     try:
         return await runtime.run()
     finally:
+        # Gone now: other workers may claim what is still pending at once, not after claim_idle_ms.
+        with contextlib.suppress(RedisError, OSError):
+            await redis.delete(heartbeat_key(options.prefix, name))
         if health is not None:
             await health.stop()
         await edges.close()

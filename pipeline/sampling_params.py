@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any, NamedTuple, NoReturn
 
 MAX_LOGPROBS = 20
+MAX_N = 128  # choices per request: each is a sequence with its own KV blocks
 # Below this temperature logits / T overflows float32 for ordinary logits; such requests are
 # greedy (as in vLLM), which is also what the user meant.
 GREEDY_TEMPERATURE = 1e-5
@@ -135,8 +136,8 @@ class SamplingParams:
         self._set("stop_token_ids", _normalize_stop_token_ids(self.stop_token_ids))
 
     def _check_counts(self) -> None:
-        if self.n < 1:
-            _fail(f"n must be >= 1, got {self.n}")
+        if not 1 <= self.n <= MAX_N:
+            _fail(f"n must be in [1, {MAX_N}], got {self.n}")
         if self.best_of is not None and self.best_of != self.n:
             _fail(f"best_of must be None or equal to n ({self.n}), got {self.best_of}: "
                   "best_of > n is not supported yet")

@@ -54,7 +54,8 @@ def test_best_of_equal_to_n_is_accepted() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"n": 0}, "n must be >= 1, got 0"),
+    ({"n": 0}, r"n must be in \[1, 128\], got 0"),
+    ({"n": 129}, r"n must be in \[1, 128\], got 129"),
     ({"n": 2, "best_of": 4}, "best_of > n is not supported yet"),
     ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
     ({"temperature": -1}, "temperature must be >= 0, got -1"),

@@ -6,7 +6,6 @@ import asyncio
 import json
 import random
 import time
-from contextlib import asynccontextmanager
 
 import msgpack
 import pytest
@@ -14,74 +13,15 @@ import redis.asyncio as aioredis
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.worker import WorkerOptions, run_worker
 from tests.conftest import REDIS_URL
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, make_engine
 from tests.hf_models import make_tiny_hf_model
+from tests.worker_helpers import pending_count, push, read_replies, running_workers, tokens_of
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_tiny_hf_model("qwen2", tmp_path_factory.mktemp("qwen2"), seed=31, num_hidden_layers=3)
-
-
-@asynccontextmanager
-async def running_workers(model_dir, prefix, count=1, redis_edges=frozenset(), claim_idle_ms=30_000,
-                          **engine_kwargs):
-    stop = asyncio.Event()
-    engines = [make_engine(model_dir, **engine_kwargs) for _ in range(count)]
-    options = [WorkerOptions(REDIS_URL, prefix, name=f"w{i}", redis_edges=redis_edges, claim_idle_ms=claim_idle_ms)
-               for i in range(count)]
-    tasks = [asyncio.create_task(run_worker(engine, option, stop))
-             for engine, option in zip(engines, options, strict=True)]
-    redis = aioredis.from_url(REDIS_URL)
-    try:
-        yield redis, engines
-    finally:
-        stop.set()
-        codes = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
-        keys = [key async for key in redis.scan_iter(f"{prefix}:*")]
-        if keys:
-            await redis.delete(*keys)
-        await redis.aclose()
-        assert codes == [0] * count
-
-
-async def push(redis, prefix, entry):
-    """XADD like any client: one field `data` holding a msgpack map (or raw bytes for fuzzing)."""
-    data = entry if isinstance(entry, bytes) else msgpack.packb(entry)
-    await redis.xadd(f"{prefix}:requests", {"data": data})
-
-
-async def read_replies(redis, key, timeout_s=60.0):
-    """All entries of a reply stream up to the final one (usage or error)."""
-    deadline = time.monotonic() + timeout_s
-    replies, last_id = [], "0"
-    while time.monotonic() < deadline:
-        response = await redis.xread({key: last_id}, block=500, count=100)
-        for _, entries in response or []:
-            for entry_id, fields in entries:
-                last_id = entry_id
-                reply = msgpack.unpackb(fields[b"data"])
-                replies.append(reply)
-                if reply.get("usage") is not None or reply.get("error") is not None:
-                    return replies
-    raise TimeoutError(f"no final entry on {key}; got {replies}")
-
-
-async def pending_count(redis, prefix, settle_s=2.0):
-    """Entries delivered but not acked. Acks follow the final reply write, so allow them a moment."""
-    deadline = time.monotonic() + settle_s
-    while True:
-        pending = (await redis.xpending(f"{prefix}:requests", "workers"))["pending"]
-        if pending == 0 or time.monotonic() > deadline:
-            return pending
-        await asyncio.sleep(0.05)
-
-
-def tokens_of(replies, index=0):
-    return [t for reply in replies for choice in reply["choices"] if choice["index"] == index
-            for t in choice["token_ids"]]
 
 
 async def test_plain_msgpack_requests_get_hf_exact_greedy_tokens(model_dir, prefix):

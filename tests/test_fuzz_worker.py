@@ -1,0 +1,125 @@
+"""Property-based fuzzing of a live worker (hypothesis over msgpack maps and raw bytes): every
+entry is answered with an error reply or dead-lettered, and the worker stays up and serving."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+import msgpack
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from actors.worker import WorkerOptions, run_worker
+from tests.conftest import REDIS_URL
+from tests.engine_helpers import make_engine
+from tests.hf_models import make_tiny_hf_model
+
+# reply_to is left out: errors for such entries would go to arbitrary keys (its rules are codec tests).
+KEYS = ["prompt", "prompt_token_ids", "messages", "params", "lora", "deadline_ms", "extra"]
+PARAM_KEYS = ["max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "logprobs", "min_tokens", "typo"]
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=True),
+                    st.text(max_size=20), st.binary(max_size=20))
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8),
+                                                                                           inner, max_size=4),
+                      max_leaves=8)
+request_maps = st.builds(  # request-shaped: a readable id, wrong keys, types and values
+    lambda fields, params, token_ids: {"id": f"fz{uuid.uuid4().hex[:16]}", **fields, "params": params,
+                                       "prompt_token_ids": token_ids},
+    st.dictionaries(st.sampled_from(KEYS), values, max_size=3),
+    st.dictionaries(st.sampled_from(PARAM_KEYS), values, max_size=3),
+    st.lists(st.integers(-5, 10**6), max_size=3))
+entries = st.one_of(
+    st.binary(max_size=64),  # raw bytes, mostly not msgpack
+    st.builds(lambda value: msgpack.packb(value, use_bin_type=True), values),  # any msgpack value
+    st.builds(lambda value: msgpack.packb(value, use_bin_type=True), request_maps),
+)
+
+
+class LiveWorker:
+    """One worker on its own event loop thread for the whole module (hypothesis calls the test body
+    many times; starting a worker per example would be slow)."""
+
+    def __init__(self, model_dir) -> None:
+        self.prefix = f"test-fuzz-{uuid.uuid4().hex[:10]}"
+        self.redis = redis.Redis.from_url(REDIS_URL)
+        self.loop = asyncio.new_event_loop()
+        self.stop: asyncio.Event | None = None
+        self.exit_code: int | None = None
+        engine = make_engine(model_dir, max_num_seqs=4)
+        self.thread = threading.Thread(target=self._serve, args=(engine,), daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.redis.exists(f"{self.prefix}:worker:fuzz"):
+            assert time.monotonic() < deadline, "worker did not start"
+            time.sleep(0.05)
+
+    def _serve(self, engine) -> None:
+        async def serve() -> int:
+            self.stop = asyncio.Event()
+            return await run_worker(engine, WorkerOptions(REDIS_URL, self.prefix, name="fuzz"), self.stop)
+
+        self.exit_code = self.loop.run_until_complete(serve())
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(timeout=30)
+        keys = list(self.redis.scan_iter(f"{self.prefix}:*"))
+        if keys:
+            self.redis.delete(*keys)
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    live = LiveWorker(make_tiny_hf_model("llama", tmp_path_factory.mktemp("fuzz-llama"), seed=8))
+    yield live
+    live.close()
+    assert live.exit_code == 0
+
+
+def _readable_id(raw: bytes) -> str | None:
+    try:
+        value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception:
+        return None
+    return value.get("id") if isinstance(value, dict) and isinstance(value.get("id"), str) else None
+
+
+def _settled(worker: LiveWorker, dead_before: int, reply_key: str | None) -> bool:
+    """A final reply (an error, or a completion when the fuzz happened to be valid) or a dead letter."""
+    answered = reply_key is not None and any(
+        (entry := msgpack.unpackb(fields[b"data"])).get("error") or entry.get("usage")
+        for _, fields in worker.redis.xrange(reply_key))
+    return answered or worker.redis.xlen(f"{worker.prefix}:dead") > dead_before
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(raw=entries)
+def test_every_fuzzed_entry_is_answered_or_dead_lettered(worker, raw):
+    request_id = _readable_id(raw)
+    reply_key = f"{worker.prefix}:out:{request_id}" if request_id is not None else None
+    dead_before = worker.redis.xlen(f"{worker.prefix}:dead")
+    worker.redis.xadd(f"{worker.prefix}:requests", {"data": raw})
+    deadline = time.monotonic() + 10
+    while not _settled(worker, dead_before, reply_key):
+        assert worker.thread.is_alive(), "the worker died"
+        assert time.monotonic() < deadline, f"entry neither answered nor dead-lettered: {raw!r}"
+        time.sleep(0.002)
+
+
+def test_the_worker_still_serves_after_the_fuzzing(worker):
+    worker.redis.xadd(f"{worker.prefix}:requests", {"data": msgpack.packb(
+        {"id": "after-fuzz", "prompt_token_ids": [3, 4, 5], "params": {"max_tokens": 3, "ignore_eos": True}})})
+    deadline = time.monotonic() + 30
+    while True:
+        entries = [msgpack.unpackb(f[b"data"]) for _, f in worker.redis.xrange(f"{worker.prefix}:out:after-fuzz")]
+        if entries and entries[-1].get("usage"):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert sum(len(c["token_ids"]) for e in entries for c in e["choices"]) == 3
+    assert worker.redis.xpending(f"{worker.prefix}:requests", "workers")["pending"] == 0
