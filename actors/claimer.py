@@ -1,7 +1,6 @@
-"""Crash resume: live workers heartbeat; a worker takes over the pending requests of dead ones.
+"""Crash resume: a worker takes over the pending requests of dead ones (see actors/liveness.py).
 
-Heartbeat: `{prefix}:worker:{name}` expires after claim_idle_ms unless refreshed. Claimer: every
-so often, list request entries unacked for at least claim_idle_ms; those whose consumer has no
+Every so often, list request entries unacked for at least claim_idle_ms; those whose consumer has no
 heartbeat are claimed (XCLAIM) and go through Intake, which resumes them from what their reply
 streams already hold. A live but slow worker keeps its entries however long they take.
 """
@@ -17,31 +16,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from actors.admission import Admission
 from actors.intake import IntakeActor
+from actors.liveness import heartbeat_key
 from queue_adapters.codec import Malformed, WireRequest
 from queue_adapters.redis_streams import RedisStreamConsumer
 
 log = structlog.get_logger(__name__)
-
-
-def heartbeat_key(prefix: str, worker: str) -> str:
-    return f"{prefix}:worker:{worker}"
-
-
-class Heartbeat:
-    name = "heartbeat"
-
-    def __init__(self, redis: aioredis.Redis, prefix: str, worker: str, ttl_ms: int) -> None:
-        self.redis = redis
-        self.key = heartbeat_key(prefix, worker)
-        self.ttl_ms = ttl_ms
-
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.redis.set(self.key, 1, px=self.ttl_ms)
-            except (RedisConnectionError, RedisTimeoutError, OSError) as error:
-                log.warning("heartbeat failed", error=str(error))
-            await asyncio.sleep(self.ttl_ms / 3000)
 
 
 class Claimer:

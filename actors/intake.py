@@ -12,6 +12,7 @@ import structlog
 
 from actors.admission import Admission
 from actors.messages import Admit, ErrorReply, OpenReply
+from actors.ownership import Ownership
 from actors.resume import is_answered, resume_state
 from pipeline.intake import RequestBuilder
 from queue_adapters.base import Consumer, Delivery, Producer
@@ -27,7 +28,7 @@ class IntakeActor:
     def __init__(self, requests: Consumer[WireRequest | Malformed], builder: RequestBuilder, prefix: str,
                  admission: Admission, to_output: Producer[Any], to_scheduler: Producer[Any],
                  dead_letter: DeadLetter, reply_reader: ReplyReader | None = None, max_attempts: int = 3,
-                 max_read: int = 32) -> None:
+                 ownership: Ownership | None = None, max_read: int = 32) -> None:
         self.requests = requests
         self.builder = builder
         self.prefix = prefix
@@ -37,6 +38,7 @@ class IntakeActor:
         self.dead_letter = dead_letter
         self.reply_reader = reply_reader
         self.max_attempts = max_attempts
+        self.ownership = ownership
         self.max_read = max_read
         self.log = structlog.get_logger(__name__).bind(actor=self.name)
 
@@ -58,12 +60,16 @@ class IntakeActor:
             await delivery.ack()
             return
         replies: list[WireReply] = []
-        if delivery.attempt > 1 and self.reply_reader is not None:  # claimed from a dead worker
+        if self.reply_reader is not None:  # a resubmission, or claimed from a dead worker
             replies = await self.reply_reader(reply_to, message.id)
             if is_answered(replies):
-                self.log.info("claimed request was already answered", request_id=message.id)
+                self.log.info("request already answered; not generated again", request_id=message.id)
                 await delivery.ack()
                 return
+        if self.ownership is not None and not await self.ownership.acquire(message.id):
+            self.log.info("request id in flight on another worker; not generated twice", request_id=message.id)
+            await delivery.ack()
+            return
         next_seq = replies[-1].seq + 1 if replies else 0
         if delivery.attempt > self.max_attempts:
             await self._give_up(message, delivery, reply_to, next_seq)

@@ -24,12 +24,14 @@ import structlog
 from redis.exceptions import RedisError
 
 from actors.admission import Admission
-from actors.claimer import Claimer, Heartbeat, heartbeat_key
+from actors.claimer import Claimer
 from actors.control import ControlActor
 from actors.edges import Edges
 from actors.intake import DeadLetter, IntakeActor, ReplyReader
+from actors.liveness import Heartbeat, heartbeat_key
 from actors.metrics import WorkerMetrics
 from actors.output import OutputActor
+from actors.ownership import Ownership
 from actors.replies import RedisReplySink, ReplySink
 from actors.resume import read_reply_stream
 from actors.runtime import ActorRuntime, Runnable
@@ -75,7 +77,8 @@ class Graph:
 
 def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], sink: ReplySink, prefix: str,
                 dead_letter_fn: DeadLetter, max_in_flight: int, metrics: WorkerMetrics | None = None,
-                edges: Edges | None = None, reply_reader: ReplyReader | None = None, max_attempts: int = 3) -> Graph:
+                edges: Edges | None = None, reply_reader: ReplyReader | None = None, max_attempts: int = 3,
+                ownership: Ownership | None = None) -> Graph:
     """The actors of one worker around `engine`'s pipeline objects (its model, scheduler, ...)."""
     edges = edges or Edges()
     (to_scheduler, scheduler_inbox), (to_prep, prep_inbox), (to_gpu, gpu_inbox), (to_sampling, sampling_inbox), \
@@ -91,7 +94,7 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
         OutputActor(engine.outputs, sink, events_inbox, routes_inbox, to_scheduler, admission, metrics),
     ]
     intake = IntakeActor(requests, engine.builder, prefix, admission, to_routes, to_scheduler, dead_letter_fn,
-                         reply_reader, max_attempts)
+                         reply_reader, max_attempts, ownership)
     return Graph(actors, intake, admission, to_scheduler)
 
 
@@ -113,10 +116,11 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
     async def reply_reader(reply_to: str, request_id: str) -> list[WireReply]:
         return await read_reply_stream(redis, reply_to, request_id)
 
-    graph = build_graph(engine, consumer, RedisReplySink(redis, options.reply_expire_s), options.prefix,
-                        dead_letter_fn, max_in_flight, metrics, edges, reply_reader, options.max_attempts)
-    await edges.start()
     name = options.consumer_name
+    ownership = Ownership(redis, options.prefix, name, options.reply_expire_s)
+    graph = build_graph(engine, consumer, RedisReplySink(redis, options.reply_expire_s), options.prefix,
+                        dead_letter_fn, max_in_flight, metrics, edges, reply_reader, options.max_attempts, ownership)
+    await edges.start()
     actors = [*graph.actors, StatsReporter(engine, metrics, options.stats_interval_s),
               ControlActor(redis, options.prefix, graph.to_scheduler),
               Heartbeat(redis, options.prefix, name, options.claim_idle_ms),

@@ -206,3 +206,17 @@ async def test_a_request_delivered_too_often_is_dead_lettered_with_an_error_repl
     assert error_entry["error"]["code"] == "poison" and "delivered 4 times" in error_entry["error"]["message"]
     assert len(tokens_of(healthy)) == 3
     assert len(dead) == 1 and msgpack.unpackb(dead[0][1][b"data"])["entry_id"] == entry_id.decode()
+
+
+async def test_same_id_on_two_workers_and_after_completion_generates_once(model_dir, prefix):
+    entry = {"id": "dup", "prompt_token_ids": [9, 8, 7], "params": {"max_tokens": 30, "ignore_eos": True}}
+    async with running_workers(model_dir, prefix, count=2) as (redis, engines):
+        await push(redis, prefix, entry)
+        await push(redis, prefix, entry)  # both workers may read one copy each
+        replies = await read_replies(redis, f"{prefix}:out:dup")
+        await push(redis, prefix, entry)  # resubmitted after it finished
+        assert await pending_count(redis, prefix) == 0
+        await asyncio.sleep(0.3)
+        assert await redis.xlen(f"{prefix}:out:dup") == len(replies)
+    assert [r["seq"] for r in replies] == list(range(len(replies)))
+    assert sum(engine.scheduler.num_generated_tokens for engine in engines) == 30
