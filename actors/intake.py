@@ -17,6 +17,7 @@ from actors.resume import is_answered, resume_state
 from pipeline.intake import RequestBuilder
 from queue_adapters.base import Consumer, Delivery, Producer
 from queue_adapters.codec import Malformed, WireReply, WireRequest, encode
+from queue_adapters.redis_streams import retry_transient
 
 DeadLetter = Callable[[Malformed], Awaitable[None]]
 ReplyReader = Callable[[str, str], Awaitable[list[WireReply]]]  # (reply_to, request id) -> entries so far
@@ -66,7 +67,8 @@ class IntakeActor:
                 self.log.info("request already answered; not generated again", request_id=message.id)
                 await delivery.ack()
                 return
-        if self.ownership is not None and not await self.ownership.acquire(message.id):
+        if self.ownership is not None and not await retry_transient(
+                lambda: self.ownership.acquire(message.id), "acquire request"):
             self.log.info("request id in flight on another worker; not generated twice", request_id=message.id)
             await delivery.ack()
             return

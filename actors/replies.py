@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from pipeline.outputs import RequestDelta, TokenLogprob
 from queue_adapters.codec import WireChoice, WireError, WireReply, WireUsage, encode
-from queue_adapters.redis_streams import DATA_FIELD
+from queue_adapters.redis_streams import DATA_FIELD, retry_transient
 
 
 def to_wire(delta: RequestDelta) -> WireReply:
@@ -48,15 +48,22 @@ class RedisReplySink:
         self.maxlen = maxlen
 
     async def write(self, batch: list[tuple[str, WireReply]]) -> None:
+        """Written once Redis has them; during an outage this waits (and the actor's inbox buffers).
+        A retry after a partial write may repeat entries: readers drop repeated seqs (DESIGN §3)."""
         if not batch:
             return
-        # One round trip per step for all requests; order within a stream is preserved.
-        pipe = self.redis.pipeline(transaction=False)
-        for key, reply in batch:
-            pipe.xadd(key, {DATA_FIELD: encode(reply)}, maxlen=self.maxlen, approximate=True)
-            if reply.usage is not None or reply.error is not None:
-                pipe.expire(key, self.expire_s)
-        await pipe.execute()
+        encoded = [(key, encode(reply), reply.usage is not None or reply.error is not None) for key, reply in batch]
+
+        async def execute() -> None:
+            # One round trip per step for all requests; order within a stream is preserved.
+            pipe = self.redis.pipeline(transaction=False)
+            for key, data, final in encoded:
+                pipe.xadd(key, {DATA_FIELD: data}, maxlen=self.maxlen, approximate=True)
+                if final:
+                    pipe.expire(key, self.expire_s)
+            await pipe.execute()
+
+        await retry_transient(execute, "write replies")
 
 
 class MemoryReplySink:

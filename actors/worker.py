@@ -40,7 +40,7 @@ from actors.stages import GPUActor, SamplingActor, TensorPrepActor, device_threa
 from pipeline.engine import LLMEngine
 from queue_adapters.base import Consumer, Producer
 from queue_adapters.codec import Malformed, WireReply, WireRequest, decode_request
-from queue_adapters.redis_streams import RedisStreamConsumer, dead_letter
+from queue_adapters.redis_streams import RedisStreamConsumer, dead_letter, retry_transient
 
 log = structlog.get_logger(__name__)
 
@@ -108,13 +108,13 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
 
     async def dead_letter_fn(message: Malformed) -> None:
         metrics.record_dead_letter()
-        await dead_letter(redis, options.prefix, message.entry_id, message.raw, message.error,
-                          source=f"{options.prefix}:requests")
+        await retry_transient(lambda: dead_letter(redis, options.prefix, message.entry_id, message.raw, message.error,
+                                                  source=f"{options.prefix}:requests"), "dead letter")
 
     max_in_flight = options.max_in_flight or 2 * engine.config.scheduler.max_num_seqs
     edges = Edges(options.redis_edges, options.redis_url, redis, options.prefix, options.consumer_name)
     async def reply_reader(reply_to: str, request_id: str) -> list[WireReply]:
-        return await read_reply_stream(redis, reply_to, request_id)
+        return await retry_transient(lambda: read_reply_stream(redis, reply_to, request_id), "read replies")
 
     name = options.consumer_name
     ownership = Ownership(redis, options.prefix, name, options.reply_expire_s)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -32,10 +32,12 @@ from queue_adapters.base import Delivery
 from queue_adapters.codec import Malformed
 
 T = TypeVar("T")
+R = TypeVar("R")
 log = structlog.get_logger(__name__)
 
 DATA_FIELD = b"data"
 _TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError)
+TRANSIENT_ERRORS = _TRANSIENT_ERRORS
 
 
 def _text(value: bytes | str) -> str:
@@ -59,8 +61,10 @@ class RedisStreamProducer(Generic[T]):
 
     async def publish(self, message: T) -> str:
         """Like `send`, returning the new entry id."""
-        entry_id = await self.redis.xadd(self.stream_key, {DATA_FIELD: self.encode(message)},
-                                         maxlen=self.maxlen, approximate=True)
+        data = self.encode(message)
+        entry_id = await retry_transient(
+            lambda: self.redis.xadd(self.stream_key, {DATA_FIELD: data}, maxlen=self.maxlen, approximate=True),
+            f"xadd {self.stream_key}")
         return _text(entry_id)
 
     async def close(self) -> None:
@@ -86,6 +90,21 @@ class Backoff:
 
 
 ClientSource = str | Callable[[], aioredis.Redis]
+
+
+async def retry_transient(operation: Callable[[], Awaitable[R]], what: str, backoff: Backoff | None = None) -> R:
+    """Run a Redis operation until it succeeds, waiting out outages (capped, jittered backoff).
+
+    For writes that must not be lost (replies, acks): the caller simply waits while Redis is down;
+    its own input queues are what buffers in the meantime, and they are bounded."""
+    backoff = backoff or Backoff()
+    while True:
+        try:
+            return await operation()
+        except _TRANSIENT_ERRORS as error:
+            delay_s = backoff.next_delay_s()
+            log.warning("redis unavailable, retrying", operation=what, error=repr(error), retry_in_s=round(delay_s, 3))
+            await asyncio.sleep(delay_s)
 
 
 def _make_client(source: ClientSource, block_ms: int, name: str) -> aioredis.Redis:
@@ -226,7 +245,7 @@ class RedisStreamConsumer(Generic[T]):
         message = self._decode_entry(entry_id, fields)
 
         async def ack() -> None:
-            await self.client.xack(self.stream_key, self.group, entry_id)
+            await retry_transient(lambda: self.client.xack(self.stream_key, self.group, entry_id), "xack")
 
         async def nack() -> None:
             # Left pending on purpose: claim_stale hands it out again (see the module docstring).
