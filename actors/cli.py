@@ -70,7 +70,8 @@ def _worker(args: argparse.Namespace) -> int:
                             health_host=args.health_host, health_port=args.health_port,
                             drain_timeout_s=args.drain_timeout, max_in_flight=args.max_in_flight,
                             redis_edges=frozenset(filter(None, args.redis_edges.split(","))),
-                            claim_idle_ms=args.claim_idle_ms, max_attempts=args.max_attempts)
+                            claim_idle_ms=args.claim_idle_ms, max_attempts=args.max_attempts,
+                            max_queue_wait_ms=args.max_queue_wait_ms)
     return asyncio.run(run_worker(engine, options))
 
 
@@ -156,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="take over the requests of workers whose heartbeat is older than this")
     worker.add_argument("--max-attempts", type=int, default=3,
                         help="deliveries of one request before it goes to {prefix}:dead")
+    worker.add_argument("--max-queue-wait-ms", type=int, default=None,
+                        help="a request not started within this many ms ends with an error (default: no limit)")
     worker.add_argument("--redis-edges", default="",
                         help="internal edges to run over Redis, comma-separated: scheduler,tensor_prep,output_events")
     add_engine_args(worker)

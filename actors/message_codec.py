@@ -11,13 +11,13 @@ from typing import Any
 
 import msgspec
 
-from actors.messages import Admit, Cancel, StepEvents
+from actors.messages import Admit, Cancel, RequestFailed, StepEvents
 from pipeline.outputs import StopStringFinish
 from pipeline.step_plan import StepPlan
 from pipeline.step_result import StepResult
 
-_TYPES: dict[str, type] = {cls.__name__: cls for cls in (Admit, Cancel, StepEvents, StopStringFinish, StepPlan,
-                                                          StepResult)}
+_TYPES: dict[str, type] = {cls.__name__: cls for cls in (Admit, Cancel, RequestFailed, StepEvents, StopStringFinish,
+                                                          StepPlan, StepResult)}
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(tuple[str, Any])
 

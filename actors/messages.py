@@ -65,6 +65,15 @@ class ErrorReply:
 
 
 @dataclass(slots=True)
+class RequestFailed:
+    """Scheduler -> Output: a request ended with an error before it produced anything."""
+
+    request_id: str
+    code: str
+    message: str
+
+
+@dataclass(slots=True)
 class Cancel:
     """Control / deadline -> Scheduler."""
 

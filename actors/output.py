@@ -9,7 +9,7 @@ from typing import Any
 
 from actors.admission import Admission
 from actors.base import Actor
-from actors.messages import ErrorReply, OpenReply, StepEvents
+from actors.messages import ErrorReply, OpenReply, RequestFailed, StepEvents
 from actors.replies import ReplySink, to_wire
 from pipeline.output_processor import OutputProcessor
 from pipeline.outputs import RequestDelta
@@ -66,6 +66,9 @@ class OutputActor(Actor):
                 await self.to_scheduler.send(finish)
         elif isinstance(message, ErrorReply):
             await self._write_error(message)
+        elif isinstance(message, RequestFailed):
+            if message.request_id in self.routes:
+                await self._write([self.outputs.error_delta(message.request_id, message.code, message.message)])
         else:
             raise TypeError(f"output got an unexpected {type(message).__name__}")
 

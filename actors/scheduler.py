@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from actors.base import Actor
-from actors.messages import Admit, Cancel, StepEvents
+from actors.messages import Admit, Cancel, RequestFailed, StepEvents
 from pipeline.outputs import StopStringFinish
 from pipeline.request import FinishReason
 from pipeline.scheduler import Scheduler
@@ -22,9 +22,11 @@ class SchedulerActor(Actor):
     tick_s = 0.05  # deadline checks while idle
 
     def __init__(self, scheduler: Scheduler, inbox: Consumer[Any], to_tensor_prep: Producer[Any],
-                 to_output: Producer[StepEvents], metrics: Any | None = None) -> None:
+                 to_output: Producer[Any], metrics: Any | None = None, max_queue_wait_ms: int | None = None) -> None:
         super().__init__("scheduler", inbox)
         self.metrics = metrics
+        self.max_queue_wait_ms = max_queue_wait_ms
+        self.queued_since: dict[str, float] = {}  # admitted, not scheduled yet
         self.step_started = 0.0
         self.scheduler = scheduler
         self.to_tensor_prep = to_tensor_prep
@@ -35,6 +37,7 @@ class SchedulerActor(Actor):
     async def handle(self, message: Any) -> None:
         if isinstance(message, Admit):
             self.scheduler.add_request(message.to_request())
+            self.queued_since[message.request_id] = time.monotonic()
             if message.deadline_ms is not None:
                 self.deadlines_ms[message.request_id] = message.deadline_ms
         elif isinstance(message, StepResult):
@@ -52,9 +55,12 @@ class SchedulerActor(Actor):
 
     async def after_batch(self) -> None:
         await self._expire_deadlines()
+        await self._expire_queue_waits()
         if self.step_in_flight or not self.scheduler.has_unfinished:
             return
         plan = self.scheduler.schedule()
+        for new in plan.new_sequences:
+            self.queued_since.pop(self.scheduler.sequences[new.seq_id].request.request_id, None)
         if not plan.is_empty:
             self.step_in_flight = True
             self.step_started = time.perf_counter()
@@ -70,6 +76,21 @@ class SchedulerActor(Actor):
             elif deadline <= now_ms:
                 del self.deadlines_ms[request_id]
                 await self._emit(self.scheduler.abort_request(request_id, FinishReason.TIMEOUT))
+
+    async def _expire_queue_waits(self) -> None:
+        """Requests that waited longer than max_queue_wait_ms without starting end with an error,
+        rather than letting the waiting queue grow without bound."""
+        if self.max_queue_wait_ms is None or not self.queued_since:
+            return
+        oldest_allowed = time.monotonic() - self.max_queue_wait_ms / 1000
+        for request_id, since in list(self.queued_since.items()):
+            if request_id not in self.scheduler.requests:
+                del self.queued_since[request_id]
+            elif since < oldest_allowed:
+                del self.queued_since[request_id]
+                self.scheduler.abort_request(request_id, FinishReason.ERROR)
+                await self.to_output.send(RequestFailed(
+                    request_id, "queue_timeout", f"waited more than {self.max_queue_wait_ms} ms for a slot"))
 
     async def _emit(self, events: list) -> None:
         if events:

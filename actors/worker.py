@@ -61,6 +61,7 @@ class WorkerOptions:
     redis_edges: frozenset[str] = frozenset()  # internal edges to run over Redis (see actors/edges.py)
     claim_idle_ms: int = 30_000  # take over requests of workers silent for this long
     max_attempts: int = 3  # deliveries of one request before it is dead-lettered
+    max_queue_wait_ms: int | None = None  # a request not started within this ends with an error
 
     @property
     def consumer_name(self) -> str:
@@ -78,7 +79,7 @@ class Graph:
 def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], sink: ReplySink, prefix: str,
                 dead_letter_fn: DeadLetter, max_in_flight: int, metrics: WorkerMetrics | None = None,
                 edges: Edges | None = None, reply_reader: ReplyReader | None = None, max_attempts: int = 3,
-                ownership: Ownership | None = None) -> Graph:
+                ownership: Ownership | None = None, max_queue_wait_ms: int | None = None) -> Graph:
     """The actors of one worker around `engine`'s pipeline objects (its model, scheduler, ...)."""
     edges = edges or Edges()
     (to_scheduler, scheduler_inbox), (to_prep, prep_inbox), (to_gpu, gpu_inbox), (to_sampling, sampling_inbox), \
@@ -87,7 +88,7 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
     admission = Admission(max_in_flight)
     device = device_thread()
     actors: list[Runnable] = [
-        SchedulerActor(engine.scheduler, scheduler_inbox, to_prep, to_events, metrics),
+        SchedulerActor(engine.scheduler, scheduler_inbox, to_prep, to_events, metrics, max_queue_wait_ms),
         TensorPrepActor(engine.tensor_prep, prep_inbox, to_gpu),
         GPUActor(engine.runner, device, gpu_inbox, to_sampling),
         SamplingActor(engine.sampler, device, sampling_inbox, to_scheduler),
@@ -119,7 +120,8 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
     name = options.consumer_name
     ownership = Ownership(redis, options.prefix, name, options.reply_expire_s)
     graph = build_graph(engine, consumer, RedisReplySink(redis, options.reply_expire_s), options.prefix,
-                        dead_letter_fn, max_in_flight, metrics, edges, reply_reader, options.max_attempts, ownership)
+                        dead_letter_fn, max_in_flight, metrics, edges, reply_reader, options.max_attempts, ownership,
+                        options.max_queue_wait_ms)
     await edges.start()
     actors = [*graph.actors, StatsReporter(engine, metrics, options.stats_interval_s),
               ControlActor(redis, options.prefix, graph.to_scheduler),

@@ -110,3 +110,33 @@ def test_kill_9_mid_generation_loses_and_duplicates_nothing(model_dir, prefix, t
     logs = "".join((tmp_path / f"{name}.log").read_text() for name in ("survivor", "replacement"))
     assert "claimed an orphaned request" in logs
     assert client.xpending(f"{prefix}:requests", "workers")["pending"] == 0
+
+
+def test_sigterm_drains_in_flight_requests_and_leaves_the_rest_for_another_worker(model_dir, prefix, tmp_path):
+    requests = _requests(12)
+    client = redis.Redis.from_url(REDIS_URL)
+    first = _start_worker(model_dir, prefix, "first", tmp_path)
+    second = None
+    try:
+        _wait(lambda: client.exists(f"{prefix}:worker:first"), 60, "the worker to start")
+        for request in requests.values():
+            client.xadd(f"{prefix}:requests", {"data": msgpack.packb(request)})
+        _wait(lambda: sum(client.xlen(f"{prefix}:out:{r}") for r in requests) >= 5, 60, "generation to start")
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=30) == 0
+        finished = [r for r in requests if any(_is_final(e) for e in _entries(client, prefix, r))]
+        started = [r for r in requests if _entries(client, prefix, r)]
+        assert set(started) == set(finished), "a request was cut off mid-generation by the drain"
+        assert len(finished) < len(requests), "nothing was left for the second worker: the test proves nothing"
+        second = _start_worker(model_dir, prefix, "second", tmp_path)
+        _wait(lambda: all(any(_is_final(e) for e in _entries(client, prefix, r)) for r in requests), 120,
+              "every request to finish")
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=30)
+    for request_id in requests:
+        entries = _entries(client, prefix, request_id)
+        assert [e["seq"] for e in entries] == list(range(len(entries)))
+        assert sum(len(c["token_ids"]) for e in entries for c in e["choices"]) == 150

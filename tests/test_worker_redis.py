@@ -220,3 +220,20 @@ async def test_same_id_on_two_workers_and_after_completion_generates_once(model_
         assert await redis.xlen(f"{prefix}:out:dup") == len(replies)
     assert [r["seq"] for r in replies] == list(range(len(replies)))
     assert sum(engine.scheduler.num_generated_tokens for engine in engines) == 30
+
+
+async def test_requests_that_wait_too_long_end_with_an_error_and_the_queue_stays_bounded(model_dir, prefix):
+    async with running_workers(model_dir, prefix, max_num_seqs=1, max_in_flight=3, max_queue_wait_ms=300) as (
+            redis, _):
+        await push(redis, prefix, {"id": "long", "prompt_token_ids": [3, 4],
+                                   "params": {"max_tokens": 400, "ignore_eos": True}})
+        for i in range(6):
+            await push(redis, prefix, {"id": f"queued-{i}", "prompt_token_ids": [5, 6],
+                                       "params": {"max_tokens": 2, "ignore_eos": True}})
+        await asyncio.sleep(0.2)
+        assert (await redis.xpending(f"{prefix}:requests", "workers"))["pending"] <= 3  # the rest wait in Redis
+        long = await read_replies(redis, f"{prefix}:out:long")
+        outcomes = [(await read_replies(redis, f"{prefix}:out:queued-{i}"))[-1] for i in range(6)]
+    assert long[-1]["usage"]["completion_tokens"] == 400
+    timed_out = [o for o in outcomes if o.get("error")]
+    assert timed_out and all(o["error"]["code"] == "queue_timeout" for o in timed_out)
