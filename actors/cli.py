@@ -57,6 +57,12 @@ def _bench_redis(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loadtest(args: argparse.Namespace) -> int:
+    from actors.loadtest import run_loadtest
+
+    return run_loadtest(args)
+
+
 def _worker(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -163,6 +169,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="internal edges to run over Redis, comma-separated: scheduler,tensor_prep,output_events")
     add_engine_args(worker)
     worker.set_defaults(handler=_worker)
+
+    loadtest = commands.add_parser("loadtest", help="fixed-rate load against a deployment; counts lost requests")
+    loadtest.add_argument("--redis-url", default=_env("AQUEDUCT_REDIS_URL", "redis://127.0.0.1:6379"))
+    loadtest.add_argument("--prefix", default=_env("AQUEDUCT_PREFIX", "aqueduct"))
+    loadtest.add_argument("--rate", type=float, required=True, help="requests per second")
+    loadtest.add_argument("--duration", type=float, required=True, help="seconds of submitting")
+    loadtest.add_argument("--prompt-len", type=int, nargs=2, default=[16, 128], metavar=("MIN", "MAX"))
+    loadtest.add_argument("--output-len", type=int, nargs=2, default=[16, 64], metavar=("MIN", "MAX"))
+    loadtest.add_argument("--vocab-size", type=int, default=4096, help="token ids are drawn below this")
+    loadtest.add_argument("--wait", type=float, default=120.0, help="seconds to wait for stragglers afterwards")
+    loadtest.set_defaults(handler=_loadtest)
 
     submit = commands.add_parser("submit", help="send one request to a deployment and print the result")
     submit.add_argument("--redis-url", default=_env("AQUEDUCT_REDIS_URL", "redis://127.0.0.1:6379"))
