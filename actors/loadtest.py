@@ -2,7 +2,8 @@
 
 All requests reply on one shared stream read by one reader. Reports completed, errors, lost
 (submitted but never finished: must be 0), duplicated (a seq seen twice for a request), and
-p50/p99 time to first token and end-to-end latency; also how deep the requests stream got.
+p50/p99 time to first token and end-to-end latency; also how many requests the workers held at
+once (bounded by their admission control) and how many waited in Redis.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class _Tracked:
 
 
 async def _produce(redis: aioredis.Redis, args: argparse.Namespace, run_id: str, reply_to: str,
-                   tracked: dict[str, _Tracked], depth: list[int]) -> None:
+                   tracked: dict[str, _Tracked], depth: list[tuple[int, int]]) -> None:
     workload = make_workload(int(args.rate * args.duration) + 1, tuple(args.prompt_len), tuple(args.output_len),
                              args.vocab_size, seed=0)
     started = time.perf_counter()
@@ -46,7 +47,15 @@ async def _produce(redis: aioredis.Redis, args: argparse.Namespace, run_id: str,
         tracked[request.id] = _Tracked(time.perf_counter())
         await redis.xadd(f"{args.prefix}:requests", {DATA_FIELD: encode(request)})
         if index % 20 == 0:
-            depth.append(await redis.xlen(f"{args.prefix}:requests"))
+            depth.append(await _group_state(redis, f"{args.prefix}:requests"))
+
+
+async def _group_state(redis: aioredis.Redis, stream: str) -> tuple[int, int]:
+    """(held by workers = pending, waiting in Redis = lag) of the workers' consumer group."""
+    for group in await redis.xinfo_groups(stream):
+        if group["name"] in (b"workers", "workers"):
+            return int(group["pending"]), int(group.get("lag") or 0)
+    return 0, 0
 
 
 async def _consume(redis: aioredis.Redis, reply_to: str, tracked: dict[str, _Tracked], done: asyncio.Event) -> None:
@@ -75,7 +84,7 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
     run_id = f"load-{uuid.uuid4().hex[:8]}"
     reply_to = f"{args.prefix}:out:{run_id}"
     tracked: dict[str, _Tracked] = {}
-    depth: list[int] = []
+    depth: list[tuple[int, int]] = []
     done = asyncio.Event()
     reader = asyncio.create_task(_consume(redis, reply_to, tracked, done))
     await _produce(redis, args, run_id, reply_to, tracked, depth)
@@ -110,5 +119,7 @@ def run_loadtest(args: argparse.Namespace) -> int:
     print(f"submitted {len(tracked)} at {args.rate}/s for {args.duration} s; completed {len(completed)}, "
           f"errors {errors}, lost {lost}, duplicated entries {duplicated}")
     print(f"time to first token {_percentiles(ttft)}; end to end {_percentiles(e2e)}")
-    print(f"requests stream length: max {max(result['depth'], default=0)} while submitting")
+    held = max((pending for pending, _ in result["depth"]), default=0)
+    waiting = max((lag for _, lag in result["depth"]), default=0)
+    print(f"while submitting: at most {held} requests held by workers, {waiting} waiting in Redis")
     return 1 if lost else 0

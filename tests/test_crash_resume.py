@@ -66,7 +66,8 @@ def _is_final(entry: dict) -> bool:
     return entry.get("usage") is not None or entry.get("error") is not None
 
 
-def test_kill_9_mid_generation_loses_and_duplicates_nothing(model_dir, prefix, tmp_path):
+@pytest.mark.parametrize("kill_after_entries", [3, 60])  # early in the run, and well into it
+def test_kill_9_mid_generation_loses_and_duplicates_nothing(model_dir, prefix, tmp_path, kill_after_entries):
     requests = _requests(12)
     uninterrupted = {request_id: (r["prompt_token_ids"], SamplingParams.from_dict(r["params"]))
                      for request_id, r in requests.items()}
@@ -81,7 +82,7 @@ def test_kill_9_mid_generation_loses_and_duplicates_nothing(model_dir, prefix, t
         def victim_is_mid_generation() -> bool:
             held = {c["name"].decode(): c["pending"] for c in client.xinfo_consumers(f"{prefix}:requests", "workers")}
             emitted = sum(client.xlen(f"{prefix}:out:{r}") for r in requests)
-            return held.get("victim", 0) > 0 and emitted >= 10
+            return held.get("victim", 0) > 0 and emitted >= kill_after_entries
 
         _wait(victim_is_mid_generation, 60, "the victim to be generating")
         workers["victim"].send_signal(signal.SIGKILL)
