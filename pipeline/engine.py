@@ -1,7 +1,8 @@
 """LLMEngine: the synchronous step loop that joins scheduler, tensor prep, model, sampler, output.
 
-The actors of DESIGN §2 run the same stages split across tasks; this class is the embedded,
-single-threaded composition used by `aqueduct batch` and `aqueduct bench`, and by tests.
+It also owns the pipeline objects (runner, scheduler, tensor prep, sampler, request builder,
+output processor) that a worker's actors run as separate stages (actors/worker.py). `step()` is
+the same stages in one thread: `aqueduct bench`, tests and offline use go through it.
 """
 
 from __future__ import annotations

@@ -22,16 +22,25 @@ def default_model_path(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path
 
 
 @pytest.fixture
-def prefix() -> Iterator[str]:
-    """A unique key prefix on the test Redis (skips when none answers); its keys are deleted after."""
-    sync = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
+def redis_url() -> str:
+    """The test Redis; the test is skipped when none answers."""
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
     try:
-        sync.ping()
+        client.ping()
     except redis.exceptions.ConnectionError as error:
         pytest.skip(f"these tests need a Redis server at {REDIS_URL} (set AQUEDUCT_TEST_REDIS_URL): {error}")
+    finally:
+        client.close()
+    return REDIS_URL
+
+
+@pytest.fixture
+def prefix(redis_url: str) -> Iterator[str]:
+    """A unique key prefix on the test Redis; its keys are deleted after the test."""
     prefix = f"test-aqueduct:{uuid.uuid4().hex}"
     yield prefix
-    keys = list(sync.scan_iter(match=f"{prefix}:*"))
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{prefix}:*"))
     if keys:
-        sync.delete(*keys)
-    sync.close()
+        client.delete(*keys)
+    client.close()
