@@ -19,7 +19,7 @@ character, so no delta ever contains a replacement character that the full decod
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 REPLACEMENT_CHAR = "\ufffd"
 # Left context kept before the first output token (vLLM uses the same small number).
@@ -114,3 +114,22 @@ class IncrementalDetokenizer:
         if start >= stop:
             return ""
         return self.tokenizer.decode(self._window[start:stop], skip_special_tokens=self.skip_special_tokens)
+
+
+class _BackendDecoder:
+    """A fast tokenizer's Rust decoder called directly: the transformers wrapper around it costs
+    several times the decode itself, per token, on the output path."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+
+def fast_decoder(tokenizer: Any) -> Decoder:
+    """The tokenizer's backend decoder where that gives the same text, else the tokenizer itself."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return tokenizer  # the wrapper post-processes the text: keep it
+    return _BackendDecoder(backend)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pipeline.detokenizer import IncrementalDetokenizer
+from pipeline.detokenizer import IncrementalDetokenizer, fast_decoder
 from pipeline.outputs import (
     ChoiceDelta,
     PromptLogprobsEvent,
@@ -57,7 +57,7 @@ class _Request:
 
 class OutputProcessor:
     def __init__(self, tokenizer: object | None) -> None:
-        self.tokenizer = tokenizer
+        self.tokenizer = fast_decoder(tokenizer) if tokenizer is not None else None
         self._requests: dict[str, _Request] = {}
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,

@@ -142,3 +142,18 @@ def test_empty_add_returns_empty_string(tokenizer):
     assert detokenizer.add([]) == ""
     assert detokenizer.finish() == ""
     assert detokenizer.text == ""
+
+
+def test_fast_decoder_gives_the_tokenizers_text(default_model_path):
+    from transformers import AutoTokenizer
+
+    from pipeline.detokenizer import fast_decoder
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    fast = fast_decoder(tokenizer)
+    assert fast is not tokenizer  # the backend path is taken for this tokenizer
+    rng = random.Random(3)
+    for _ in range(200):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(1, 12))]
+        for skip in (True, False):
+            assert fast.decode(ids, skip_special_tokens=skip) == tokenizer.decode(ids, skip_special_tokens=skip)
