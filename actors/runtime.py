@@ -72,7 +72,12 @@ class ActorRuntime:
         return 0
 
 
-async def _cancel_all(tasks: list[asyncio.Task]) -> None:
+async def _cancel_all(tasks: list[asyncio.Task], timeout_s: float = 5.0) -> None:
     for task in tasks:
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    done, stuck = await asyncio.wait(tasks, timeout=timeout_s)
+    for task in done:
+        if not task.cancelled():
+            task.exception()  # retrieved: it was logged where it mattered, or is the crash being handled
+    if stuck:  # never let one task that ignores cancellation hold the worker up
+        log.warning("tasks did not stop when cancelled", tasks=sorted(task.get_name() for task in stuck))

@@ -92,6 +92,14 @@ class Backoff:
 ClientSource = str | Callable[[], aioredis.Redis]
 
 
+def _reraise_if_cancelled() -> None:
+    """A cancelled read can surface from the client as a connection error; retrying it would keep
+    a task alive that its owner is shutting down."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def retry_transient(operation: Callable[[], Awaitable[R]], what: str, backoff: Backoff | None = None) -> R:
     """Run a Redis operation until it succeeds, waiting out outages (capped, jittered backoff).
 
@@ -102,6 +110,7 @@ async def retry_transient(operation: Callable[[], Awaitable[R]], what: str, back
         try:
             return await operation()
         except _TRANSIENT_ERRORS as error:
+            _reraise_if_cancelled()
             delay_s = backoff.next_delay_s()
             log.warning("redis unavailable, retrying", operation=what, error=repr(error), retry_in_s=round(delay_s, 3))
             await asyncio.sleep(delay_s)
@@ -177,6 +186,7 @@ class RedisStreamConsumer(Generic[T]):
             response = await self._reader.xreadgroup(self.group, self.consumer_name, {self.stream_key: ">"},
                                                      count=max_count, block=block_ms)
         except _TRANSIENT_ERRORS as error:
+            _reraise_if_cancelled()
             await self._sleep_before_retry(error)
             return []
         except ResponseError as error:
