@@ -37,7 +37,6 @@ class EngineStats:
     step_seconds: float = 0.0
     forward_seconds: float = 0.0  # inside the model runner (forward + logits)
     sample_seconds: float = 0.0
-    num_generated_tokens: int = 0
 
 
 class LLMEngine:
@@ -104,6 +103,5 @@ class LLMEngine:
         for finish in stop_finishes:
             self.scheduler.finish_by_stop_string(finish)
         self.stats.num_steps += 1
-        self.stats.num_generated_tokens += len(result.token_ids)
         self.stats.step_seconds += time.perf_counter() - started
         return deltas

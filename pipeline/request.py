@@ -85,7 +85,6 @@ class Request:
     seed: int  # params.seed, or derived from request_id (DESIGN §5)
     eos_token_ids: frozenset[int] = frozenset()
     prompt: str | None = None
-    arrival_index: int = 0
     cache_salt: int | None = None  # extra prefix-cache key (e.g. a LoRA id)
     sequences: list[Sequence] = field(default_factory=list)
 

@@ -50,8 +50,9 @@ class TensorPrep:
         rows = np.fromiter((batch.row_of[s] for s in plan.num_scheduled_tokens), np.int64,
                            len(plan.num_scheduled_tokens))
         num_scheduled = np.fromiter(plan.num_scheduled_tokens.values(), np.int64, len(rows))
-        inputs = self._build_inputs(rows, num_scheduled)
-        samples = inputs.seq_lens == batch.num_tokens[rows]
+        # A sequence samples when this step computes its last known token.
+        samples = batch.num_computed[rows] + num_scheduled == batch.num_tokens[rows]
+        inputs = self._build_inputs(rows, num_scheduled, samples)
         sample_rows = rows[samples]
         segments, targets = self._prompt_logprob_rows(plan, rows, num_scheduled, inputs)
         batch.num_computed[rows] = inputs.seq_lens
@@ -65,7 +66,7 @@ class TensorPrep:
             prompt_logprob_targets=targets,
         )
 
-    def _build_inputs(self, rows: np.ndarray, num_scheduled: np.ndarray) -> StepInputs:
+    def _build_inputs(self, rows: np.ndarray, num_scheduled: np.ndarray, samples: np.ndarray) -> StepInputs:
         batch, block_size = self.batch, self.block_size
         # num_scheduled [2, 5, 3] -> query_start_loc [0, 2, 7, 10]
         query_start_loc = np.zeros(len(rows) + 1, np.int32)
@@ -80,7 +81,6 @@ class TensorPrep:
         seq_lens = (num_computed + num_scheduled).astype(np.int32)
         max_seq_len = int(seq_lens.max())
         max_blocks = -(-max_seq_len // block_size)
-        samples = seq_lens == batch.num_tokens[rows]
         return StepInputs(
             input_ids=batch.token_ids[token_rows, positions].astype(np.int64),
             positions=positions,
