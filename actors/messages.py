@@ -3,6 +3,7 @@ StepPlan, PreparedStep, StepResult, TokenEvent, StopStringFinish, travel as they
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -83,10 +84,12 @@ class Cancel:
 
 @dataclass(slots=True)
 class ForwardOutput:
-    """GPU -> Sampling (memory only: device tensors never cross a process)."""
+    """GPU -> Sampling (memory only: device tensors never cross a process).
+
+    `logits` is the forward still queued or running on the device thread."""
 
     prepared: PreparedStep
-    logits: torch.Tensor
+    logits: Future[torch.Tensor]
 
 
 @dataclass(slots=True)

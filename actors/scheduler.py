@@ -1,7 +1,9 @@
 """Scheduler actor: owns the pipeline Scheduler; keeps one step in flight at a time.
 
 Inbox: Admit, StepResult, StopStringFinish, Cancel. After each batch of mail it expires
-deadlines and, when no step is running, schedules the next one.
+deadlines and, when no step is running, schedules the next one. A step's token events go to
+Output only after the next plan is sent: streams wake their readers in order, so tensor prep
+runs before Output processes those tokens and the device does not wait on the output work.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class SchedulerActor(Actor):
         self.to_output = to_output
         self.step_in_flight = False
         self.deadlines_ms: dict[str, int] = {}
+        self.pending_events: list = []  # for Output, in order; sent after the next plan
 
     async def handle(self, message: Any) -> None:
         if isinstance(message, Admit):
@@ -44,18 +47,24 @@ class SchedulerActor(Actor):
             self.step_in_flight = False
             if self.metrics is not None:
                 self.metrics.observe_step(time.perf_counter() - self.step_started, len(message.token_ids))
-            await self._emit(self.scheduler.apply_step_result(message))
+            self._emit(self.scheduler.apply_step_result(message))
         elif isinstance(message, StopStringFinish):
             self.scheduler.finish_by_stop_string(message)
         elif isinstance(message, Cancel):
             self.deadlines_ms.pop(message.request_id, None)
-            await self._emit(self.scheduler.abort_request(message.request_id, message.reason))
+            self._emit(self.scheduler.abort_request(message.request_id, message.reason))
         else:
             raise TypeError(f"scheduler got an unexpected {type(message).__name__}")
 
     async def after_batch(self) -> None:
-        await self._expire_deadlines()
+        self._expire_deadlines()
         await self._expire_queue_waits()
+        await self._schedule_next()
+        if self.pending_events:
+            events, self.pending_events = self.pending_events, []
+            await self.to_output.send(StepEvents.of(events))
+
+    async def _schedule_next(self) -> None:
         if self.step_in_flight or not self.scheduler.has_unfinished:
             return
         plan = self.scheduler.schedule()
@@ -66,7 +75,7 @@ class SchedulerActor(Actor):
             self.step_started = time.perf_counter()
             await self.to_tensor_prep.send(plan)
 
-    async def _expire_deadlines(self) -> None:
+    def _expire_deadlines(self) -> None:
         if not self.deadlines_ms:
             return
         now_ms = time.time() * 1000
@@ -75,7 +84,7 @@ class SchedulerActor(Actor):
                 del self.deadlines_ms[request_id]
             elif deadline <= now_ms:
                 del self.deadlines_ms[request_id]
-                await self._emit(self.scheduler.abort_request(request_id, FinishReason.TIMEOUT))
+                self._emit(self.scheduler.abort_request(request_id, FinishReason.TIMEOUT))
 
     async def _expire_queue_waits(self) -> None:
         """Requests that waited longer than max_queue_wait_ms without starting end with an error,
@@ -92,6 +101,5 @@ class SchedulerActor(Actor):
                 await self.to_output.send(RequestFailed(
                     request_id, "queue_timeout", f"waited more than {self.max_queue_wait_ms} ms for a slot"))
 
-    async def _emit(self, events: list) -> None:
-        if events:
-            await self.to_output.send(StepEvents.of(events))
+    def _emit(self, events: list) -> None:
+        self.pending_events.extend(events)

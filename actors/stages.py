@@ -1,21 +1,27 @@
 """The three device-side stage actors: TensorPrep, GPU and Sampling.
 
 All device work (forward and sampling) runs on one dedicated thread, so the event loop never
-blocks on the device and the device sees one stream of work in order.
+blocks on the device and the device sees one stream of work in order. Like kernels on a CUDA
+stream, work is queued there without waiting for what is ahead of it: the GPU actor hands the
+sampling actor the pending forward, and sampling is queued right behind it. So a step's forward
+and sampling run back to back, however busy the event loop is (say, with the previous step's
+output) when the forward ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+import torch
 
 from actors.base import Actor
 from actors.messages import ForwardOutput
 from pipeline.model.runner import ModelRunner
 from pipeline.sampler import Sampler
 from pipeline.step_plan import StepPlan
-from pipeline.step_result import sample_step
+from pipeline.step_result import StepResult, sample_step
 from pipeline.tensor_prep import PreparedStep, TensorPrep
 from queue_adapters.base import Consumer, Producer
 
@@ -43,9 +49,9 @@ class GPUActor(Actor):
         self.to_sampling = to_sampling
 
     async def handle(self, message: PreparedStep) -> None:
-        loop = asyncio.get_running_loop()
-        logits = await loop.run_in_executor(self.device, self.runner.execute, message.inputs)
-        await self.to_sampling.send(ForwardOutput(message, logits))
+        # Not awaited here: a failed forward raises where sampling waits on it (a crash either way).
+        pending_logits = self.device.submit(self.runner.execute, message.inputs)
+        await self.to_sampling.send(ForwardOutput(message, pending_logits))
 
 
 class SamplingActor(Actor):
@@ -57,6 +63,10 @@ class SamplingActor(Actor):
         self.to_scheduler = to_scheduler
 
     async def handle(self, message: ForwardOutput) -> None:
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self.device, sample_step, self.sampler, message.prepared, message.logits)
-        await self.to_scheduler.send(result)
+        pending = self.device.submit(_sample_after_forward, self.sampler, message.prepared, message.logits)
+        await self.to_scheduler.send(await asyncio.wrap_future(pending))
+
+
+def _sample_after_forward(sampler: Sampler, prepared: PreparedStep, pending_logits: Future[torch.Tensor]) -> StepResult:
+    # The device thread runs work in order, so the forward queued before us has finished.
+    return sample_step(sampler, prepared, pending_logits.result())

@@ -15,6 +15,9 @@ from pipeline.step_plan import NewSequence, StepPlan
 _EMPTY = np.zeros(0, np.int64)
 
 
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+
 class PersistentBatch:
     def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int) -> None:
         max_blocks = -(-max_model_len // block_size)
@@ -65,7 +68,9 @@ class PersistentBatch:
         values = new.params.row_values()
         self.temperature[row] = values.temperature
         self.top_p[row] = values.top_p
-        self.top_k[row] = values.top_k
+        # Clipped, not rejected: any top_k >= vocab keeps every token and any min_tokens past
+        # max_model_len bans EOS for the whole request, so int32's ceiling means the same thing.
+        self.top_k[row] = min(values.top_k, _INT32_MAX)
         self.min_p[row] = values.min_p
         self.presence_penalty[row] = values.presence_penalty
         self.frequency_penalty[row] = values.frequency_penalty
@@ -75,7 +80,7 @@ class PersistentBatch:
         self.num_logprobs[row] = values.num_logprobs
         prompt_logprobs = new.params.prompt_logprobs
         self.prompt_logprobs[row] = -1 if prompt_logprobs is None else prompt_logprobs
-        self.min_tokens[row] = new.params.min_tokens
+        self.min_tokens[row] = min(new.params.min_tokens, _INT32_MAX)
         self.stop_token_ids[row] = np.asarray(new.stop_token_ids, np.int64)
 
     def _append_tokens(self, row: int, token_ids: list[int]) -> None:

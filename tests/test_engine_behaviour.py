@@ -97,3 +97,17 @@ def test_stop_string_truncates_text_and_frees_the_sequence(default_model_path):
     assert choice["text"] == free_text[: free_text.index(stop)]
     assert len(choice["token_ids"]) < 40
     assert engine.scheduler.kv_cache.num_free_blocks == 128
+
+
+def test_out_of_int32_top_k_and_min_tokens_mean_keep_all_and_no_eos(model_dir):
+    """Found by the worker fuzz test: top_k = 5e17 overflowed the batch's int32 column and crashed tensor prep."""
+    prompt = [5, 6, 7, 8]
+    huge = 2**62
+    engine = make_engine(model_dir)
+    outputs = run_requests(engine, {
+        "huge": (prompt, SamplingParams(max_tokens=6, temperature=0.8, seed=3, top_k=huge, min_tokens=6)),
+        "off": (prompt, SamplingParams(max_tokens=6, temperature=0.8, seed=3, top_k=0, min_tokens=6)),
+    })
+    huge_tokens = outputs["huge"]["choices"][0]["token_ids"]
+    assert huge_tokens == outputs["off"]["choices"][0]["token_ids"]
+    assert len(huge_tokens) == 6
