@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,9 @@ def _check_envelope(item: dict[str, Any]) -> None:
 
 # ---- running ---------------------------------------------------------------------------------
 
-async def run_embedded(engine: LLMEngine, requests: list[WireRequest], progress: tqdm) -> dict[str, dict]:
-    """The worker's actor graph over memory streams, in this process."""
+async def run_embedded(engine: LLMEngine, requests: list[WireRequest], progress: tqdm,
+                       device: ThreadPoolExecutor | None = None) -> dict[str, dict]:
+    """The worker's actor graph over memory streams, in this process (`device`: see build_graph)."""
     from actors.worker import build_graph
 
     inbox: MemoryStream[WireRequest | Malformed] = MemoryStream(maxsize=len(requests) + 1)
@@ -95,7 +97,7 @@ async def run_embedded(engine: LLMEngine, requests: list[WireRequest], progress:
         raise AssertionError(f"a batch line reached the engine undecodable: {message.error}")
 
     graph = build_graph(engine, inbox.consumer(), sink, "batch", no_dead_letters,
-                        max_in_flight=2 * engine.config.scheduler.max_num_seqs)
+                        max_in_flight=2 * engine.config.scheduler.max_num_seqs, device=device)
     runtime = ActorRuntime(graph.actors, graph.intake, graph.admission.wait_idle, drain_timeout_s=5.0)
     stop = asyncio.Event()
     runtime.stop_when(stop)

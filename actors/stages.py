@@ -26,10 +26,6 @@ from pipeline.tensor_prep import PreparedStep, TensorPrep
 from queue_adapters.base import Consumer, Producer
 
 
-def device_thread() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="aqueduct-device")
-
-
 class TensorPrepActor(Actor):
     def __init__(self, tensor_prep: TensorPrep, inbox: Consumer[StepPlan], to_gpu: Producer[PreparedStep]) -> None:
         super().__init__("tensor_prep", inbox)

@@ -16,6 +16,7 @@ import contextlib
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from redis.exceptions import RedisError
 from actors.admission import Admission
 from actors.claimer import Claimer
 from actors.control import ControlActor
+from actors.device import device_thread
 from actors.edges import Edges
 from actors.intake import DeadLetter, IntakeActor, ReplyReader
 from actors.liveness import Heartbeat, heartbeat_key
@@ -36,7 +38,7 @@ from actors.replies import RedisReplySink, ReplySink
 from actors.resume import read_reply_stream
 from actors.runtime import ActorRuntime, Runnable
 from actors.scheduler import SchedulerActor
-from actors.stages import GPUActor, SamplingActor, TensorPrepActor, device_thread
+from actors.stages import GPUActor, SamplingActor, TensorPrepActor
 from pipeline.engine import LLMEngine
 from queue_adapters.base import Consumer, Producer
 from queue_adapters.codec import Malformed, WireReply, WireRequest, decode_request
@@ -79,14 +81,17 @@ class Graph:
 def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], sink: ReplySink, prefix: str,
                 dead_letter_fn: DeadLetter, max_in_flight: int, metrics: WorkerMetrics | None = None,
                 edges: Edges | None = None, reply_reader: ReplyReader | None = None, max_attempts: int = 3,
-                ownership: Ownership | None = None, max_queue_wait_ms: int | None = None) -> Graph:
-    """The actors of one worker around `engine`'s pipeline objects (its model, scheduler, ...)."""
+                ownership: Ownership | None = None, max_queue_wait_ms: int | None = None,
+                device: ThreadPoolExecutor | None = None) -> Graph:
+    """The actors of one worker around `engine`'s pipeline objects (its model, scheduler, ...).
+
+    `device`: the thread the engine was built on (actors/device.py); a new one when None."""
     edges = edges or Edges()
     (to_scheduler, scheduler_inbox), (to_prep, prep_inbox), (to_gpu, gpu_inbox), (to_sampling, sampling_inbox), \
         (to_events, events_inbox), (to_routes, routes_inbox) = (edges.make(name) for name in (
             "scheduler", "tensor_prep", "gpu", "sampling", "output_events", "output_routes"))
     admission = Admission(max_in_flight)
-    device = device_thread()
+    device = device or device_thread()
     actors: list[Runnable] = [
         SchedulerActor(engine.scheduler, scheduler_inbox, to_prep, to_events, metrics, max_queue_wait_ms),
         TensorPrepActor(engine.tensor_prep, prep_inbox, to_gpu),
@@ -99,7 +104,8 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
     return Graph(actors, intake, admission, to_scheduler)
 
 
-async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Event | None = None) -> int:
+async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Event | None = None,
+                     device: ThreadPoolExecutor | None = None) -> int:
     """Serve until SIGTERM/SIGINT (or until `stop` is set, when given: embedding and tests)."""
     redis = aioredis.from_url(options.redis_url)
     consumer = RedisStreamConsumer(options.redis_url, f"{options.prefix}:requests", REQUESTS_GROUP,
@@ -121,7 +127,7 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
     ownership = Ownership(redis, options.prefix, name, options.reply_expire_s)
     graph = build_graph(engine, consumer, RedisReplySink(redis, options.reply_expire_s), options.prefix,
                         dead_letter_fn, max_in_flight, metrics, edges, reply_reader, options.max_attempts, ownership,
-                        options.max_queue_wait_ms)
+                        options.max_queue_wait_ms, device)
     await edges.start()
     actors = [*graph.actors, StatsReporter(engine, metrics, options.stats_interval_s),
               ControlActor(redis, options.prefix, graph.to_scheduler),

@@ -50,3 +50,32 @@ def test_batch_file_round_trip_with_bad_lines(tmp_path, default_model_path, monk
     n2 = ok["n2"]["response"]["body"]["choices"]
     assert [c["index"] for c in n2] == [0, 1] and all(len(c["token_ids"]) == 4 for c in n2)
     assert ok["greedy"]["response"]["body"]["choices"][0]["text"] is not None
+
+
+def test_batch_runs_all_torch_work_on_one_device_thread(tmp_path, default_model_path, monkeypatch):
+    """Model loading and every forward share one thread (actors/device.py says why: OpenMP spin-waits
+    only while a single thread starts parallel regions)."""
+    import threading
+
+    from pipeline.model.runner import ModelRunner
+
+    threads: dict[str, set[int]] = {"load": set(), "forward": set()}
+    real_init, real_execute = ModelRunner.__init__, ModelRunner.execute
+
+    def init(self, *args, **kwargs):
+        threads["load"].add(threading.get_ident())
+        real_init(self, *args, **kwargs)
+
+    def execute(self, inputs):
+        threads["forward"].add(threading.get_ident())
+        return real_execute(self, inputs)
+
+    monkeypatch.setattr(ModelRunner, "__init__", init)
+    monkeypatch.setattr(ModelRunner, "execute", execute)
+    monkeypatch.setenv("AQUEDUCT_CACHE_DIR", str(default_model_path.parent))
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("\n".join(_line(f"r{i}", {"prompt": [5, 6, 7 + i], "max_tokens": 3}) for i in range(4)))
+    assert main(["batch", "-i", str(source), "-o", str(target), "--no-progress", "--num-kv-blocks", "64"]) == 0
+    assert len(target.read_text().splitlines()) == 4
+    assert threads["load"] == threads["forward"] and len(threads["load"]) == 1
+    assert threads["load"] != {threading.get_ident()}
