@@ -32,9 +32,11 @@ def _reference(q, kv_cache, block_tables, seq_lens, scale):
     return out
 
 
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "block_size"),
-                         [(4, 4, 16, 1), (8, 2, 64, 16), (8, 1, 32, 4), (6, 3, 128, 8)])
-def test_kernel_matches_sdpa(num_heads, num_kv_heads, head_dim, block_size):
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "block_size", "q_scale"),
+                         [(4, 4, 16, 1, 1.0), (8, 2, 64, 16, 1.0), (8, 1, 32, 4, 1.0), (6, 3, 128, 8, 1.0),
+                          # Scores spread over hundreds: the kernel's exp sees arguments far below -87.
+                          (4, 2, 64, 16, 40.0)])
+def test_kernel_matches_sdpa(num_heads, num_kv_heads, head_dim, block_size, q_scale):
     generator = torch.Generator().manual_seed(num_heads * head_dim + block_size)
     rng = np.random.default_rng(block_size)
     num_seqs = 9
@@ -44,7 +46,7 @@ def test_kernel_matches_sdpa(num_heads, num_kv_heads, head_dim, block_size):
     kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=generator)
     block_tables = torch.from_numpy(rng.permutation(num_blocks)[: num_seqs * max_blocks]
                                     .reshape(num_seqs, max_blocks).astype(np.int32))
-    q = torch.randn(num_seqs, num_heads, head_dim, generator=generator)
+    q = torch.randn(num_seqs, num_heads, head_dim, generator=generator) * q_scale
     scale = head_dim**-0.5
     out = kernel(q, kv_cache, block_tables, seq_lens, int(seq_lens.max()), scale)
     torch.testing.assert_close(out, _reference(q, kv_cache, block_tables, seq_lens, scale), atol=2e-5, rtol=1e-5)

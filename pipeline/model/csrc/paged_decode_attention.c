@@ -1,8 +1,10 @@
 /* Paged attention for decode tokens (one query token per sequence), float32, on the CPU.
  *
  * Reads K/V straight from the paged cache through the block table, so no padded copy of the
- * context is ever made. One task = one (sequence, KV head); its G = num_heads / num_kv_heads
- * query heads share each K/V row read. Softmax is exact (max-subtracted), as in SDPA.
+ * context is ever made. One task = one sequence with all its heads: a token's K (or V) rows of
+ * every KV head lie side by side in the cache, so each task streams through contiguous memory
+ * and reads each row once for the G = num_heads / num_kv_heads query heads that share it.
+ * Softmax is exact (max-subtracted), as in SDPA, with a vectorized exp (below).
  *
  * Layouts (contiguous): q, out [num_seqs, num_heads, head_dim];
  * key_cache, value_cache [num_blocks, block_size, num_kv_heads, head_dim];
@@ -13,68 +15,96 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void attend_one(float *out, const float *q_group, const float *key_cache, const float *value_cache,
-                       const int32_t *blocks, int64_t len, int64_t group, int64_t head_dim, int64_t block_size,
-                       int64_t token_stride, int64_t kv_offset, float scale, float *scores, float *acc) {
-    const int64_t block_stride = block_size * token_stride;
+/* e^x for x <= 0, written so the compiler can vectorize it (libm's expf is a scalar call):
+ * x = n ln2 + r with n an integer and |r| <= ln2 / 2; e^r from its Taylor polynomial to r^6
+ * (relative error below 2e-7 there, about libm's); 2^n put straight into the exponent bits.
+ * Worked example: x = -3 -> n = round(-3 / ln2) = -4, r = -3 + 4 ln2 = -0.2274,
+ * e^r = 0.7966, times 2^-4 = 0.04979 = e^-3. */
+#pragma omp declare simd notinbranch
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x; /* keeps 2^n a normal float; e^-87 ~ 1.6e-38 counts as 0 here */
+    /* Adding then subtracting 1.5 * 2^23 rounds to the nearest integer (no libm call). */
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    /* ln2 = 0.693359375 - 2.12194440e-4: the first part times n is exact in float. */
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { int32_t i; float f; } two_to_n = { .i = ((int32_t)n + 127) << 23 };
+    return p * two_to_n.f;
+}
+
+static const float *cache_row(const float *cache, const int32_t *blocks, int64_t t, int64_t block_size,
+                              int64_t row) {
+    return cache + (int64_t)blocks[t / block_size] * block_size * row + (t % block_size) * row;
+}
+
+static void softmax_rows(float *scores, int64_t num_rows, int64_t len) {
+    for (int64_t h = 0; h < num_rows; ++h) {
+        float *s = scores + h * len;
+        float max = -INFINITY, sum = 0.0f;
+        for (int64_t t = 0; t < len; ++t) max = s[t] > max ? s[t] : max;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < len; ++t) {
+            s[t] = exp_nonpositive(s[t] - max);
+            sum += s[t];
+        }
+        const float inv = 1.0f / sum;
+#pragma omp simd
+        for (int64_t t = 0; t < len; ++t) s[t] *= inv;
+    }
+}
+
+/* scores [num_heads, len] scratch; out [num_heads, head_dim]. */
+static void attend_seq(float *out, const float *q, const float *key_cache, const float *value_cache,
+                       const int32_t *blocks, int64_t len, int64_t num_heads, int64_t num_kv_heads,
+                       int64_t head_dim, int64_t block_size, float scale, float *scores) {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t row = num_kv_heads * head_dim; /* floats per token per cache */
     for (int64_t t = 0; t < len; ++t) {
-        const float *k = key_cache + (int64_t)blocks[t / block_size] * block_stride
-                         + (t % block_size) * token_stride + kv_offset;
-        for (int64_t g = 0; g < group; ++g) {
-            const float *qg = q_group + g * head_dim;
+        const float *k = cache_row(key_cache, blocks, t, block_size, row);
+        for (int64_t h = 0; h < num_heads; ++h) {
+            const float *qh = q + h * head_dim, *kh = k + (h / group) * head_dim;
             float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * k[d];
-            scores[g * len + t] = dot * scale;
+            for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kh[d];
+            scores[h * len + t] = dot * scale;
         }
     }
-    for (int64_t g = 0; g < group; ++g) {
-        float *row = scores + g * len;
-        float max = -INFINITY, sum = 0.0f;
-        for (int64_t t = 0; t < len; ++t) max = row[t] > max ? row[t] : max;
-        for (int64_t t = 0; t < len; ++t) {
-            row[t] = expf(row[t] - max);
-            sum += row[t];
-        }
-        for (int64_t t = 0; t < len; ++t) row[t] /= sum;
-    }
-    memset(acc, 0, sizeof(float) * group * head_dim);
+    softmax_rows(scores, num_heads, len);
+    memset(out, 0, sizeof(float) * num_heads * head_dim);
     for (int64_t t = 0; t < len; ++t) {
-        const float *v = value_cache + (int64_t)blocks[t / block_size] * block_stride
-                         + (t % block_size) * token_stride + kv_offset;
-        for (int64_t g = 0; g < group; ++g) {
-            const float w = scores[g * len + t];
-            float *a = acc + g * head_dim;
+        const float *v = cache_row(value_cache, blocks, t, block_size, row);
+        for (int64_t h = 0; h < num_heads; ++h) {
+            const float w = scores[h * len + t], *vh = v + (h / group) * head_dim;
+            float *o = out + h * head_dim;
 #pragma omp simd
-            for (int64_t d = 0; d < head_dim; ++d) a[d] += w * v[d];
+            for (int64_t d = 0; d < head_dim; ++d) o[d] += w * vh[d];
         }
     }
-    memcpy(out, acc, sizeof(float) * group * head_dim);
 }
 
 int paged_decode_attention_f32(float *out, const float *q, const float *key_cache, const float *value_cache,
                                const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                                int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                int64_t block_size, float scale, int64_t max_seq_len, int num_threads) {
-    const int64_t group = num_heads / num_kv_heads;
-    const int64_t token_stride = num_kv_heads * head_dim;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-        float *scores = malloc(sizeof(float) * group * (max_seq_len > 0 ? max_seq_len : 1));
-        float *acc = malloc(sizeof(float) * group * head_dim);
-        if (scores == NULL || acc == NULL) failed = 1;
-#pragma omp for schedule(dynamic, 2)
-        for (int64_t task = 0; task < num_seqs * num_kv_heads; ++task) {
+        float *scores = malloc(sizeof(float) * num_heads * (max_seq_len > 0 ? max_seq_len : 1));
+        if (scores == NULL) failed = 1;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t seq = 0; seq < num_seqs; ++seq) {
             if (failed) continue;
-            const int64_t seq = task / num_kv_heads, kv_head = task % num_kv_heads;
-            const int64_t head = seq * num_heads + kv_head * group;
-            attend_one(out + head * head_dim, q + head * head_dim, key_cache, value_cache,
-                       block_tables + seq * block_table_stride, seq_lens[seq], group, head_dim, block_size,
-                       token_stride, kv_head * head_dim, scale, scores, acc);
+            const int64_t offset = seq * num_heads * head_dim;
+            attend_seq(out + offset, q + offset, key_cache, value_cache, block_tables + seq * block_table_stride,
+                       seq_lens[seq], num_heads, num_kv_heads, head_dim, block_size, scale, scores);
         }
         free(scores);
-        free(acc);
     }
     return failed;
 }
