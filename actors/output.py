@@ -1,9 +1,10 @@
 """Output actor: detokenize and stop-check via the pipeline OutputProcessor, write reply entries,
 then ack the request entry and free its admission slot once its final entry is written.
 
-A step's events are handled a slice of requests at a time, yielding to the event loop between
+A step's events are detokenized a slice of requests at a time, yielding to the event loop between
 slices: the next step's tensor prep and forward are queued meanwhile, so the device never waits
-for a whole step's output work (a few ms for hundreds of requests on a small CPU).
+for a whole step's output work (a few ms for hundreds of requests on a small CPU). The step's
+reply entries are then written together.
 """
 
 from __future__ import annotations
@@ -82,12 +83,14 @@ class OutputActor(Actor):
             self.outputs.add_request(message.request_id, message.prompt_token_ids, message.params, message.resume)
             self.routes[message.request_id] = _Route(message.reply_to, message.delivery, message.arrival_s)
         elif isinstance(message, StepEvents):
+            deltas: list[RequestDelta] = []
             for events in request_slices(message.all(), self.requests_per_slice):
-                deltas, finishes = self.outputs.process(events)
-                await self._write(deltas)
+                slice_deltas, finishes = self.outputs.process(events)
+                deltas.extend(slice_deltas)
                 for finish in finishes:
                     await self.to_scheduler.send(finish)
                 await asyncio.sleep(0)
+            await self._write(deltas)  # one sink write (one Redis round trip) per step
         elif isinstance(message, ErrorReply):
             await self._write_error(message)
         elif isinstance(message, RequestFailed):
