@@ -56,7 +56,7 @@ def test_engine_gives_the_same_tokens_with_and_without_the_kernel(tmp_path):
     path = make_tiny_hf_model("qwen3", tmp_path / "qwen3", seed=4)
     rng = np.random.default_rng(0)
     requests = {f"r{i}": (rng.integers(3, 512, int(rng.integers(2, 70))).tolist(),
-                          SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=1))
+                          SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2))
                 for i in range(8)}
     with_kernel = make_engine(path, block_size=4)
     assert with_kernel.runner.backend.decode_kernel is not None
@@ -65,6 +65,11 @@ def test_engine_gives_the_same_tokens_with_and_without_the_kernel(tmp_path):
     ours, theirs = run_requests(with_kernel, requests), run_requests(without, requests)
     for request_id in requests:
         a, b = ours[request_id]["choices"][0], theirs[request_id]["choices"][0]
-        assert a["token_ids"] == b["token_ids"]
-        for x, y in zip(a["logprobs"], b["logprobs"], strict=True):
+        for position, (x, y) in enumerate(zip(a["logprobs"], b["logprobs"], strict=True)):
+            if x.token_id != y.token_id:
+                # Float rounding may flip a greedy pick only where the top two are all but tied;
+                # after that the two continuations differ and are not comparable.
+                (_, first), (_, second) = y.top[:2]
+                assert first - second < 1e-3, f"{request_id} diverged at {position} without a near-tie"
+                break
             assert abs(x.logprob - y.logprob) < 1e-4

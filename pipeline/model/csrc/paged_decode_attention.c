@@ -1,10 +1,10 @@
 /* Paged attention for decode tokens (one query token per sequence), float32, on the CPU.
  *
  * Reads K/V straight from the paged cache through the block table, so no padded copy of the
- * context is ever made. One task = one sequence with all its heads: a token's K (or V) rows of
- * every KV head lie side by side in the cache, so each task streams through contiguous memory
- * and reads each row once for the G = num_heads / num_kv_heads query heads that share it.
- * Softmax is exact (max-subtracted), as in SDPA, with a vectorized exp (below).
+ * context is ever made. One task = one sequence; within it, each KV head's K/V rows are read
+ * once for the G = num_heads / num_kv_heads query heads that share them, walking block by block
+ * (no per-token division to find a slot). Softmax is exact (max-subtracted), as in SDPA, with a
+ * vectorized exp (below).
  *
  * Layouts (contiguous): q, out [num_seqs, num_heads, head_dim];
  * key_cache, value_cache [num_blocks, block_size, num_kv_heads, head_dim];
@@ -38,11 +38,6 @@ static inline float exp_nonpositive(float x) {
     return p * two_to_n.f;
 }
 
-static const float *cache_row(const float *cache, const int32_t *blocks, int64_t t, int64_t block_size,
-                              int64_t row) {
-    return cache + (int64_t)blocks[t / block_size] * block_size * row + (t % block_size) * row;
-}
-
 static void softmax_rows(float *scores, int64_t num_rows, int64_t len) {
     for (int64_t h = 0; h < num_rows; ++h) {
         float *s = scores + h * len;
@@ -59,50 +54,83 @@ static void softmax_rows(float *scores, int64_t num_rows, int64_t len) {
     }
 }
 
-/* scores [num_heads, len] scratch; out [num_heads, head_dim]. */
-static void attend_seq(float *out, const float *q, const float *key_cache, const float *value_cache,
-                       const int32_t *blocks, int64_t len, int64_t num_heads, int64_t num_kv_heads,
-                       int64_t head_dim, int64_t block_size, float scale, float *scores) {
-    const int64_t group = num_heads / num_kv_heads;
-    const int64_t row = num_kv_heads * head_dim; /* floats per token per cache */
-    for (int64_t t = 0; t < len; ++t) {
-        const float *k = cache_row(key_cache, blocks, t, block_size, row);
-        for (int64_t h = 0; h < num_heads; ++h) {
-            const float *qh = q + h * head_dim, *kh = k + (h / group) * head_dim;
-            float dot = 0.0f;
+/* One (sequence, KV head): its `group` query heads attend over the sequence's `len` tokens.
+ * Written for a head_dim known at compile time (see the dispatch below), so the query rows and
+ * the output accumulators live in registers and each K/V row is loaded once for the whole group.
+ * scores: [group, len] scratch; kv_offset: this KV head's column in a cache row. */
+static inline __attribute__((always_inline)) void attend_kv_head(
+        float *restrict out, const float *restrict q, const float *restrict key_cache,
+        const float *restrict value_cache, const int32_t *restrict blocks, int64_t len, int64_t group,
+        const int64_t head_dim, int64_t block_size, int64_t row, int64_t kv_offset, float scale,
+        float *restrict scores) {
+    for (int64_t start = 0; start < len; start += block_size) {
+        const float *block = key_cache + (int64_t)blocks[start / block_size] * block_size * row + kv_offset;
+        const int64_t end = start + block_size < len ? start + block_size : len;
+        for (int64_t t = start; t < end; ++t) {
+            const float *k = block + (t - start) * row;
+            for (int64_t g = 0; g < group; ++g) {
+                const float *qg = q + g * head_dim;
+                float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kh[d];
-            scores[h * len + t] = dot * scale;
+                for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * k[d];
+                scores[g * len + t] = dot * scale;
+            }
         }
     }
-    softmax_rows(scores, num_heads, len);
-    memset(out, 0, sizeof(float) * num_heads * head_dim);
-    for (int64_t t = 0; t < len; ++t) {
-        const float *v = cache_row(value_cache, blocks, t, block_size, row);
-        for (int64_t h = 0; h < num_heads; ++h) {
-            const float w = scores[h * len + t], *vh = v + (h / group) * head_dim;
-            float *o = out + h * head_dim;
+    softmax_rows(scores, group, len);
+    for (int64_t g = 0; g < group; ++g) {
+        float acc[head_dim];
+        for (int64_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
+        const float *w = scores + g * len;
+        for (int64_t start = 0; start < len; start += block_size) {
+            const float *block = value_cache + (int64_t)blocks[start / block_size] * block_size * row + kv_offset;
+            const int64_t end = start + block_size < len ? start + block_size : len;
+            for (int64_t t = start; t < end; ++t) {
+                const float *v = block + (t - start) * row;
+                const float wt = w[t];
 #pragma omp simd
-            for (int64_t d = 0; d < head_dim; ++d) o[d] += w * vh[d];
+                for (int64_t d = 0; d < head_dim; ++d) acc[d] += wt * v[d];
+            }
         }
+        for (int64_t d = 0; d < head_dim; ++d) out[g * head_dim + d] = acc[d];
     }
+}
+
+static void attend_kv_head_any(float *out, const float *q, const float *key_cache, const float *value_cache,
+                               const int32_t *blocks, int64_t len, int64_t group, int64_t head_dim,
+                               int64_t block_size, int64_t row, int64_t kv_offset, float scale, float *scores) {
+    /* Constant head_dim for the common sizes: the compiler unrolls and keeps acc in registers. */
+    if (head_dim == 64)
+        attend_kv_head(out, q, key_cache, value_cache, blocks, len, group, 64, block_size, row, kv_offset, scale,
+                       scores);
+    else if (head_dim == 128)
+        attend_kv_head(out, q, key_cache, value_cache, blocks, len, group, 128, block_size, row, kv_offset, scale,
+                       scores);
+    else
+        attend_kv_head(out, q, key_cache, value_cache, blocks, len, group, head_dim, block_size, row, kv_offset,
+                       scale, scores);
 }
 
 int paged_decode_attention_f32(float *out, const float *q, const float *key_cache, const float *value_cache,
                                const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                                int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                int64_t block_size, float scale, int64_t max_seq_len, int num_threads) {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t row = num_kv_heads * head_dim;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-        float *scores = malloc(sizeof(float) * num_heads * (max_seq_len > 0 ? max_seq_len : 1));
+        float *scores = malloc(sizeof(float) * group * (max_seq_len > 0 ? max_seq_len : 1));
         if (scores == NULL) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t seq = 0; seq < num_seqs; ++seq) {
             if (failed) continue;
-            const int64_t offset = seq * num_heads * head_dim;
-            attend_seq(out + offset, q + offset, key_cache, value_cache, block_tables + seq * block_table_stride,
-                       seq_lens[seq], num_heads, num_kv_heads, head_dim, block_size, scale, scores);
+            for (int64_t kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
+                const int64_t head = seq * num_heads + kv_head * group;
+                attend_kv_head_any(out + head * head_dim, q + head * head_dim, key_cache, value_cache,
+                                   block_tables + seq * block_table_stride, seq_lens[seq], group, head_dim,
+                                   block_size, row, kv_head * head_dim, scale, scores);
+            }
         }
         free(scores);
     }
