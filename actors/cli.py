@@ -11,7 +11,7 @@ import structlog
 
 from actors.engine_args import add_engine_args, engine_config_from_args
 from actors.logging_setup import configure_logging
-from actors.process_tuning import tune_glibc_malloc
+from actors.process_tuning import freeze_startup_objects, tune_glibc_malloc
 
 log = structlog.get_logger(__name__)
 
@@ -37,6 +37,7 @@ def _batch(args: argparse.Namespace) -> int:
 
         device = device_thread()
         engine = load_engine(engine_config_from_args(args), device)
+        freeze_startup_objects()
         results = asyncio.run(run_embedded(engine, requests, progress, device))
         tokenizer, model_name = engine.tokenizer, engine.model_dir.name
     progress.close()
@@ -75,6 +76,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise ValueError("--redis-url (or AQUEDUCT_REDIS_URL) is required")
     device = device_thread()
     engine = load_engine(engine_config_from_args(args), device)  # load the model before serving anything
+    freeze_startup_objects()
     options = WorkerOptions(redis_url=args.redis_url, prefix=args.prefix, name=args.name,
                             health_host=args.health_host, health_port=args.health_port,
                             drain_timeout_s=args.drain_timeout, max_in_flight=args.max_in_flight,
