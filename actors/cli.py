@@ -11,7 +11,7 @@ import structlog
 
 from actors.engine_args import add_engine_args, engine_config_from_args
 from actors.logging_setup import configure_logging
-from actors.process_tuning import freeze_startup_objects, tune_glibc_malloc
+from actors.process_tuning import startup_collector_paused, tune_glibc_malloc
 
 log = structlog.get_logger(__name__)
 
@@ -19,11 +19,17 @@ log = structlog.get_logger(__name__)
 def _batch(args: argparse.Namespace) -> int:
     import asyncio
 
+    with startup_collector_paused():
+        from actors.batch import read_batch_file, run_embedded, run_remote, write_results
+
+        lines = read_batch_file(Path(args.input))
+        if not args.redis_url:
+            from actors.device import device_thread, load_engine
+
+            device = device_thread()
+            engine = load_engine(engine_config_from_args(args), device)
     from tqdm import tqdm
 
-    from actors.batch import read_batch_file, run_embedded, run_remote, write_results
-
-    lines = read_batch_file(Path(args.input))
     requests = [line.request for line in lines if line.request is not None]
     progress = tqdm(total=len(requests), disable=args.no_progress, desc="requests", unit="req")
     if args.redis_url:
@@ -33,11 +39,6 @@ def _batch(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(args.model) if args.model else None
         model_name = Path(args.model).name if args.model else "aqueduct"
     else:
-        from actors.device import device_thread, load_engine
-
-        device = device_thread()
-        engine = load_engine(engine_config_from_args(args), device)
-        freeze_startup_objects()
         results = asyncio.run(run_embedded(engine, requests, progress, device))
         tokenizer, model_name = engine.tokenizer, engine.model_dir.name
     progress.close()
@@ -69,14 +70,14 @@ def _loadtest(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     import asyncio
 
-    from actors.device import device_thread, load_engine
-    from actors.worker import WorkerOptions, run_worker
-
     if not args.redis_url:
         raise ValueError("--redis-url (or AQUEDUCT_REDIS_URL) is required")
-    device = device_thread()
-    engine = load_engine(engine_config_from_args(args), device)  # load the model before serving anything
-    freeze_startup_objects()
+    with startup_collector_paused():
+        from actors.device import device_thread, load_engine
+        from actors.worker import WorkerOptions, run_worker
+
+        device = device_thread()
+        engine = load_engine(engine_config_from_args(args), device)  # load the model before serving anything
     options = WorkerOptions(redis_url=args.redis_url, prefix=args.prefix, name=args.name,
                             health_host=args.health_host, health_port=args.health_port,
                             drain_timeout_s=args.drain_timeout, max_in_flight=args.max_in_flight,
