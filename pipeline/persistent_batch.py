@@ -13,8 +13,6 @@ from pipeline.sampling_batch import SamplingBatch
 from pipeline.step_plan import NewSequence, StepPlan
 
 _EMPTY = np.zeros(0, np.int64)
-
-
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
 
