@@ -267,3 +267,17 @@ def test_cuda_device_without_cuda_is_a_clear_error(tmp_path: Path) -> None:
     path = make_tiny_hf_model("llama", tmp_path / "m")
     with pytest.raises(ValueError, match="CUDA is not available"):
         ModelRunner(ModelConfig(device="cuda"), CacheConfig(num_kv_blocks=4), SchedulerConfig(), str(path))
+
+
+def test_materialize_gives_real_storage_in_the_asked_dtype() -> None:
+    from pipeline.model.loader import materialize
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.BatchNorm1d(5))
+    materialize(model, torch.bfloat16, torch.device("cpu"))
+    tensors = dict(model.named_parameters()) | dict(model.named_buffers())
+    assert not any(t.is_meta for t in tensors.values())
+    assert tensors["0.weight"].shape == (5, 3) and tensors["0.weight"].dtype == torch.bfloat16
+    assert isinstance(model[0].weight, torch.nn.Parameter)
+    assert tensors["1.num_batches_tracked"].dtype == torch.int64  # integers keep their dtype
+    assert not isinstance(model[1].running_mean, torch.nn.Parameter)
