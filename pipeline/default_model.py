@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from pipeline.cache_dir import cache_dir as aqueduct_cache_dir
+
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -49,19 +51,13 @@ CHAT_TEMPLATE = (
 )
 
 
-def default_cache_dir() -> pathlib.Path:
-    """$AQUEDUCT_CACHE_DIR, else ~/.cache/aqueduct."""
-    env = os.environ.get("AQUEDUCT_CACHE_DIR")
-    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "aqueduct"
-
-
 def default_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
     """Return the directory of the built-in model, generating it on first use.
 
     Safe under concurrency: the model is built in a private sibling directory and renamed into
     place, so a reader sees either no directory or a complete one.
     """
-    root = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = pathlib.Path(cache_dir) if cache_dir is not None else aqueduct_cache_dir()
     target = root / DEFAULT_MODEL_DIRNAME
     if target.is_dir():
         return target

@@ -120,20 +120,3 @@ def test_corpus_is_bundled_and_multilingual():
     for word in ("café", "naïve", "東京", "😀"):
         assert word in corpus
 
-
-def test_load_tokenizer_gives_what_autotokenizer_gives(default_model_path):
-    """load_tokenizer takes the class named in tokenizer_config.json instead of AutoTokenizer (faster
-    start); the two must encode, decode and render chat templates alike."""
-    from transformers import AutoTokenizer
-
-    from pipeline.tokenizer import load_tokenizer
-
-    ours, auto = load_tokenizer(default_model_path), AutoTokenizer.from_pretrained(str(default_model_path))
-    assert type(ours) is type(auto)
-    for text in ["The river runs", "ünïcødé ✓ and\n\n  spaces", "<|im_start|>user\nhi<|im_end|>"]:
-        assert ours.encode(text) == auto.encode(text)
-        assert ours.decode(auto.encode(text)) == auto.decode(auto.encode(text))
-    messages = [{"role": "user", "content": "Hello"}]
-    assert ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
-        auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert ours.eos_token_id == auto.eos_token_id

@@ -21,6 +21,8 @@ from pathlib import Path
 import structlog
 import torch
 
+from pipeline.cache_dir import cache_dir
+
 log = structlog.get_logger(__name__)
 
 _SOURCE = Path(__file__).parent / "csrc" / "paged_decode_attention.c"
@@ -51,11 +53,6 @@ class DecodeKernel:
         return out
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("AQUEDUCT_CACHE_DIR") or Path.home() / ".cache" / "aqueduct"
-    return Path(root) / "kernels"
-
-
 def _compile(target: Path) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
@@ -73,7 +70,7 @@ def load_decode_kernel() -> DecodeKernel | None:
     if os.environ.get("AQUEDUCT_CPU_KERNEL", "1") == "0":
         return None
     digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"paged_decode_attention-{digest}.so"
+    target = cache_dir() / "kernels" / f"paged_decode_attention-{digest}.so"
     try:
         if not target.exists():
             _compile(target)
