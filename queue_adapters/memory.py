@@ -87,6 +87,8 @@ class MemoryStream(Generic[T]):
         def ready() -> bool:
             return bool(self._items) or self.closed
 
+        if ready():
+            return bool(self._items)  # the common case under load: no timer to arm and cancel
         try:
             async with asyncio.timeout(timeout_s):
                 await self._changed.wait_for(ready)
