@@ -32,15 +32,12 @@ def _reference(q, kv_cache, block_tables, seq_lens, scale):
     return out
 
 
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "block_size", "q_scale"),
-                         [(4, 4, 16, 1, 1.0), (8, 2, 64, 16, 1.0), (8, 1, 32, 4, 1.0), (6, 3, 128, 8, 1.0),
-                          # Scores spread over hundreds: the kernel's exp sees arguments far below -87.
-                          (4, 2, 64, 16, 40.0)])
-def test_kernel_matches_sdpa(num_heads, num_kv_heads, head_dim, block_size, q_scale):
-    generator = torch.Generator().manual_seed(num_heads * head_dim + block_size)
-    rng = np.random.default_rng(block_size)
-    num_seqs = 9
-    seq_lens = torch.from_numpy(rng.integers(1, 200, num_seqs).astype(np.int32))
+def _check_against_sdpa(num_heads, num_kv_heads, head_dim, block_size, seq_lens, q_scale=1.0, seed=0):
+    """Random cache, blocks scattered through it, kernel output against _reference."""
+    generator = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    num_seqs = len(seq_lens)
+    seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
     max_blocks = -(-int(seq_lens.max()) // block_size)
     num_blocks = num_seqs * max_blocks + 5
     kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=generator)
@@ -50,6 +47,29 @@ def test_kernel_matches_sdpa(num_heads, num_kv_heads, head_dim, block_size, q_sc
     scale = head_dim**-0.5
     out = kernel(q, kv_cache, block_tables, seq_lens, int(seq_lens.max()), scale)
     torch.testing.assert_close(out, _reference(q, kv_cache, block_tables, seq_lens, scale), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "block_size", "q_scale"),
+                         [(4, 4, 16, 1, 1.0), (8, 2, 64, 16, 1.0), (8, 1, 32, 4, 1.0), (6, 3, 128, 8, 1.0),
+                          # Scores spread over hundreds: the kernel's exp sees arguments far below -87.
+                          (4, 2, 64, 16, 40.0),
+                          # head_dim not a multiple of the 8-float vector: 24 and 40 are whole vectors
+                          # but not 64-float slices, 17 and 3 leave a scalar tail; group sizes 1, 4 and 8;
+                          # block sizes that are not a multiple of the 8-token tile.
+                          (2, 2, 24, 3, 1.0), (16, 2, 40, 16, 1.0), (4, 1, 17, 5, 1.0), (8, 4, 96, 32, 1.0),
+                          (2, 1, 3, 2, 1.0)])
+def test_kernel_matches_sdpa(num_heads, num_kv_heads, head_dim, block_size, q_scale):
+    seq_lens = np.random.default_rng(block_size).integers(1, 200, 9).tolist()
+    _check_against_sdpa(num_heads, num_kv_heads, head_dim, block_size, seq_lens, q_scale,
+                        seed=num_heads * head_dim + block_size)
+
+
+@pytest.mark.parametrize(("head_dim", "block_size"), [(64, 16), (20, 8), (128, 3)])
+def test_kernel_at_lengths_around_tile_and_block_edges(head_dim, block_size):
+    # The kernel takes tokens 8 at a time and pads the last tile: lengths 1, just under, at and
+    # just over a tile or a block, and several blocks plus one.
+    seq_lens = [1, 2, 7, 8, 9, 15, 16, 17, 24, 25, 3 * block_size, 3 * block_size + 1]
+    _check_against_sdpa(4, 2, head_dim, block_size, seq_lens, seed=head_dim + block_size)
 
 
 def test_engine_gives_the_same_tokens_with_and_without_the_kernel(tmp_path):
