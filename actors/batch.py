@@ -1,7 +1,9 @@
-"""`aqueduct batch`: an OpenAI batch file (/v1/completions lines) through the actor graph.
+"""`aqueduct batch`: an OpenAI batch file (/v1/completions lines) through the engine.
 
-Embedded (default): the worker's actor graph runs in this process over memory streams.
-With --redis-url: the lines are submitted to a running deployment and the replies collected.
+Embedded (default): the engine's step loop runs in this process, on the device thread. Offline
+work streams to nobody, so the actor graph (whose stages overlap to keep a server responsive)
+would only compete with the forward for the CPU. With --redis-url: the lines are submitted to a
+running deployment and the replies collected.
 Both produce the same output file: one line per input line, in input order; a bad line yields an
 error line for its custom_id and the rest of the file is still processed.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +23,14 @@ import structlog
 from tqdm import tqdm
 
 from actors.completion_request import parse_completion_body
-from actors.replies import MemoryReplySink
+from actors.intake import build_request
+from actors.replies import MemoryReplySink, to_wire
 from actors.runtime import ActorRuntime
 from pipeline.engine import LLMEngine
+from pipeline.outputs import RequestDelta
 from pipeline.rng import seed_from_request_id
 from queue_adapters.client import AqueductClient, assemble
-from queue_adapters.codec import CodecError, Malformed, WireRequest
+from queue_adapters.codec import CodecError, Malformed, WireReply, WireRequest
 from queue_adapters.memory import MemoryStream
 
 log = structlog.get_logger(__name__)
@@ -85,9 +90,57 @@ def _check_envelope(item: dict[str, Any]) -> None:
 
 # ---- running ---------------------------------------------------------------------------------
 
+def run_offline(engine: LLMEngine, requests: list[WireRequest], progress: tqdm,
+                max_unfinished: int | None = None) -> dict[str, dict]:
+    """Run `requests` through `engine.step()` in this thread; the same results as the actor graph.
+
+    Call it on the thread that built the engine (actors/device.py). At most `max_unfinished`
+    requests (default 2 x max_num_seqs) are tokenized and queued at once, so a large file does
+    not sit in the scheduler's waiting queue all at once.
+    """
+    limit = max_unfinished or 2 * engine.config.scheduler.max_num_seqs
+    pending = deque(requests)
+    replies: dict[str, list[WireReply]] = {}
+    results: dict[str, dict] = {}
+
+    def finish(request_id: str) -> None:
+        results[request_id] = assemble(request_id, replies.pop(request_id))
+        progress.update(1)
+
+    while pending or replies:
+        while pending and len(replies) < limit:
+            request = pending.popleft()
+            replies[request.id] = []
+            if (error := _add_offline(engine, request)) is not None:
+                replies[request.id].append(to_wire(error))
+                finish(request.id)
+        if not replies:
+            continue
+        steps_before = engine.stats.num_steps
+        for delta in engine.step():
+            replies[delta.request_id].append(to_wire(delta))
+            if delta.finished:
+                finish(delta.request_id)
+        if engine.stats.num_steps == steps_before:
+            raise RuntimeError(f"the engine scheduled nothing with {len(replies)} request(s) unfinished")
+    return results
+
+
+def _add_offline(engine: LLMEngine, message: WireRequest) -> RequestDelta | None:
+    """Queue one request; a request the engine refuses becomes its final error delta."""
+    try:
+        engine.add(build_request(engine.builder, message))
+    except ValueError as error:
+        log.info("request rejected", request_id=message.id, error=str(error))
+        return RequestDelta(message.id, 0, [], error={"code": "invalid_request", "message": str(error)})
+    return None
+
+
 async def run_embedded(engine: LLMEngine, requests: list[WireRequest], progress: tqdm,
                        device: ThreadPoolExecutor | None = None) -> dict[str, dict]:
-    """The worker's actor graph over memory streams, in this process (`device`: see build_graph)."""
+    """The worker's actor graph over memory streams, in this process (`device`: see build_graph).
+
+    `aqueduct batch` uses run_offline; this runs the serving path end to end (tests, benchmarks)."""
     from actors.worker import build_graph
 
     inbox: MemoryStream[WireRequest | Malformed] = MemoryStream(maxsize=len(requests) + 1)

@@ -20,7 +20,7 @@ def _batch(args: argparse.Namespace) -> int:
     import asyncio
 
     with startup_collector_paused():
-        from actors.batch import read_batch_file, run_embedded, run_remote, write_results
+        from actors.batch import read_batch_file, run_offline, run_remote, write_results
 
         lines = read_batch_file(Path(args.input))
         if not args.redis_url:
@@ -39,7 +39,7 @@ def _batch(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(args.model) if args.model else None
         model_name = Path(args.model).name if args.model else "aqueduct"
     else:
-        results = asyncio.run(run_embedded(engine, requests, progress, device))
+        results = device.submit(run_offline, engine, requests, progress).result()
         tokenizer, model_name = engine.tokenizer, engine.model_dir.name
     progress.close()
     summary = write_results(lines, results, Path(args.output), model_name, tokenizer)

@@ -15,6 +15,7 @@ from actors.messages import Admit, ErrorReply, OpenReply
 from actors.ownership import Ownership
 from actors.resume import is_answered, resume_state
 from pipeline.intake import RequestBuilder
+from pipeline.request import Request
 from queue_adapters.base import Consumer, Delivery, Producer
 from queue_adapters.codec import Malformed, WireReply, WireRequest, encode
 from queue_adapters.redis_streams import retry_transient
@@ -97,13 +98,8 @@ class IntakeActor:
         await self.dead_letter(Malformed(encode(message), reason, delivery.message_id, message.id, reply_to))
         await self.to_output.send(ErrorReply(message.id, reply_to, "poison", reason, delivery, next_seq))
 
-    def _build(self, message: WireRequest) -> Any:
-        if message.lora is not None:
-            raise ValueError(f"lora: unknown adapter {message.lora!r} (this worker has no LoRA adapters loaded)")
-        return self.builder.build(message.id, message.sampling_params(), prompt=message.prompt,
-                                  prompt_token_ids=message.prompt_token_ids,
-                                  messages=[{"role": m.role, "content": m.content} for m in message.messages]
-                                  if message.messages is not None else None)
+    def _build(self, message: WireRequest) -> Request:
+        return build_request(self.builder, message)
 
     async def _reject_malformed(self, message: Malformed, delivery: Delivery[Any]) -> None:
         if message.request_id is not None:
@@ -113,3 +109,13 @@ class IntakeActor:
             return
         await self.dead_letter(message)
         await delivery.ack()
+
+
+def build_request(builder: RequestBuilder, message: WireRequest) -> Request:
+    """A wire request as an engine Request; ValueError names what is wrong with it."""
+    if message.lora is not None:
+        raise ValueError(f"lora: unknown adapter {message.lora!r} (this worker has no LoRA adapters loaded)")
+    return builder.build(message.id, message.sampling_params(), prompt=message.prompt,
+                         prompt_token_ids=message.prompt_token_ids,
+                         messages=[{"role": m.role, "content": m.content} for m in message.messages]
+                         if message.messages is not None else None)

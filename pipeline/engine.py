@@ -67,15 +67,19 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams) -> Request:
         """Validate and queue a request. Bad input raises ValueError naming the problem."""
-        if request_id in self.scheduler.requests or self.outputs.has_request(request_id):
-            raise ValueError(f"request id {request_id!r} is already running")
         if isinstance(prompt, str):
             request = self.builder.build(request_id, params, prompt=prompt)
         else:
             request = self.builder.build(request_id, params, prompt_token_ids=prompt)
-        self.scheduler.add_request(request)
-        self.outputs.add_request(request_id, request.prompt_token_ids, params)
+        self.add(request)
         return request
+
+    def add(self, request: Request) -> None:
+        """Queue a request built by `self.builder`; ValueError if its id runs or it cannot fit."""
+        if request.request_id in self.scheduler.requests or self.outputs.has_request(request.request_id):
+            raise ValueError(f"request id {request.request_id!r} is already running")
+        self.scheduler.add_request(request)  # raises before Output learns of it
+        self.outputs.add_request(request.request_id, request.prompt_token_ids, request.params)
 
     def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> list[RequestDelta]:
         deltas, _ = self.outputs.process(self.scheduler.abort_request(request_id, reason))
