@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.config import DTYPES, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_size
+from pipeline.config import CPU_LINEARS, DTYPES, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_size
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -23,12 +23,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step")
     group.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    group.add_argument("--cpu-linear", choices=CPU_LINEARS, default="onednn",
+                       help="CPU matmuls: oneDNN with packed weights (faster), or torch's nn.Linear (HF's kernels)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model=args.model, dtype=args.dtype, device=args.device,
-                          max_model_len=args.max_model_len, enforce_eager=args.enforce_eager),
+                          max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
+                          cpu_linear=args.cpu_linear),
         cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory=parse_size(args.kv_cache_memory),
                           gpu_memory_utilization=args.gpu_memory_utilization,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+CPU_LINEARS = ("onednn", "torch")
 
 
 def parse_size(text: str | int) -> int:
@@ -38,6 +39,7 @@ class ModelConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enforce_eager: bool = False  # disable CUDA graphs (always eager on CPU)
     seed: int = 0  # weight-independent engine seed (e.g. for profiling inputs)
+    cpu_linear: str = "onednn"  # CPU matmuls: oneDNN with packed weights, or torch's nn.Linear (model/cpu_linear.py)
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
@@ -45,6 +47,7 @@ class ModelConfig:
                  f"device must be auto, cpu or cuda[:N], got {self.device!r}")
         _require(self.max_model_len is None or self.max_model_len >= 1,
                  f"max_model_len must be >= 1, got {self.max_model_len}")
+        _require(self.cpu_linear in CPU_LINEARS, f"cpu_linear must be one of {CPU_LINEARS}, got {self.cpu_linear!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ import torch
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
 from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.cpu_kernel import load_decode_kernel
+from pipeline.model.cpu_linear import onednn_linear_works, pack_linears
 from pipeline.model.graphs import CUDAGraphRunner
 from pipeline.model.loader import ModelInfo, load_model, read_config, resolve_device, resolve_dtype
 from pipeline.step_inputs import StepInputs
@@ -93,8 +94,11 @@ class ModelRunner:
                                            head_dim, self.block_size, scale=head_dim**-0.5)
         if self.device.type == "cpu" and self.dtype == torch.float32:
             self.backend.decode_kernel = load_decode_kernel()
-        return load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
-                          max_positions=max(self.max_model_len, config["max_position_embeddings"]))
+        model, info = load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
+                                 max_positions=max(self.max_model_len, config["max_position_embeddings"]))
+        if self.device.type == "cpu" and model_config.cpu_linear == "onednn" and onednn_linear_works(self.dtype):
+            log.info("linear layers packed for oneDNN", count=pack_linears(model))
+        return model, info
 
     # ---- KV cache sizing -----------------------------------------------------------------------
 

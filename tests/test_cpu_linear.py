@@ -1,0 +1,56 @@
+"""oneDNN packed linears (pipeline/model/cpu_linear.py): same results as nn.Linear up to float32
+reordering, swapped in only where asked, and the runner's logits agree either way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
+from pipeline.model.cpu_linear import PackedLinear, onednn_linear_works, pack_linears
+from pipeline.model.runner import ModelRunner, dummy_prefill_inputs
+from tests.hf_models import make_tiny_hf_model
+
+pytestmark = pytest.mark.skipif(not onednn_linear_works(torch.float32), reason="this torch build has no oneDNN linear")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("num_rows", [0, 1, 7, 128, 300])
+def test_packed_linear_matches_nn_linear(bias: bool, num_rows: int) -> None:
+    torch.manual_seed(num_rows)
+    linear = nn.Linear(96, 200, bias=bias)
+    x = torch.randn(num_rows, 96)
+    with torch.no_grad():
+        ours, reference = PackedLinear(linear)(x), F.linear(x, linear.weight, linear.bias)
+    assert ours.shape == reference.shape == (num_rows, 200)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_pack_linears_replaces_every_linear_and_leaves_tied_embeddings_alone() -> None:
+    model = nn.Sequential(nn.Embedding(10, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU()), nn.Linear(8, 10))
+    model[2].weight = model[0].weight  # tied, like lm_head and embed_tokens
+    assert pack_linears(model) == 2
+    assert not any(type(module) is nn.Linear for module in model.modules())
+    assert isinstance(model[1][0], PackedLinear) and isinstance(model[2], PackedLinear)
+    assert model[0].weight.shape == (10, 8) and not model[0].weight.is_mkldnn
+
+
+def _runner(path: Path, cpu_linear: str) -> ModelRunner:
+    return ModelRunner(ModelConfig(device="cpu", cpu_linear=cpu_linear), CacheConfig(num_kv_blocks=16),
+                       SchedulerConfig(), str(path))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])  # qkv bias + tied embeddings; q/k norm
+def test_runner_logits_agree_with_and_without_onednn(tmp_path: Path, arch: str) -> None:
+    path = make_tiny_hf_model(arch, tmp_path / arch)
+    packed, plain = _runner(path, "onednn"), _runner(path, "torch")
+    assert any(isinstance(m, PackedLinear) for m in packed.model.modules())
+    assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
+    inputs = dummy_prefill_inputs(40, 3, 64)
+    inputs.input_ids[:] = np.random.default_rng(0).integers(3, 500, size=inputs.num_tokens)
+    torch.testing.assert_close(packed.execute(inputs), plain.execute(inputs), atol=1e-4, rtol=1e-4)
