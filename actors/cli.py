@@ -20,7 +20,7 @@ def _batch(args: argparse.Namespace) -> int:
     import asyncio
 
     with startup_collector_paused():
-        from actors.batch import read_batch_file, run_offline, run_remote, write_results
+        from actors.batch import read_batch_file, run_embedded, run_offline, run_remote, write_results
 
         lines = read_batch_file(Path(args.input))
         if not args.redis_url:
@@ -39,7 +39,10 @@ def _batch(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(args.model) if args.model else None
         model_name = Path(args.model).name if args.model else "aqueduct"
     else:
-        results = device.submit(run_offline, engine, requests, progress).result()
+        if args.actor_graph:
+            results = asyncio.run(run_embedded(engine, requests, progress, device))
+        else:
+            results = device.submit(run_offline, engine, requests, progress).result()
         tokenizer, model_name = engine.tokenizer, engine.model_dir.name
     progress.close()
     summary = write_results(lines, results, Path(args.output), model_name, tokenizer)
@@ -131,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--no-progress", action="store_true", help="no progress bar")
     batch.add_argument("--redis-url", default=None,
                        help="submit to a running deployment instead of running the engine here")
+    batch.add_argument("--actor-graph", action="store_true",
+                       help="run through the worker's actor graph over memory streams (default: the engine loop)")
     batch.add_argument("--prefix", default=_env("AQUEDUCT_PREFIX", "aqueduct"), help="deployment key prefix")
     add_engine_args(batch)
     batch.set_defaults(handler=_batch)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from actors.cli import main
 
 
@@ -11,7 +13,8 @@ def _line(custom_id, body, **envelope):
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body, **envelope})
 
 
-def test_batch_file_round_trip_with_bad_lines(tmp_path, default_model_path, monkeypatch):
+@pytest.mark.parametrize("runner", [[], ["--actor-graph"]], ids=["engine-loop", "actor-graph"])
+def test_batch_file_round_trip_with_bad_lines(tmp_path, default_model_path, monkeypatch, runner):
     monkeypatch.setenv("AQUEDUCT_CACHE_DIR", str(default_model_path.parent))
     lines = [
         _line("greedy", {"prompt": "The river", "max_tokens": 5, "temperature": 0}),
@@ -26,7 +29,8 @@ def test_batch_file_round_trip_with_bad_lines(tmp_path, default_model_path, monk
     ]
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("\n".join(lines) + "\n")
-    assert main(["batch", "-i", str(source), "-o", str(target), "--no-progress", "--num-kv-blocks", "256"]) == 0
+    assert main(["batch", "-i", str(source), "-o", str(target), "--no-progress", "--num-kv-blocks", "256",
+                 *runner]) == 0
     results = [json.loads(line) for line in target.read_text().splitlines()]
     assert [r["custom_id"] for r in results] == ["greedy", "line-2", "typo", "ids", "too-long", "bad-id", "n2",
                                                  "greedy", "wrong-url"]
