@@ -89,6 +89,8 @@ class MemoryStream(Generic[T]):
 
         if ready():
             return bool(self._items)  # the common case under load: no timer to arm and cancel
+        if timeout_s is not None and timeout_s <= 0:
+            return False  # a poll: nothing there now
         try:
             async with asyncio.timeout(timeout_s):
                 await self._changed.wait_for(ready)

@@ -38,6 +38,9 @@ def test_receive_respects_max_count_and_times_out_empty() -> None:
         assert [d.message for d in await consumer.receive(max_count=2)] == [0, 1]
         assert [d.message for d in await consumer.receive(max_count=10)] == [2, 3, 4]
         assert await consumer.receive(timeout_s=0.01) == []
+        assert await consumer.receive(timeout_s=0) == []  # a poll of an empty stream
+        await stream.producer().send(5)
+        assert [d.message for d in await consumer.receive(timeout_s=0)] == [5]
 
     asyncio.run(scenario())
 
