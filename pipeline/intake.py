@@ -46,7 +46,12 @@ class RequestBuilder:
             raise ValueError("messages need a chat template, and this model's tokenizer has none")
         if not messages:
             raise ValueError("messages must not be empty")
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as error:
+            # The template is model-supplied Jinja run on the client's messages: any failure (e.g.
+            # jinja2's TemplateError from raise_exception("roles must alternate")) is a bad request.
+            raise ValueError(f"messages: the model's chat template rejected them: {error}") from error
 
     def _tokenize(self, prompt: str) -> list[int]:
         if self.tokenizer is None:

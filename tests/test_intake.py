@@ -1,0 +1,30 @@
+"""RequestBuilder: every bad input is a ValueError naming the problem (the caller's error reply)."""
+
+from __future__ import annotations
+
+import pytest
+from jinja2.exceptions import TemplateError
+
+from pipeline.intake import RequestBuilder
+from pipeline.sampling_params import SamplingParams
+
+
+class _StrictTemplateTokenizer:
+    """A tokenizer whose chat template insists on alternating roles, as many models' do."""
+
+    chat_template = "{{ raise_exception('Conversation roles must alternate user/assistant') }}"
+
+    def apply_chat_template(self, messages, **_kwargs):
+        raise TemplateError("Conversation roles must alternate user/assistant")
+
+    def encode(self, text):
+        return [3] * len(text)
+
+
+def test_a_chat_template_that_raises_is_a_bad_request_not_a_crash() -> None:
+    builder = RequestBuilder(_StrictTemplateTokenizer(), vocab_size=16, eos_token_ids=frozenset({0}),
+                             max_model_len=64)
+    with pytest.raises(ValueError, match="chat template rejected them: Conversation roles must alternate"):
+        builder.build("r", SamplingParams(), messages=[{"role": "user", "content": "a"},
+                                                       {"role": "user", "content": "b"}])
+    assert builder.build("ok", SamplingParams(), prompt="abc").prompt_token_ids == [3, 3, 3]
