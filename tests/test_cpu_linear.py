@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
-from pipeline.model.cpu_linear import PackedLinear, onednn_linear_works, pack_linears
+from pipeline.model.cpu_linear import PackedLinear, onednn_linear_works, pack_linears, padded_row_count
 from pipeline.model.runner import ModelRunner, dummy_prefill_inputs
 from tests.hf_models import make_tiny_hf_model
 
@@ -29,6 +29,22 @@ def test_packed_linear_matches_nn_linear(bias: bool, num_rows: int) -> None:
         ours, reference = PackedLinear(linear)(x), F.linear(x, linear.weight, linear.bias)
     assert ours.shape == reference.shape == (num_rows, 200)
     torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_row_counts_pad_to_few_shapes_with_bounded_waste() -> None:
+    padded = [padded_row_count(rows) for rows in range(2049)]
+    assert all(p >= rows for rows, p in enumerate(padded))
+    assert all(p - rows <= 7 for rows, p in enumerate(padded[:129]))
+    assert all(p - rows <= rows / 8 for rows, p in enumerate(padded) if rows > 128)
+    assert len(set(padded)) == 49  # 0, 16 multiples of 8 up to 128, then 8 per doubling up to 2048
+    assert [padded_row_count(r) for r in (1, 8, 9, 100, 129, 2000, 2049)] == [8, 8, 16, 104, 144, 2048, 2304]
+
+
+def test_packed_linear_keeps_leading_dimensions() -> None:
+    linear = nn.Linear(16, 12)
+    x = torch.randn(3, 5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(PackedLinear(linear)(x), linear(x), atol=1e-5, rtol=1e-5)
 
 
 def test_pack_linears_replaces_every_linear_and_leaves_tied_embeddings_alone() -> None:
