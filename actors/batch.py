@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -91,12 +92,13 @@ def _check_envelope(item: dict[str, Any]) -> None:
 # ---- running ---------------------------------------------------------------------------------
 
 def run_offline(engine: LLMEngine, requests: list[WireRequest], progress: tqdm,
-                max_unfinished: int | None = None) -> dict[str, dict]:
+                max_unfinished: int | None = None, stop: threading.Event | None = None) -> dict[str, dict]:
     """Run `requests` through `engine.step()` in this thread; the same results as the actor graph.
 
     Call it on the thread that built the engine (actors/device.py). At most `max_unfinished`
     requests (default 2 x max_num_seqs) are tokenized and queued at once, so a large file does
-    not sit in the scheduler's waiting queue all at once.
+    not sit in the scheduler's waiting queue all at once. Setting `stop` (Ctrl-C in the CLI)
+    ends the loop after the current step, with the results finished so far.
     """
     limit = max_unfinished or 2 * engine.config.scheduler.max_num_seqs
     pending = deque(requests)
@@ -107,7 +109,7 @@ def run_offline(engine: LLMEngine, requests: list[WireRequest], progress: tqdm,
         results[request_id] = assemble(request_id, replies.pop(request_id))
         progress.update(1)
 
-    while pending or replies:
+    while (pending or replies) and not (stop is not None and stop.is_set()):
         while pending and len(replies) < limit:
             request = pending.popleft()
             replies[request.id] = []

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -20,7 +21,7 @@ def _batch(args: argparse.Namespace) -> int:
     import asyncio
 
     with startup_collector_paused():
-        from actors.batch import read_batch_file, run_embedded, run_offline, run_remote, write_results
+        from actors.batch import read_batch_file, run_embedded, run_remote, write_results
 
         lines = read_batch_file(Path(args.input))
         if not args.redis_url:
@@ -42,12 +43,29 @@ def _batch(args: argparse.Namespace) -> int:
         if args.actor_graph:
             results = asyncio.run(run_embedded(engine, requests, progress, device))
         else:
-            results = device.submit(run_offline, engine, requests, progress).result()
+            results = _run_offline_interruptibly(device, engine, requests, progress)
         tokenizer, model_name = engine.tokenizer, engine.model_dir.name
     progress.close()
     summary = write_results(lines, results, Path(args.output), model_name, tokenizer)
     log.info("batch done", output=args.output, **summary)
     return 0
+
+
+def _run_offline_interruptibly(device: Any, engine: Any, requests: list[Any], progress: Any) -> dict[str, dict]:
+    """run_offline on the device thread; Ctrl-C stops it after the current step, then re-raises
+    (the device thread would otherwise run the whole file before the process could exit)."""
+    import threading
+
+    from actors.batch import run_offline
+
+    stop = threading.Event()
+    future = device.submit(run_offline, engine, requests, progress, stop=stop)
+    try:
+        return future.result()
+    except KeyboardInterrupt:
+        stop.set()
+        future.exception()  # wait for the loop to notice
+        raise
 
 
 def _bench(args: argparse.Namespace) -> int:

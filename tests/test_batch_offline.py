@@ -80,3 +80,20 @@ def test_offline_loop_fails_loudly_when_the_engine_schedules_nothing(default_mod
     engine.scheduler.schedule = lambda: type("Empty", (), {"is_empty": True})()  # a wedged scheduler
     with pytest.raises(RuntimeError, match="scheduled nothing"):
         run_offline(engine, batch_requests[:1], tqdm(disable=True))
+
+
+def test_offline_loop_stops_after_the_step_in_which_stop_is_set(default_model_path, batch_requests):
+    import threading
+
+    engine = make_engine(default_model_path, num_kv_blocks=64, max_num_seqs=2)
+    stop = threading.Event()
+
+    class StopAfterTwo(_Counter):
+        def update(self, count: int) -> None:
+            super().update(count)
+            if self.n >= 2:
+                stop.set()  # what Ctrl-C does in the CLI
+
+    results = run_offline(engine, batch_requests, StopAfterTwo(), stop=stop)
+    assert 2 <= len(results) < len(batch_requests)
+    assert engine.has_unfinished  # the rest was never run to the end
