@@ -55,7 +55,7 @@ def _check_against_sdpa(num_heads, num_kv_heads, head_dim, block_size, seq_lens,
                           (4, 2, 64, 16, 40.0),
                           # head_dim not a multiple of the 8-float vector: 24 and 40 are whole vectors
                           # but not 64-float slices, 17 and 3 leave a scalar tail; group sizes 1, 4 and 8;
-                          # block sizes that are not a multiple of the 8-token tile.
+                          # block sizes that are not a multiple of the 8-wide score padding.
                           (2, 2, 24, 3, 1.0), (16, 2, 40, 16, 1.0), (4, 1, 17, 5, 1.0), (8, 4, 96, 32, 1.0),
                           (2, 1, 3, 2, 1.0)])
 def test_kernel_matches_sdpa(num_heads, num_kv_heads, head_dim, block_size, q_scale):
@@ -65,9 +65,9 @@ def test_kernel_matches_sdpa(num_heads, num_kv_heads, head_dim, block_size, q_sc
 
 
 @pytest.mark.parametrize(("head_dim", "block_size"), [(64, 16), (20, 8), (128, 3)])
-def test_kernel_at_lengths_around_tile_and_block_edges(head_dim, block_size):
-    # The kernel takes tokens 8 at a time and pads the last tile: lengths 1, just under, at and
-    # just over a tile or a block, and several blocks plus one.
+def test_kernel_at_lengths_around_padding_and_block_edges(head_dim, block_size):
+    # The kernel pads each head's scores to a multiple of 8 for its vectorized softmax: lengths 1,
+    # just under, at and just over a multiple of 8 or a block, and several blocks plus one.
     seq_lens = [1, 2, 7, 8, 9, 15, 16, 17, 24, 25, 3 * block_size, 3 * block_size + 1]
     _check_against_sdpa(4, 2, head_dim, block_size, seq_lens, seed=head_dim + block_size)
 
