@@ -9,8 +9,8 @@
  * head and query head, before the next: the cache is read in address order, a block at a time.
  * That is what the memory system rewards: the earlier version took 8 tokens per query head, so
  * each sweep touched the same 8 rows once per head at a 2-line stride, and on a Zen 4 VM it
- * read K/V at 15 GB/s where this order reads 25 GB/s (1.6x the calls per second on contiguous
- * blocks, 1.1-1.2x on scattered ones), though its arithmetic is no faster with the cache warm.
+ * read K/V at 10-15 GB/s where this order reads 22-27 GB/s (1.5-2.3x the calls per second on
+ * contiguous blocks, 1.1-1.2x on scattered ones), though its arithmetic is no faster in cache.
  * Token t's row sits in block blocks[t / block_size] at slot t % block_size; those offsets are
  * worked out once per sequence (offsets_of) and shared by K and V, which have the same layout.
  * The scores are padded to a multiple of 8 for the vectorized softmax by repeating the last
