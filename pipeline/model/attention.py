@@ -10,7 +10,14 @@ scaled_dot_product_attention call per layer:
 - prefill (query length > 1, which covers chunked prefill and prefix-cache hits): queries padded
   to the longest chunk of the group, causal mask offset by each sequence's cached context.
   Sequences of very different cost go to separate groups so padding stays bounded.
-All index tensors and masks are built once per step (`build_metadata`), never per layer.
+All index tensors and masks are built once per step (`build_metadata`), never per layer, and
+once per distinct sliding window of the model's layers (a layer passes its window to `forward`).
+
+Sliding window W (HF's rule, see attention_shape.py): the query at position p sees keys
+p - W + 1 .. p. Each sequence's keys are gathered from the first block that holds a key some
+query of the step can see, so blocks before it are never read (the KV manager frees them; their
+block-table entries may be -1). Gemma 2's logit soft-capping (scores -> c * tanh(scores / c))
+is not in SDPA, so soft-capped layers compute attention with explicit matmuls.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class DecodeGroup:
     block_tables: torch.Tensor | None = None  # [Bd, nb] int32
     seq_lens: torch.Tensor | None = None  # [Bd] int32
     max_seq_len: int = 0
+    window: int = 0  # the kernel's sliding window (0 = none)
 
 
 @dataclass(slots=True)
@@ -56,11 +64,18 @@ class PrefillGroup:
 
 
 @dataclass(slots=True)
+class AttentionView:
+    """The groups of one step as seen by the layers of one sliding window (None = full attention)."""
+
+    decodes: list[DecodeGroup]
+    prefills: list[PrefillGroup]
+
+
+@dataclass(slots=True)
 class TorchAttentionMetadata:
     slot_mapping: torch.Tensor  # [T'] slots written (padding already removed)
     write_rows: torch.Tensor | None  # [T'] token rows whose K/V are written; None = rows 0..T'-1
-    decodes: list[DecodeGroup]
-    prefills: list[PrefillGroup]
+    views: dict[int | None, AttentionView]  # by window
 
 
 class AttentionBackend(Protocol):
@@ -69,8 +84,9 @@ class AttentionBackend(Protocol):
     def build_metadata(self, inputs: StepInputs, device: torch.device) -> object: ...
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, metadata: object) -> torch.Tensor:
-        """q [T, H, D], k/v [T, H_kv, D] -> [T, H, D]; writes k/v into kv_cache first."""
+                kv_cache: torch.Tensor, metadata: object, window: int | None = None) -> torch.Tensor:
+        """q [T, H, D], k/v [T, H_kv, D] -> [T, H, D]; writes k/v into kv_cache first.
+        `window`: the layer's sliding window (None = full attention)."""
         ...
 
 
@@ -124,17 +140,38 @@ def _split_decodes(seq_lens: np.ndarray) -> list[np.ndarray]:
     return [np.array(group, dtype=np.int64) for group in groups]
 
 
+def _first_key_blocks(first_key_positions: np.ndarray, block_size: int) -> np.ndarray:
+    """The block of each sequence's first visible key: where its gather starts."""
+    return np.maximum(first_key_positions, 0) // block_size
+
+
+def _gather_block_ids(block_tables: np.ndarray, first_blocks: np.ndarray, end_blocks: np.ndarray) -> np.ndarray:
+    """Per sequence, block ids first_blocks[i] .. first_blocks[i] + nb - 1, nb = max(end - first),
+    entries at or past end_blocks[i] replaced by block 0 (padding, masked out).
+
+    block_tables [[7, 2, 9], [4, 5, 0]], first [1, 0], end [3, 1] -> nb 2 -> [[2, 9], [4, 0]]
+    """
+    num_blocks = int((end_blocks - first_blocks).max())
+    index = first_blocks[:, None] + np.arange(num_blocks)[None, :]  # [B, nb]
+    valid = index < end_blocks[:, None]
+    clipped = np.minimum(index, block_tables.shape[1] - 1)
+    return np.where(valid, np.take_along_axis(block_tables, clipped, axis=1), 0)
+
+
 class TorchPagedAttention:
     """Portable backend built on torch indexing and F.scaled_dot_product_attention."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-                 scale: float) -> None:
+                 scale: float, *, windows: frozenset[int | None] = frozenset({None}),
+                 logit_softcap: float | None = None) -> None:
         if num_heads % num_kv_heads != 0:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.block_size = block_size
         self.scale = scale
+        self.windows = windows
+        self.logit_softcap = logit_softcap
         # Reused gather buffers (K, V): a fresh multi-MB tensor per layer costs page faults that
         # took longer than the gather itself on CPU. Grown on demand, never shrunk.
         self._workspace: list[torch.Tensor] = [torch.empty(0), torch.empty(0)]
@@ -144,58 +181,65 @@ class TorchPagedAttention:
     # ---- metadata, once per step -------------------------------------------------------------
 
     def build_metadata(self, inputs: StepInputs, device: torch.device) -> TorchAttentionMetadata:
-        starts = inputs.query_start_loc[:-1].astype(np.int64)
-        query_lens = np.diff(inputs.query_start_loc).astype(np.int64)
-        seq_lens = inputs.seq_lens.astype(np.int64)
         slots = inputs.slot_mapping[: inputs.num_tokens]
         write_rows = None
         if (slots < 0).any():
             keep = np.flatnonzero(slots >= 0)
             slots, write_rows = slots[keep], _to(keep, device)
+        views = {window: self._view(inputs, window, device) for window in self.windows}
+        return TorchAttentionMetadata(_to(slots.astype(np.int64), device), write_rows, views)
+
+    def _view(self, inputs: StepInputs, window: int | None, device: torch.device) -> AttentionView:
+        starts = inputs.query_start_loc[:-1].astype(np.int64)
+        query_lens = np.diff(inputs.query_start_loc).astype(np.int64)
+        seq_lens = inputs.seq_lens.astype(np.int64)
         decodes = []
         decode_seqs = np.flatnonzero(query_lens == 1)
         if len(decode_seqs) and self.decode_kernel is not None:
             decodes.append(self._kernel_decode_group(starts[decode_seqs], seq_lens[decode_seqs],
-                                                     inputs.block_tables[decode_seqs], len(inputs.input_ids)))
+                                                     inputs.block_tables[decode_seqs], len(inputs.input_ids),
+                                                     window))
         elif len(decode_seqs):
-            for group in _split_decodes(seq_lens[decode_seqs]):
+            for group in _split_decodes(np.minimum(seq_lens[decode_seqs], window or np.iinfo(np.int64).max)):
                 seqs = decode_seqs[group]
                 decodes.append(self._decode_group(starts[seqs], seq_lens[seqs], inputs.block_tables[seqs],
-                                                  len(inputs.input_ids), device))
+                                                  len(inputs.input_ids), window, device))
         prefill_seqs = np.flatnonzero(query_lens > 1)
         prefills = []
         if len(prefill_seqs):
             for group in _split_prefills(query_lens[prefill_seqs], seq_lens[prefill_seqs]):
                 seqs = prefill_seqs[group]
                 prefills.append(self._prefill_group(starts[seqs], query_lens[seqs], seq_lens[seqs],
-                                                    inputs.block_tables[seqs], device))
-        return TorchAttentionMetadata(_to(slots.astype(np.int64), device), write_rows, decodes, prefills)
-
-    def _num_blocks(self, seq_lens: np.ndarray) -> int:
-        return int(-(-int(seq_lens.max()) // self.block_size))  # ceil
+                                                    inputs.block_tables[seqs], window, device))
+        return AttentionView(decodes, prefills)
 
     def _decode_group(self, rows: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
-                      total_rows: int, device: torch.device) -> DecodeGroup:
-        num_blocks = self._num_blocks(seq_lens)
-        block_ids = block_tables[:, :num_blocks].astype(np.int64).reshape(-1)
-        # seq_lens [3, 5], block_size 4, 2 blocks -> [[T T T F F F F F], [T T T T T F F F]]
-        mask = np.arange(num_blocks * self.block_size)[None, :] < seq_lens[:, None]
+                      total_rows: int, window: int | None, device: torch.device) -> DecodeGroup:
+        first_keys = seq_lens - window if window else np.zeros_like(seq_lens)
+        first_blocks = _first_key_blocks(first_keys, self.block_size)
+        end_blocks = -(-seq_lens // self.block_size)
+        block_ids = _gather_block_ids(block_tables, first_blocks, end_blocks)
+        num_blocks = block_ids.shape[1]
+        # Key j of sequence i sits at position first_blocks[i] * block_size + j.
+        # seq_lens [3, 5], no window, block_size 4, 2 blocks -> [[T T T F F F F F], [T T T T T F F F]]
+        key_positions = first_blocks[:, None] * self.block_size + np.arange(num_blocks * self.block_size)[None, :]
+        mask = (key_positions < seq_lens[:, None]) & (key_positions >= first_keys[:, None])
         all_rows = len(rows) == total_rows and bool((rows == np.arange(len(rows))).all())
-        return DecodeGroup(_to(rows, device), _to(block_ids, device), _to(mask[:, None, None, :], device),
-                           all_rows)
+        return DecodeGroup(_to(rows, device), _to(block_ids.astype(np.int64).reshape(-1), device),
+                           _to(mask[:, None, None, :], device), all_rows)
 
     def _kernel_decode_group(self, rows: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
-                             total_rows: int) -> DecodeGroup:
-        num_blocks = self._num_blocks(seq_lens)
+                             total_rows: int, window: int | None) -> DecodeGroup:
+        num_blocks = -(-int(seq_lens.max()) // self.block_size)
         all_rows = len(rows) == total_rows and bool((rows == np.arange(len(rows))).all())
         return DecodeGroup(torch.from_numpy(rows), None, None, all_rows,
                            block_tables=torch.from_numpy(np.ascontiguousarray(block_tables[:, :num_blocks],
                                                                              dtype=np.int32)),
                            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)),
-                           max_seq_len=int(seq_lens.max()))
+                           max_seq_len=int(seq_lens.max()), window=window or 0)
 
     def _prefill_group(self, starts: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
-                       block_tables: np.ndarray, device: torch.device) -> PrefillGroup:
+                       block_tables: np.ndarray, window: int | None, device: torch.device) -> PrefillGroup:
         max_q = int(query_lens.max())
         offsets = np.arange(max_q)[None, :]  # [1, Q]
         valid = offsets < query_lens[:, None]  # [P, Q]
@@ -203,20 +247,28 @@ class TorchPagedAttention:
         # starts [0, 7], query_lens [3, 2], Q=3 -> rows [[0, 1, 2], [7, 8, 8]]
         rows = starts[:, None] + np.minimum(offsets, query_lens[:, None] - 1)
         contexts = seq_lens - query_lens
+        query_positions = contexts[:, None] + offsets  # [P, Q]
         out_src, out_dst = np.flatnonzero(valid.reshape(-1)), rows[valid]
         if not contexts.any():
             block_ids = None
+            first_positions = np.zeros_like(seq_lens)  # keys are the step's own tokens, from position 0
             keys_len, key_end = max_q, query_lens
         else:
-            num_blocks = self._num_blocks(seq_lens)
-            block_ids = _to(block_tables[:, :num_blocks].astype(np.int64).reshape(-1), device)
-            keys_len, key_end = num_blocks * self.block_size, seq_lens
+            # The first query (position contexts[p]) sees keys from contexts[p] - W + 1 on.
+            first_blocks = _first_key_blocks(contexts - window + 1 if window else np.zeros_like(contexts),
+                                             self.block_size)
+            ids = _gather_block_ids(block_tables, first_blocks, -(-seq_lens // self.block_size))
+            block_ids = _to(ids.astype(np.int64).reshape(-1), device)
+            first_positions = first_blocks * self.block_size
+            keys_len, key_end = ids.shape[1] * self.block_size, seq_lens
         mask = None
-        if len(starts) > 1 or contexts.any():
-            # Query i of sequence p sits at position contexts[p] + i and sees keys j <= that.
-            # context 2, query len 2 -> [[T T T F], [T T T T]] (padded to 4 keys)
-            keys = np.arange(keys_len)[None, None, :]
-            mask = (keys <= (contexts[:, None] + offsets)[:, :, None]) & (keys < key_end[:, None, None])
+        if len(starts) > 1 or contexts.any() or window:
+            # Query i of sequence p sits at position contexts[p] + i and sees keys at positions
+            # <= that (and > that - window). Context 2, query len 2, no window -> [[T T T F], [T T T T]]
+            key_positions = (first_positions[:, None] + np.arange(keys_len)[None, :])[:, None, :]  # [P, 1, L]
+            mask = (key_positions <= query_positions[:, :, None]) & (key_positions < key_end[:, None, None])
+            if window:
+                mask &= key_positions > query_positions[:, :, None] - window
             mask = _to(mask[:, None], device)
         return PrefillGroup(_to(rows, device), _to(out_src, device), _to(out_dst, device), block_ids, mask)
 
@@ -225,27 +277,34 @@ class TorchPagedAttention:
         """Decode-only metadata from device tensors of fixed shape (CUDA-graph capture).
 
         Every row is a decode token and every slot is written (padding rows must point at a
-        scratch slot); every sequence gathers all block_tables.shape[1] blocks.
+        scratch slot); every sequence gathers all block_tables.shape[1] blocks (entries of blocks
+        outside a window must be valid ids: they are read, then masked).
         """
         num_seqs, max_blocks = block_tables.shape
-        key_positions = torch.arange(max_blocks * self.block_size, device=seq_lens.device)
-        mask = (key_positions[None, :] < seq_lens[:, None])[:, None, None, :]
+        key_positions = torch.arange(max_blocks * self.block_size, device=seq_lens.device)[None, :]
         rows = torch.arange(num_seqs, device=seq_lens.device)
-        decode = DecodeGroup(rows, block_tables.reshape(-1).long(), mask, all_rows=True)
-        return TorchAttentionMetadata(slot_mapping, None, [decode], [])
+        views = {}
+        for window in self.windows:
+            mask = key_positions < seq_lens[:, None]
+            if window:
+                mask = mask & (key_positions >= seq_lens[:, None] - window)
+            decode = DecodeGroup(rows, block_tables.reshape(-1).long(), mask[:, None, None, :], all_rows=True)
+            views[window] = AttentionView([decode], [])
+        return TorchAttentionMetadata(slot_mapping, None, views)
 
     # ---- per layer ---------------------------------------------------------------------------
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, metadata: TorchAttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor, metadata: TorchAttentionMetadata, window: int | None = None) -> torch.Tensor:
         self._write_kv(k, v, kv_cache, metadata)
-        decodes = metadata.decodes
+        view = metadata.views[window]
+        decodes = view.decodes
         if len(decodes) == 1 and decodes[0].all_rows:
             return self._decode(q, kv_cache, decodes[0])
         out = torch.zeros_like(q)  # rows in no group (graph padding) stay zero
         for decode in decodes:
             out[decode.token_rows] = self._decode(q[decode.token_rows], kv_cache, decode)
-        for group in metadata.prefills:
+        for group in view.prefills:
             self._prefill(q, k, v, kv_cache, group, out)
         return out
 
@@ -283,14 +342,14 @@ class TorchPagedAttention:
     def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
         if group.block_tables is not None:
             return self.decode_kernel(q, kv_cache, group.block_tables, group.seq_lens, group.max_seq_len,
-                                      self.scale)
+                                      self.scale, window=group.window, softcap=self.logit_softcap or 0.0)
         num_seqs = q.shape[0]
         keys, values = self._gather(kv_cache, group.block_ids, num_seqs)
         # Query heads h = kv * G + g share KV head kv (as HF's repeat_kv), so the G heads of a
         # group become G query rows against one KV head: K/V are read once per group, ~1.3x faster
         # on CPU than enable_gqa. [B, H, D] -> [B, H_kv, G, D]; the mask broadcasts over rows.
         queries = q.reshape(num_seqs, self.num_kv_heads, -1, self.head_dim)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, scale=self.scale)
+        out = self._attend(queries, keys, values, group.mask)
         return out.reshape(q.shape)
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
@@ -301,8 +360,25 @@ class TorchPagedAttention:
             keys, values = k[group.query_rows].transpose(1, 2), v[group.query_rows].transpose(1, 2)
         else:
             keys, values = self._gather(kv_cache, group.block_ids, num_seqs)
-        result = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask,
-                                                is_causal=group.mask is None, scale=self.scale,
-                                                enable_gqa=True)  # [P, H, Q, D]
+        result = self._attend(queries, keys, values, group.mask, grouped_heads=True)  # [P, H, Q, D]
         flat = result.transpose(1, 2).reshape(num_seqs * max_q, *q.shape[1:])
         out[group.out_dst] = flat[group.out_src].to(out.dtype)
+
+    def _attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                grouped_heads: bool = False) -> torch.Tensor:
+        """Attention of queries [B, Hq, Q, D] over keys/values [B, H_kv, L, D]; mask None = causal.
+        grouped_heads: query head h reads KV head h // (Hq / H_kv) (otherwise Hq == H_kv)."""
+        if self.logit_softcap is None:
+            return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
+                                                  scale=self.scale, enable_gqa=grouped_heads)
+        if grouped_heads and queries.shape[1] != keys.shape[1]:
+            group = queries.shape[1] // keys.shape[1]
+            keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        # HF's eager order: (q k^T) * scale, / cap, tanh, * cap, mask, softmax in float32.
+        scores = torch.matmul(queries, keys.transpose(-1, -2)) * self.scale
+        scores = torch.tanh(scores / self.logit_softcap) * self.logit_softcap
+        if mask is None:
+            mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype)
+        return torch.matmul(weights, values)

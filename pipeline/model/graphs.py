@@ -21,7 +21,6 @@ import structlog
 import torch
 
 from pipeline.model.attention import TorchPagedAttention
-from pipeline.model.models.llama import LlamaForCausalLM
 from pipeline.step_inputs import StepInputs
 
 log = structlog.get_logger(__name__)
@@ -39,7 +38,7 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class CUDAGraphRunner:
-    def __init__(self, model: LlamaForCausalLM, backend: TorchPagedAttention, kv_caches: list[torch.Tensor],
+    def __init__(self, model: torch.nn.Module, backend: TorchPagedAttention, kv_caches: list[torch.Tensor],
                  max_num_seqs: int, max_blocks_per_seq: int, scratch_slot: int, device: torch.device,
                  capture: bool = True) -> None:
         self.model, self.backend, self.kv_caches = model, backend, kv_caches
@@ -104,5 +103,7 @@ class CUDAGraphRunner:
         copy(self.slot_mapping, np.where(slots < 0, self.scratch_slot, slots), self.scratch_slot)
         copy(self.seq_lens, inputs.seq_lens.astype(np.int64), 1)
         self.block_tables[:size].zero_()
+        # Entries of blocks freed outside a sliding window are -1; the static path reads every block
+        # (then masks those), so point them at block 0.
         self.block_tables[:num_seqs, :width].copy_(
-            torch.from_numpy(inputs.block_tables[:, :width].astype(np.int64)))
+            torch.from_numpy(np.maximum(inputs.block_tables[:, :width], 0).astype(np.int64)))

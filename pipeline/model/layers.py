@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,22 @@ class RopeParams:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+
+
+def parse_rope(config: dict[str, Any]) -> RopeParams:
+    """Rope settings from an HF config: `rope_parameters` (v5) or `rope_theta` + `rope_scaling` (older)."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    if rope_type == "default":
+        return RopeParams(theta=theta)
+    if rope_type != "llama3":
+        raise ValueError(f"rope type must be 'default' or 'llama3', got {rope_type!r}")
+    original = params.get("original_max_position_embeddings", config.get("max_position_embeddings", 8192))
+    return RopeParams(theta=theta, rope_type="llama3", factor=float(params["factor"]),
+                      low_freq_factor=float(params["low_freq_factor"]),
+                      high_freq_factor=float(params["high_freq_factor"]),
+                      original_max_position_embeddings=int(original))
 
 
 def rope_inv_freq(head_dim: int, params: RopeParams) -> torch.Tensor:

@@ -1,8 +1,6 @@
 """Load a local HF model directory: config.json, safetensors weights (single or sharded), EOS ids.
 
-Supported: LlamaForCausalLM (incl. llama3 rope scaling), Qwen2ForCausalLM, Qwen3ForCausalLM.
-Both config forms are accepted: the old one (`rope_theta`, `rope_scaling`) and transformers
-v5's `rope_parameters` dict.
+The architectures served, and the module serving each, are listed in pipeline/model/models.
 """
 
 from __future__ import annotations
@@ -18,12 +16,11 @@ import torch
 from safetensors import safe_open
 
 from pipeline.model.attention import AttentionBackend
-from pipeline.model.layers import RopeParams
-from pipeline.model.models.llama import DecoderConfig, LlamaForCausalLM
+from pipeline.model.attention_shape import AttentionShape
+from pipeline.model.models import family_of
 
 log = structlog.get_logger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -41,6 +38,7 @@ class ModelInfo:
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
     dtype: torch.dtype
+    attention: AttentionShape
 
 
 def resolve_device(name: str) -> torch.device:
@@ -70,27 +68,17 @@ def _read_json(path: Path) -> dict[str, Any]:
 def read_config(model_dir: str | Path) -> dict[str, Any]:
     """config.json, after checking that its architecture is supported."""
     config = _read_json(Path(model_dir) / "config.json")
-    architectures = config.get("architectures") or []
-    if not architectures or architectures[0] not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"architecture {architectures} is not supported; supported architectures: "
-                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    architectures = config.get("architectures") or ["(none)"]
+    family_of(architectures[0])  # raises for an unsupported architecture, naming the supported ones
     return config
 
 
-def parse_rope(config: dict[str, Any]) -> RopeParams:
-    """Rope settings from `rope_parameters` (v5) or `rope_theta` + `rope_scaling` (older)."""
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
-    if rope_type == "default":
-        return RopeParams(theta=theta)
-    if rope_type != "llama3":
-        raise ValueError(f"rope type must be 'default' or 'llama3', got {rope_type!r}")
-    original = params.get("original_max_position_embeddings", config.get("max_position_embeddings", 8192))
-    return RopeParams(theta=theta, rope_type="llama3", factor=float(params["factor"]),
-                      low_freq_factor=float(params["low_freq_factor"]),
-                      high_freq_factor=float(params["high_freq_factor"]),
-                      original_max_position_embeddings=int(original))
+def architecture_of(config: dict[str, Any]) -> str:
+    return config["architectures"][0]
+
+
+def attention_shape(config: dict[str, Any]) -> AttentionShape:
+    return family_of(architecture_of(config)).attention_shape(config)
 
 
 def read_eos_token_ids(model_dir: str | Path, config: dict[str, Any]) -> tuple[int, ...]:
@@ -106,41 +94,15 @@ def read_eos_token_ids(model_dir: str | Path, config: dict[str, Any]) -> tuple[i
     return tuple(int(token) for token in (eos if isinstance(eos, list) else [eos]))
 
 
-def decoder_config(config: dict[str, Any], max_positions: int) -> DecoderConfig:
-    architecture = config["architectures"][0]
-    num_heads = config["num_attention_heads"]
-    attention_bias = bool(config.get("attention_bias", False))
-    if config.get("use_sliding_window"):
-        log.warning("sliding window attention is not implemented; using full attention",
-                    architecture=architecture)
-    return DecoderConfig(
-        vocab_size=config["vocab_size"],
-        hidden_size=config["hidden_size"],
-        intermediate_size=config["intermediate_size"],
-        num_layers=config["num_hidden_layers"],
-        num_heads=num_heads,
-        num_kv_heads=config.get("num_key_value_heads") or num_heads,
-        head_dim=config.get("head_dim") or config["hidden_size"] // num_heads,
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        rope=parse_rope(config),
-        max_positions=max_positions,
-        qkv_bias=True if architecture == "Qwen2ForCausalLM" else attention_bias,
-        o_bias=False if architecture == "Qwen2ForCausalLM" else attention_bias,
-        mlp_bias=bool(config.get("mlp_bias", False)),
-        qk_norm=architecture == "Qwen3ForCausalLM",
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-    )
-
-
 def read_model_info(model_dir: str | Path, dtype: torch.dtype) -> ModelInfo:
     config = read_config(model_dir)
-    decoder = decoder_config(config, config["max_position_embeddings"])
+    shape = attention_shape(config)
     return ModelInfo(
-        architecture=config["architectures"][0], vocab_size=decoder.vocab_size,
-        hidden_size=decoder.hidden_size, num_layers=decoder.num_layers, num_heads=decoder.num_heads,
-        num_kv_heads=decoder.num_kv_heads, head_dim=decoder.head_dim,
+        architecture=architecture_of(config), vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"], num_layers=shape.num_layers, num_heads=shape.num_heads,
+        num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
         max_position_embeddings=config["max_position_embeddings"],
-        eos_token_ids=read_eos_token_ids(model_dir, config), dtype=dtype)
+        eos_token_ids=read_eos_token_ids(model_dir, config), dtype=dtype, attention=shape)
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:
@@ -180,17 +142,16 @@ def materialize(model: torch.nn.Module, dtype: torch.dtype, device: torch.device
 
 
 def load_model(model_dir: str | Path, backend: AttentionBackend, *, dtype: torch.dtype,
-               device: torch.device, max_positions: int) -> tuple[LlamaForCausalLM, ModelInfo]:
+               device: torch.device, max_positions: int) -> tuple[torch.nn.Module, ModelInfo]:
     """Build the model without initialising weights (meta device), then copy the checkpoint in."""
     info = read_model_info(model_dir, dtype)
-    config = decoder_config(read_config(model_dir), max_positions)
+    config = read_config(model_dir)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, backend)
+        model = family_of(info.architecture).build_model(config, backend, max_positions)
     materialize(model, dtype, device)
-    if config.tie_word_embeddings:
-        model.tie_weights()  # materialize gives a shared Parameter two separate tensors
+    model.tie_weights()  # materialize gives a shared Parameter two separate tensors (no-op if untied)
     model.load_weights(iter_weights(model_dir))
-    model.model.rotary_emb.build(device)
+    model.build_buffers(device)
     log.info("model loaded", architecture=info.architecture, dtype=str(dtype), device=str(device),
              num_params=sum(p.numel() for p in model.parameters()))
     return model.eval(), info

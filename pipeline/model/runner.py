@@ -20,7 +20,14 @@ from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.cpu_kernel import load_decode_kernel
 from pipeline.model.cpu_linear import onednn_linear_works, pack_linears
 from pipeline.model.graphs import CUDAGraphRunner
-from pipeline.model.loader import ModelInfo, load_model, read_config, resolve_device, resolve_dtype
+from pipeline.model.loader import (
+    ModelInfo,
+    attention_shape,
+    load_model,
+    read_config,
+    resolve_device,
+    resolve_dtype,
+)
 from pipeline.step_inputs import StepInputs
 
 log = structlog.get_logger(__name__)
@@ -88,10 +95,10 @@ class ModelRunner:
 
     def _load(self, model_config: ModelConfig, model_dir: str) -> tuple[torch.nn.Module, ModelInfo]:
         config = read_config(model_dir)
-        num_heads = config["num_attention_heads"]
-        head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
-        self.backend = TorchPagedAttention(num_heads, config.get("num_key_value_heads") or num_heads,
-                                           head_dim, self.block_size, scale=head_dim**-0.5)
+        shape = attention_shape(config)
+        self.backend = TorchPagedAttention(shape.num_heads, shape.num_kv_heads, shape.head_dim, self.block_size,
+                                           scale=shape.scale, windows=shape.windows,
+                                           logit_softcap=shape.logit_softcap)
         if self.device.type == "cpu" and self.dtype == torch.float32:
             self.backend.decode_kernel = load_decode_kernel()
         model, info = load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,

@@ -16,10 +16,16 @@
  * The scores are padded to a multiple of 8 for the vectorized softmax by repeating the last
  * token's score, which leaves the max alone, and the padding then gets weight 0.
  *
+ * Sliding window (window > 0): a sequence of len tokens attends to its last min(len, window)
+ * tokens only (HF: keys with position > query position - window); blocks before them are never
+ * read, so their block-table entries may be anything. Soft-capping (softcap > 0, Gemma 2):
+ * scores become softcap * tanh(scores / softcap) before the softmax.
+ *
  * Layouts (contiguous): q, out [num_seqs, num_heads, head_dim];
  * key_cache, value_cache [num_blocks, block_size, num_kv_heads, head_dim];
  * block_tables [num_seqs, block_table_stride] int32; seq_lens [num_seqs] int32 (>= 1).
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,13 +110,20 @@ static void softmax_rows(float *scores, int64_t num_rows, int64_t len, int64_t s
     }
 }
 
-/* Offset of each token's row in the cache, in floats (row = num_kv_heads * head_dim).
- * Worked example: block_size 4, blocks {7, 2}, len 6 -> rows 28 29 30 31 8 9, each times row. */
-static void offsets_of(int64_t *offsets, const int32_t *blocks, int64_t len, int64_t block_size, int64_t row) {
-    int64_t t = 0;
-    for (int64_t b = 0; t < len; ++b)
-        for (int64_t slot = 0; slot < block_size && t < len; ++slot, ++t)
-            offsets[t] = ((int64_t)blocks[b] * block_size + slot) * row;
+/* Offset of the rows of tokens first .. end - 1 in the cache, in floats (row = num_kv_heads * head_dim).
+ * Worked example: block_size 4, blocks {7, 2}, tokens 0 .. 5 -> rows 28 29 30 31 8 9, each times row;
+ * tokens 3 .. 5 -> rows 31 8 9. */
+static void offsets_of(int64_t *offsets, const int32_t *blocks, int64_t first, int64_t end, int64_t block_size,
+                       int64_t row) {
+    for (int64_t t = first; t < end; ++t)
+        offsets[t - first] = ((int64_t)blocks[t / block_size] * block_size + t % block_size) * row;
+}
+
+/* scores -> softcap * tanh(scores / softcap), the first len of each of num_rows rows. */
+static void softcap_rows(float *scores, int64_t num_rows, int64_t len, int64_t stride, float softcap) {
+    const float inv = 1.0f / softcap;
+    for (int64_t h = 0; h < num_rows; ++h)
+        for (int64_t t = 0; t < len; ++t) scores[h * stride + t] = softcap * tanhf(scores[h * stride + t] * inv);
 }
 
 /* q . k over head_dim, with two accumulators so consecutive FMAs do not wait on each other. */
@@ -142,13 +155,15 @@ static inline __attribute__((always_inline)) void add_scaled(float *restrict out
 static inline __attribute__((always_inline)) void attend_sequence(
         float *restrict out, const float *restrict q, const float *restrict key_cache,
         const float *restrict value_cache, const int64_t *restrict offsets, int64_t len, int64_t stride,
-        int64_t num_heads, int64_t num_kv_heads, const int64_t head_dim, float scale, float *restrict scores) {
+        int64_t num_heads, int64_t num_kv_heads, const int64_t head_dim, float scale, float softcap,
+        float *restrict scores) {
     const int64_t group = num_heads / num_kv_heads;
     for (int64_t t = 0; t < len; ++t) {
         const float *k = key_cache + offsets[t];
         for (int64_t h = 0; h < num_heads; ++h)
             scores[h * stride + t] = scale * dot(q + h * head_dim, k + h / group * head_dim, head_dim);
     }
+    if (softcap > 0.0f) softcap_rows(scores, num_heads, len, stride, softcap);
     for (int64_t h = 0; h < num_heads; ++h) /* pad to the vector width with the last score (max unchanged) */
         for (int64_t t = len; t < stride; ++t) scores[h * stride + t] = scores[h * stride + len - 1];
     softmax_rows(scores, num_heads, len, stride);
@@ -163,7 +178,8 @@ static inline __attribute__((always_inline)) void attend_sequence(
 int paged_decode_attention_f32(float *out, const float *q, const float *key_cache, const float *value_cache,
                                const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                                int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                               int64_t block_size, float scale, int64_t max_seq_len, int num_threads) {
+                               int64_t block_size, float scale, int64_t max_seq_len, int64_t window,
+                               float softcap, int num_threads) {
     const int64_t row = num_kv_heads * head_dim;
     const int64_t max_stride = ((max_seq_len > 0 ? max_seq_len : 1) + VL - 1) / VL * VL;
     int failed = 0;
@@ -175,20 +191,21 @@ int paged_decode_attention_f32(float *out, const float *q, const float *key_cach
 #pragma omp for schedule(dynamic, 1)
         for (int64_t seq = 0; seq < num_seqs; ++seq) {
             if (failed) continue;
-            const int64_t len = seq_lens[seq], stride = (len + VL - 1) / VL * VL;
-            offsets_of(offsets, block_tables + seq * block_table_stride, len, block_size, row);
+            const int64_t end = seq_lens[seq], first = window > 0 && end > window ? end - window : 0;
+            const int64_t len = end - first, stride = (len + VL - 1) / VL * VL;
+            offsets_of(offsets, block_tables + seq * block_table_stride, first, end, block_size, row);
             float *o = out + seq * num_heads * head_dim;
             const float *qs = q + seq * num_heads * head_dim;
             /* Constant head_dim for the common sizes: the compiler unrolls the head_dim loops. */
             if (head_dim == 64)
                 attend_sequence(o, qs, key_cache, value_cache, offsets, len, stride, num_heads, num_kv_heads, 64,
-                                scale, scores);
+                                scale, softcap, scores);
             else if (head_dim == 128)
                 attend_sequence(o, qs, key_cache, value_cache, offsets, len, stride, num_heads, num_kv_heads, 128,
-                                scale, scores);
+                                scale, softcap, scores);
             else
                 attend_sequence(o, qs, key_cache, value_cache, offsets, len, stride, num_heads, num_kv_heads,
-                                head_dim, scale, scores);
+                                head_dim, scale, softcap, scores);
         }
         free(scores);
         free(offsets);

@@ -1,0 +1,32 @@
+"""Model families: which module serves each HF architecture name.
+
+Every family module provides
+- `attention_shape(config) -> AttentionShape`: what the KV cache and the attention backend need;
+- `build_model(config, backend, max_positions) -> nn.Module` on the current (meta) device, with
+  `forward(input_ids, positions, metadata, kv_caches)`, `compute_logits(hidden)`,
+  `load_weights(named_tensors)` and `tie_weights()`.
+`config` is the checkpoint's config.json as a dict.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# HF architecture name -> module under pipeline.model.models
+_FAMILIES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "llama",
+    "Qwen3ForCausalLM": "llama",
+}
+
+SUPPORTED_ARCHITECTURES = tuple(_FAMILIES)
+
+
+def family_of(architecture: str) -> ModuleType:
+    """The module serving `architecture`; ValueError naming the supported ones otherwise."""
+    if architecture not in _FAMILIES:
+        raise ValueError(f"architecture {architecture!r} is not supported; supported architectures: "
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    return importlib.import_module(f"pipeline.model.models.{_FAMILIES[architecture]}")

@@ -1,7 +1,8 @@
-"""Decoder-only transformer for the Llama family: Llama (incl. llama3 rope), Qwen2, Qwen3.
+"""Decoder-only transformer for the Llama family: Llama (incl. llama3 rope), Mistral, Qwen2, Qwen3.
 
 The families differ only in flags: qkv bias (Qwen2), per-head q/k RMSNorm (Qwen3), an explicit
-head_dim (Qwen3), tied embeddings. Module names mirror HF checkpoints except two fusions:
+head_dim (Qwen3), tied embeddings, sliding-window layers (Mistral; Qwen2 with use_sliding_window).
+Module names mirror HF checkpoints except two fusions:
 q/k/v_proj -> qkv_proj and gate/up_proj -> gate_up_proj (fewer, larger matmuls); `load_weights`
 maps checkpoint names onto them.
 
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from pipeline.model.attention import AttentionBackend
-from pipeline.model.layers import GatedMLP, RMSNorm, RopeParams, RotaryEmbedding, apply_rotary
+from pipeline.model.attention_shape import AttentionShape, layer_windows
+from pipeline.model.layers import GatedMLP, RMSNorm, RopeParams, RotaryEmbedding, apply_rotary, parse_rope
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +40,53 @@ class DecoderConfig:
     mlp_bias: bool = False
     qk_norm: bool = False
     tie_word_embeddings: bool = False
+    layer_windows: tuple[int | None, ...] = ()  # per layer (empty = all full attention)
+
+    def window_of(self, layer_index: int) -> int | None:
+        return self.layer_windows[layer_index] if self.layer_windows else None
+
+
+def decoder_config(config: dict[str, Any], max_positions: int) -> DecoderConfig:
+    """DecoderConfig from an HF config.json dict of any architecture this module serves."""
+    architecture = config["architectures"][0]
+    num_heads = config["num_attention_heads"]
+    attention_bias = bool(config.get("attention_bias", False))
+    is_qwen2 = architecture == "Qwen2ForCausalLM"
+    return DecoderConfig(
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=config.get("num_key_value_heads") or num_heads,
+        head_dim=config.get("head_dim") or config["hidden_size"] // num_heads,
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rope=parse_rope(config),
+        max_positions=max_positions,
+        qkv_bias=True if is_qwen2 else attention_bias,
+        o_bias=False if is_qwen2 else attention_bias,
+        mlp_bias=bool(config.get("mlp_bias", False)),
+        qk_norm=architecture == "Qwen3ForCausalLM",
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        layer_windows=layer_windows(config, config["num_hidden_layers"]),
+    )
+
+
+def attention_shape(config: dict[str, Any]) -> AttentionShape:
+    decoder = decoder_config(config, max_positions=1)
+    return AttentionShape(num_layers=decoder.num_layers, num_heads=decoder.num_heads,
+                          num_kv_heads=decoder.num_kv_heads, head_dim=decoder.head_dim,
+                          scale=decoder.head_dim**-0.5, layer_windows=decoder.layer_windows)
+
+
+def build_model(config: dict[str, Any], backend: AttentionBackend, max_positions: int) -> LlamaForCausalLM:
+    return LlamaForCausalLM(decoder_config(config, max_positions), backend)
 
 
 class Attention(nn.Module):
-    def __init__(self, config: DecoderConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: DecoderConfig, backend: AttentionBackend, window: int | None = None) -> None:
         super().__init__()
+        self.window = window
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
         self.q_size = config.num_heads * config.head_dim
@@ -67,15 +111,15 @@ class Attention(nn.Module):
             qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(
                 num_tokens, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        out = self.backend.forward(q, k, v, kv_cache, metadata)
+        out = self.backend.forward(q, k, v, kv_cache, metadata, window=self.window)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: DecoderConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: DecoderConfig, backend: AttentionBackend, window: int | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, backend)
+        self.self_attn = Attention(config, backend, window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
 
@@ -92,13 +136,14 @@ class DecoderModel(nn.Module):
         # overwrites it anyway, and torch's normal_ imports torch._dynamo on first use (~1 s).
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          _weight=torch.empty(config.vocab_size, config.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(config, backend) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, backend, config.window_of(index))
+                                    for index in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_positions, config.rope)
 
 
 class LlamaForCausalLM(nn.Module):
-    """Serves LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM checkpoints."""
+    """Serves LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM checkpoints."""
 
     # checkpoint suffix -> (fused parameter suffix, shard index)
     _FUSED: ClassVar[dict[str, tuple[str, int]]] = {
@@ -116,7 +161,12 @@ class LlamaForCausalLM(nn.Module):
 
     def tie_weights(self) -> None:
         """Share embed_tokens' weight with lm_head (again after materialising from meta)."""
-        self.lm_head.weight = self.model.embed_tokens.weight
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def build_buffers(self, device: torch.device) -> None:
+        """Compute the non-persistent buffers (the rotary table) once the weights are loaded."""
+        self.model.rotary_emb.build(device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: object,
                 kv_caches: list[torch.Tensor]) -> torch.Tensor:
@@ -145,7 +195,8 @@ class LlamaForCausalLM(nn.Module):
                 target.data[rows].copy_(tensor)
             pending.discard(self._fused_name(name))
         if "lm_head.weight" in pending and "model.embed_tokens.weight" not in pending:
-            self.tie_weights()  # no lm_head in the checkpoint: the embeddings double as the head
+            # No lm_head in the checkpoint: the embeddings double as the head.
+            self.lm_head.weight = self.model.embed_tokens.weight
             pending.discard("lm_head.weight")
         # A fused parameter counts as loaded only if all of its shards were seen; tracked coarsely
         # via the fused name, which is enough to catch a missing file or a wrong architecture.

@@ -1,0 +1,69 @@
+"""AttentionShape: what the KV cache, the scheduler and the attention backend need of a model.
+
+Sliding windows follow HF transformers: a layer with window W lets the query at position p see
+keys at positions p - W + 1 .. p (`kv_idx > q_idx - W`), W keys including its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionShape:
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float  # multiplies q . k
+    layer_windows: tuple[int | None, ...]  # per layer; None = full attention
+    logit_softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) (Gemma 2)
+
+    def __post_init__(self) -> None:
+        if len(self.layer_windows) != self.num_layers:
+            raise ValueError(f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers")
+        if any(window is not None and window < 1 for window in self.layer_windows):
+            raise ValueError(f"sliding windows must be >= 1, got {self.layer_windows}")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+
+    @property
+    def windows(self) -> frozenset[int | None]:
+        """The distinct windows of the layers (attention metadata is built once per window)."""
+        return frozenset(self.layer_windows)
+
+    @property
+    def kv_window(self) -> int | None:
+        """The window every layer stays inside (blocks older than it are never read again), or
+        None when some layer attends to the whole context."""
+        if any(window is None for window in self.layer_windows):
+            return None
+        return max(self.layer_windows)  # type: ignore[type-var]
+
+
+def layer_windows(config: dict[str, Any], num_layers: int) -> tuple[int | None, ...]:
+    """Per-layer sliding windows from an HF config.
+
+    `layer_types` (transformers v5: Gemma 2, Qwen2 with use_sliding_window, ...) names each
+    layer's kind; without it a set `sliding_window` applies to every layer (Mistral, Phi-3,
+    Mixtral). Qwen2/Qwen3 keep a `sliding_window` value even when `use_sliding_window` is off.
+    """
+    window = config.get("sliding_window")
+    layer_types = config.get("layer_types")
+    if layer_types is not None:
+        if len(layer_types) != num_layers:
+            raise ValueError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
+        unknown = set(layer_types) - {"full_attention", "sliding_attention"}
+        if unknown:
+            raise ValueError(f"layer types {sorted(unknown)} are not supported")
+        if "sliding_attention" in layer_types and not window:
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+        return tuple(int(window) if kind == "sliding_attention" else None for kind in layer_types)
+    if config.get("use_sliding_window") is False or not window:
+        return (None,) * num_layers
+    if config.get("use_sliding_window") and config.get("max_window_layers") is not None:
+        # Old Qwen2 configs: layers from max_window_layers on use the window.
+        first = int(config["max_window_layers"])
+        return tuple(int(window) if index >= first else None for index in range(num_layers))
+    return (int(window),) * num_layers
