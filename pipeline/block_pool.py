@@ -59,14 +59,17 @@ class BlockPool:
         return block_id
 
     def touch(self, block_ids: list[int]) -> None:
-        """Take a reference on cached blocks found by lookup (they may be in the free queue)."""
+        """Take a reference on cached blocks found by lookup (they may be in the free queue);
+        negative ids (placeholders for blocks not needed) are skipped."""
         for block_id in block_ids:
+            if block_id < 0:
+                continue
             if self.ref_counts[block_id] == 0:
                 del self._free[block_id]
             self.ref_counts[block_id] += 1
 
     def count_free_among(self, block_ids: list[int]) -> int:
-        return sum(1 for block_id in block_ids if self.ref_counts[block_id] == 0)
+        return sum(1 for block_id in block_ids if block_id >= 0 and self.ref_counts[block_id] == 0)
 
     def cache_block(self, block_id: int, block_hash: int, token_ids: tuple[int, ...]) -> None:
         if block_id in self._hash_of_block or block_hash in self._block_of_hash:

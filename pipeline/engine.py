@@ -52,7 +52,8 @@ class LLMEngine:
         self.vocab_size = self.runner.vocab_size
         self.eos_token_ids = frozenset(self.runner.eos_token_ids)
         kv_cache = KVCacheManager(self.runner.num_kv_blocks, config.cache.block_size,
-                                  config.cache.enable_prefix_caching)
+                                  config.cache.enable_prefix_caching,
+                                  sliding_window=self.runner.info.attention.kv_window)
         self.scheduler = Scheduler(config.scheduler, kv_cache, self.runner.max_model_len)
         self.max_model_len = self.scheduler.max_model_len
         self.tensor_prep = TensorPrep(config.scheduler.max_num_seqs, self.max_model_len, config.cache.block_size)

@@ -41,6 +41,7 @@ class Sequence:
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chain hashes of full blocks, grown lazily
     num_published_blocks: int = 0  # leading blocks already offered to the prefix cache
+    num_released_blocks: int = 0  # leading blocks released outside the sliding window (now NULL_BLOCK)
     num_sent_tokens: int = 0  # tokens tensor prep has been told about (the rest go in the next plan)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None

@@ -26,8 +26,12 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int) -> None:
         self.config = config
         self.kv_cache = kv_cache
-        # A sequence must fit in the whole cache, or it could only preempt itself forever.
-        self.max_model_len = min(max_model_len, kv_cache.pool.num_blocks * kv_cache.block_size)
+        # A sequence must fit in the whole cache, or it could only preempt itself forever; under a
+        # sliding window it holds a bounded number of blocks however long it grows.
+        blocks_per_seq = kv_cache.max_blocks_per_sequence(config.max_num_batched_tokens)
+        if blocks_per_seq is None or blocks_per_seq > kv_cache.pool.num_blocks:
+            max_model_len = min(max_model_len, kv_cache.pool.num_blocks * kv_cache.block_size)
+        self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.sequences: dict[int, Sequence] = {}

@@ -1,4 +1,4 @@
-"""Tiny random-weight HF checkpoints for tests (Llama, Llama with llama3 rope, Qwen2, Qwen3).
+"""Tiny random-weight HF checkpoints for tests (Llama, Llama with llama3 rope, Qwen2, Qwen3, Mistral).
 
 HF's default init (std 0.02, zero biases, unit norms) gives near-tied logits and leaves biases
 and norm weights untested, so every parameter is re-drawn: matrices with std 1/sqrt(fan_in)
@@ -42,6 +42,8 @@ _ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True, "rope_theta": 1000000.0}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32, "rope_theta": 1000000.0,
                                                   "tie_word_embeddings": False}),
+    # A window shorter than most test prompts (up to 80 tokens) and not a multiple of the block sizes.
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 21, "rope_theta": 10000.0}),
 }
 ARCHS = tuple(_ARCHS)
 

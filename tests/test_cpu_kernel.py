@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from pipeline.model.cpu_kernel import load_decode_kernel
 from pipeline.sampling_params import SamplingParams
@@ -16,19 +15,21 @@ kernel = load_decode_kernel()
 pytestmark = pytest.mark.skipif(kernel is None, reason="no C compiler: the CPU kernel is not built here")
 
 
-def _reference(q, kv_cache, block_tables, seq_lens, scale):
-    """Per-sequence SDPA over the sequence's own slots, GQA by repeating K/V heads."""
+def _reference(q, kv_cache, block_tables, seq_lens, scale, window=0, softcap=0.0):
+    """Per-sequence attention over the sequence's own (visible) slots, GQA by repeating K/V heads."""
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     out = torch.empty_like(q)
     for seq, length in enumerate(seq_lens.tolist()):
-        positions = torch.arange(length)
+        positions = torch.arange(max(0, length - window) if window else 0, length)
         blocks = block_tables[seq, positions // block_size].long()
         keys = kv_cache[0, blocks, positions % block_size]  # [L, H_kv, D]
         values = kv_cache[1, blocks, positions % block_size]
         group = q.shape[1] // num_kv_heads
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-        out[seq] = F.scaled_dot_product_attention(q[seq][:, None], keys.transpose(0, 1), values.transpose(0, 1),
-                                                  scale=scale)[:, 0]
+        scores = torch.einsum("hd,lhd->hl", q[seq], keys) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        out[seq] = torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), values)
     return out
 
 
@@ -70,6 +71,28 @@ def test_kernel_at_lengths_around_padding_and_block_edges(head_dim, block_size):
     # just under, at and just over a multiple of 8 or a block, and several blocks plus one.
     seq_lens = [1, 2, 7, 8, 9, 15, 16, 17, 24, 25, 3 * block_size, 3 * block_size + 1]
     _check_against_sdpa(4, 2, head_dim, block_size, seq_lens, seed=head_dim + block_size)
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(5, 0.0), (16, 0.0), (37, 0.0), (0, 3.0), (9, 2.0)])
+def test_kernel_with_a_sliding_window_and_soft_capping(window, softcap):
+    generator = torch.Generator().manual_seed(window)
+    block_size, num_heads, num_kv_heads, head_dim = 4, 8, 2, 64
+    seq_lens = torch.tensor([1, 4, 5, 9, 16, 17, 40, 41, 77], dtype=torch.int32)
+    max_blocks = -(-int(seq_lens.max()) // block_size)
+    num_blocks = len(seq_lens) * max_blocks + 1
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=generator)
+    block_tables = torch.randperm(num_blocks - 1, generator=generator)[: len(seq_lens) * max_blocks]
+    block_tables = block_tables.reshape(len(seq_lens), max_blocks).to(torch.int32)
+    if window:
+        # Blocks wholly before the window are released by the KV manager: their entries are -1
+        # and must never be read.
+        for seq, length in enumerate(seq_lens.tolist()):
+            block_tables[seq, : max(0, length - window) // block_size] = -1
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=generator) * 3.0
+    scale = head_dim**-0.5
+    out = kernel(q, kv_cache, block_tables, seq_lens, int(seq_lens.max()), scale, window=window, softcap=softcap)
+    expected = _reference(q, kv_cache, block_tables, seq_lens, scale, window, softcap)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
 
 
 def test_engine_gives_the_same_tokens_with_and_without_the_kernel(tmp_path):
