@@ -1,6 +1,7 @@
 """Greedy `aqueduct batch` vs HF transformers on tiny random models no test has seen.
 
-Each case draws an architecture (llama, llama3, qwen2, qwen3), a head layout, sizes, a weight
+Each case draws an architecture (any of tests/hf_models.py, with a sliding window drawn for the
+families that have one), a head layout, sizes, a weight
 seed and tight engine limits (KV blocks, token budget, sequences per step, block size) from
 --seed, runs a batch file of mixed-length greedy requests through `aqueduct batch`, and compares
 every request with HF `generate` on that request alone. A divergence passes only at a near-tie of
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.hf_models import ARCHS, make_tiny_hf_model
 
 NEAR_TIE_MARGIN = 1e-3
+WINDOWED_ARCHS = ("mistral", "gemma2", "phi3", "mixtral")  # families whose configs carry sliding_window
 MAX_PROMPT, MAX_OUTPUT = 70, 40
 
 
@@ -50,6 +52,9 @@ def draw_case(rng: random.Random) -> Case:
                               "intermediate_size": rng.choice([96, 160, 256])}
     if arch == "qwen3":
         config["head_dim"] = head_dim
+    if arch in WINDOWED_ARCHS:
+        config["sliding_window"] = rng.choice([None, rng.randint(3, MAX_PROMPT)]) if arch != "mistral" \
+            else rng.randint(3, MAX_PROMPT)
     block_size = rng.choice([4, 8, 16, 32])
     min_blocks = -(-(MAX_PROMPT + MAX_OUTPUT) // block_size) + 1  # the longest request fits alone
     flags = ["--block-size", str(block_size), "--num-kv-blocks", str(rng.randint(min_blocks, 3 * min_blocks)),
