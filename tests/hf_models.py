@@ -1,8 +1,10 @@
-"""Tiny random-weight HF checkpoints for tests (Llama, Llama with llama3 rope, Qwen2, Qwen3, Mistral).
+"""Tiny random-weight HF checkpoints for tests (Llama, llama3 rope, Qwen2, Qwen3, Mistral, Phi-3, Mixtral).
 
 HF's default init (std 0.02, zero biases, unit norms) gives near-tied logits and leaves biases
 and norm weights untested, so every parameter is re-drawn: matrices with std 1/sqrt(fan_in)
 (activations stay O(1), logits spread by ~1), biases and norm weights around their defaults.
+Stacked expert matrices [experts, out, in] count as matrices with fan_in = in; the router's
+matrix gets the same std, so router logits spread by ~1 and tokens pick varied experts.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ _ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
                                                   "tie_word_embeddings": False}),
     # A window shorter than most test prompts (up to 80 tokens) and not a multiple of the block sizes.
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 21, "rope_theta": 10000.0}),
+    # Phi-3 convention: pad is eos. A window (32) shorter than the test prompts.
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"rope_theta": 10000.0, "sliding_window": 32,
+                                               "pad_token_id": EOS_TOKEN_ID}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"rope_theta": 1000000.0, "sliding_window": None,
+                                                        "num_local_experts": 4, "num_experts_per_tok": 2}),
 }
 ARCHS = tuple(_ARCHS)
 
@@ -52,8 +59,8 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.ndim == 2:
-                std = 1.0 if "embed_tokens" in name else param.shape[1] ** -0.5
+            if param.ndim >= 2:  # [out, in], or [experts, out, in]
+                std = 1.0 if "embed_tokens" in name else param.shape[-1] ** -0.5
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
             elif name.endswith("bias"):
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)

@@ -4,7 +4,7 @@ Every family module provides
 - `attention_shape(config) -> AttentionShape`: what the KV cache and the attention backend need;
 - `build_model(config, backend, max_positions) -> nn.Module` on the current (meta) device, with
   `forward(input_ids, positions, metadata, kv_caches)`, `compute_logits(hidden)`,
-  `load_weights(named_tensors)` and `tie_weights()`.
+  `load_weights(named_tensors)`, `tie_weights()` and `build_buffers(device)`.
 `config` is the checkpoint's config.json as a dict.
 """
 
@@ -17,6 +17,8 @@ from types import ModuleType
 _FAMILIES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
+    "MixtralForCausalLM": "mixtral",
+    "Phi3ForCausalLM": "phi3",
     "Qwen2ForCausalLM": "llama",
     "Qwen3ForCausalLM": "llama",
 }

@@ -1,10 +1,11 @@
-"""Decoder-only transformer for the Llama family: Llama (incl. llama3 rope), Mistral, Qwen2, Qwen3.
+"""Decoder-only transformer for the Llama family: Llama (incl. llama3 rope), Mistral, Qwen2, Qwen3;
+Phi-3 (phi3.py) and Mixtral (mixtral.py) build on it.
 
 The families differ only in flags: qkv bias (Qwen2), per-head q/k RMSNorm (Qwen3), an explicit
-head_dim (Qwen3), tied embeddings, sliding-window layers (Mistral; Qwen2 with use_sliding_window).
-Module names mirror HF checkpoints except two fusions:
+head_dim (Qwen3), tied embeddings, sliding-window layers (Mistral; Qwen2 with use_sliding_window),
+a mixture-of-experts MLP (Mixtral). Module names mirror HF checkpoints except two fusions:
 q/k/v_proj -> qkv_proj and gate/up_proj -> gate_up_proj (fewer, larger matmuls); `load_weights`
-maps checkpoint names onto them.
+maps checkpoint names onto them (Phi-3 checkpoints store them fused already).
 
 Tokens are flat ([T], no batch axis); attention metadata says which tokens belong together.
 """
@@ -21,6 +22,10 @@ from torch import nn
 from pipeline.model.attention import AttentionBackend
 from pipeline.model.attention_shape import AttentionShape, layer_windows
 from pipeline.model.layers import GatedMLP, RMSNorm, RopeParams, RotaryEmbedding, apply_rotary, parse_rope
+from pipeline.model.moe import SparseMoE
+
+# A parameter's part that one checkpoint tensor fills: rows of a fused matrix, or (expert, rows).
+Index = slice | tuple[int, slice]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,8 @@ class DecoderConfig:
     qk_norm: bool = False
     tie_word_embeddings: bool = False
     layer_windows: tuple[int | None, ...] = ()  # per layer (empty = all full attention)
+    num_experts: int = 0  # > 0: each MLP is a mixture of this many experts (intermediate_size each)
+    num_experts_per_tok: int = 0
 
     def window_of(self, layer_index: int) -> int | None:
         return self.layer_windows[layer_index] if self.layer_windows else None
@@ -121,7 +128,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, backend, window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.mlp: nn.Module
+        if config.num_experts:
+            self.mlp = SparseMoE(config.hidden_size, config.intermediate_size, config.num_experts,
+                                 config.num_experts_per_tok)
+        else:
+            self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: object) -> torch.Tensor:
@@ -143,7 +155,7 @@ class DecoderModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Serves LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM checkpoints."""
+    """Serves Llama, Mistral, Qwen2, Qwen3 and Phi-3 checkpoints; the base of Mixtral's model."""
 
     # checkpoint suffix -> (fused parameter suffix, shard index)
     _FUSED: ClassVar[dict[str, tuple[str, int]]] = {
@@ -182,49 +194,48 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors into the (possibly fused) parameters; raise if any is missing."""
+        """Copy checkpoint tensors into the (possibly fused) parameters; raise if any part is missing."""
         params = dict(self.named_parameters(remove_duplicate=False))
-        pending = set(params)
-        if self.config.tie_word_embeddings:
-            pending.discard("lm_head.weight")
+        # Elements written per parameter: a fused parameter is complete once its shards add up to it.
+        loaded = dict.fromkeys(params, 0)
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue  # old checkpoints store the rope table; it is recomputed
-            target, rows = self._target(name, params)
+            param_name, index = self.locate(name)
+            if param_name not in params:
+                raise ValueError(f"unexpected weight in checkpoint: {name}")
+            target = params[param_name].data[index]
+            if target.shape != tensor.shape:
+                raise ValueError(f"weight {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
             with torch.no_grad():
-                target.data[rows].copy_(tensor)
-            pending.discard(self._fused_name(name))
-        if "lm_head.weight" in pending and "model.embed_tokens.weight" not in pending:
+                target.copy_(tensor)
+            loaded[param_name] += tensor.numel()
+        missing = {name for name, param in params.items() if loaded[name] < param.numel()}
+        if self.config.tie_word_embeddings:
+            missing.discard("lm_head.weight")
+        if "lm_head.weight" in missing and "model.embed_tokens.weight" not in missing:
             # No lm_head in the checkpoint: the embeddings double as the head.
             self.lm_head.weight = self.model.embed_tokens.weight
-            pending.discard("lm_head.weight")
-        # A fused parameter counts as loaded only if all of its shards were seen; tracked coarsely
-        # via the fused name, which is enough to catch a missing file or a wrong architecture.
-        if pending:
-            raise ValueError(f"checkpoint is missing weights: {sorted(pending)[:8]}")
+            missing.discard("lm_head.weight")
+        if missing:
+            raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
 
-    def _fused_name(self, name: str) -> str:
+    def locate(self, name: str) -> tuple[str, Index]:
+        """The parameter a checkpoint tensor belongs to, and which part of it.
+
+        "model.layers.0.self_attn.k_proj.weight" -> ("model.layers.0.self_attn.qkv_proj.weight", rows q..q+kv)
+        """
         module, _, kind = name.rpartition(".")
         prefix, _, proj = module.rpartition(".")
-        if proj in self._FUSED:
-            return f"{prefix}.{self._FUSED[proj][0]}.{kind}"
-        return name
-
-    def _target(self, name: str, params: dict[str, nn.Parameter]) -> tuple[nn.Parameter, slice]:
-        fused = self._fused_name(name)
-        if fused not in params:
-            raise ValueError(f"unexpected weight in checkpoint: {name}")
-        param = params[fused]
-        proj = name.rpartition(".")[0].rpartition(".")[2]
-        if fused == name:
-            return param, slice(None)
-        shard = self._FUSED[proj][1]
+        if proj not in self._FUSED:
+            return name, slice(None)
+        fused, shard = self._FUSED[proj]
         sizes = self._shard_sizes(fused)
         start = sum(sizes[:shard])
-        return param, slice(start, start + sizes[shard])
+        return f"{prefix}.{fused}.{kind}", slice(start, start + sizes[shard])
 
     def _shard_sizes(self, fused: str) -> list[int]:
         c = self.config
-        if ".qkv_proj." in fused:
+        if fused == "qkv_proj":
             return [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
         return [c.intermediate_size, c.intermediate_size]
