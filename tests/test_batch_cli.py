@@ -30,7 +30,7 @@ def test_batch_file_round_trip_with_bad_lines(tmp_path, default_model_path, monk
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("\n".join(lines) + "\n")
     assert main(["batch", "-i", str(source), "-o", str(target), "--no-progress", "--num-kv-blocks", "256",
-                 *runner]) == 0
+                 "--model", "builtin", *runner]) == 0
     results = [json.loads(line) for line in target.read_text().splitlines()]
     assert [r["custom_id"] for r in results] == ["greedy", "line-2", "typo", "ids", "too-long", "bad-id", "n2",
                                                  "greedy", "wrong-url"]
@@ -79,7 +79,8 @@ def test_batch_runs_all_torch_work_on_one_device_thread(tmp_path, default_model_
     monkeypatch.setenv("AQUEDUCT_CACHE_DIR", str(default_model_path.parent))
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("\n".join(_line(f"r{i}", {"prompt": [5, 6, 7 + i], "max_tokens": 3}) for i in range(4)))
-    assert main(["batch", "-i", str(source), "-o", str(target), "--no-progress", "--num-kv-blocks", "64"]) == 0
+    assert main(["batch", "-i", str(source), "-o", str(target), "--no-progress", "--num-kv-blocks", "64",
+                 "--model", "builtin"]) == 0
     assert len(target.read_text().splitlines()) == 4
     assert threads["load"] == threads["forward"] and len(threads["load"]) == 1
     assert threads["load"] != {threading.get_ident()}
