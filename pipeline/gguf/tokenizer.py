@@ -25,7 +25,11 @@ def write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
     # Imported here: transformers takes seconds to import, and only a conversion needs it.
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except Exception as error:  # transformers raises many types here; the cause is always this file
+        raise ValueError(f"{gguf_path.name}: transformers cannot build a tokenizer from its metadata: "
+                         f"{type(error).__name__}: {error}") from error
     tokenizer.save_pretrained(str(out_dir))
     log.info("tokenizer converted from GGUF metadata", tokenizer=type(tokenizer).__name__,
              has_chat_template=bool(tokenizer.chat_template), eos_token=tokenizer.eos_token)
