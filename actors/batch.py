@@ -1,4 +1,4 @@
-"""`aqueduct batch`: an OpenAI batch file (/v1/completions lines) through the engine.
+"""`aqueduct batch`: an OpenAI batch file (/v1/completions and /v1/chat/completions lines) through the engine.
 
 Embedded (default): the engine's step loop runs in this process, on the device thread. Offline
 work streams to nobody, so the actor graph (whose stages overlap to keep a server responsive)
@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 from tqdm import tqdm
 
+from actors.chat_request import CHAT_URL, chat_choice, parse_chat_body
 from actors.completion_request import parse_completion_body
 from actors.intake import build_request
 from actors.replies import MemoryReplySink, to_wire
@@ -42,6 +43,7 @@ class BatchLine:
     custom_id: str
     request: WireRequest | None  # None: the line was rejected before submission
     error: str | None = None
+    chat: bool = False  # a /v1/chat/completions line: answered with a chat.completion body
 
 
 def read_batch_file(path: Path) -> list[BatchLine]:
@@ -64,14 +66,19 @@ def _parse_line(text: str, number: int, seen: set[str]) -> BatchLine:
         if custom_id in seen:
             raise ValueError(f"duplicate custom_id {custom_id!r}")
         seen.add(custom_id)
-        prompt, _ = parse_completion_body(item["body"])  # validates the sampling fields
-        params = {k: v for k, v in item["body"].items() if k not in ("prompt", "model", "user", "stream")}
+        chat = item["url"] == CHAT_URL
+        if chat:
+            messages, params = parse_chat_body(item["body"])  # validates the sampling fields
+            prompt_fields: dict[str, Any] = {"messages": messages}
+        else:
+            prompt, _ = parse_completion_body(item["body"])  # validates the sampling fields
+            params = {k: v for k, v in item["body"].items() if k not in ("prompt", "model", "user", "stream")}
+            prompt_fields = {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt}
         # Unseeded sampling is seeded from the custom_id (not the line's wire id), so a line's
         # output does not depend on where it sits in the file.
         params.setdefault("seed", seed_from_request_id(custom_id))
-        kind = "prompt" if isinstance(prompt, str) else "prompt_token_ids"
         # Wire ids are restricted to [A-Za-z0-9._:-]; custom_ids are free text.
-        return BatchLine(custom_id, WireRequest(id=f"batch-line-{number}", params=params, **{kind: prompt}))
+        return BatchLine(custom_id, WireRequest(id=f"batch-line-{number}", params=params, **prompt_fields), chat=chat)
     except (ValueError, CodecError) as error:  # json.JSONDecodeError is a ValueError
         log.warning("rejected batch line", line=number, custom_id=custom_id, error=str(error))
         return BatchLine(custom_id, None, str(error))
@@ -85,8 +92,8 @@ def _check_envelope(item: dict[str, Any]) -> None:
         raise ValueError("custom_id must be a non-empty string")
     if item.get("method", "POST") != "POST":
         raise ValueError(f"method must be POST, got {item.get('method')!r}")
-    if item.get("url") != "/v1/completions":
-        raise ValueError(f"url must be /v1/completions, got {item.get('url')!r}")
+    if item.get("url") not in ("/v1/completions", CHAT_URL):
+        raise ValueError(f"url must be /v1/completions or {CHAT_URL}, got {item.get('url')!r}")
 
 
 # ---- running ---------------------------------------------------------------------------------
@@ -203,19 +210,21 @@ def write_results(lines: list[BatchLine], results: dict[str, dict], output_path:
                 code = "invalid_request" if result is None else result["error"]["code"]
                 record = _error_line(line.custom_id, message, code)
             else:
-                record = _response_line(line.custom_id, result, model_name, tokenizer)
+                record = _response_line(line.custom_id, result, model_name, tokenizer, line.chat)
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
     return {"lines": len(lines), "errors": errors}
 
 
-def _response_line(custom_id: str, result: dict, model_name: str, tokenizer: Any | None) -> dict[str, Any]:
+def _response_line(custom_id: str, result: dict, model_name: str, tokenizer: Any | None,
+                   chat: bool) -> dict[str, Any]:
     usage = result["usage"]
+    choice_object = chat_choice if chat else _choice_object
     body: dict[str, Any] = {
-        "id": f"cmpl-{custom_id}",
-        "object": "text_completion",
+        "id": f"chatcmpl-{custom_id}" if chat else f"cmpl-{custom_id}",
+        "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model_name,
-        "choices": [_choice_object(choice, tokenizer) for choice in result["choices"]],
+        "choices": [choice_object(choice, tokenizer) for choice in result["choices"]],
         "usage": {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
                   "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
                   "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]}},

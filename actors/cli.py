@@ -34,21 +34,30 @@ def _batch(args: argparse.Namespace) -> int:
     requests = [line.request for line in lines if line.request is not None]
     progress = tqdm(total=len(requests), disable=args.no_progress, desc="requests", unit="req")
     if args.redis_url:
-        from pipeline.tokenizer import load_tokenizer
-
         results = asyncio.run(run_remote(args.redis_url, args.prefix, requests, progress))
-        tokenizer = load_tokenizer(args.model) if args.model else None
-        model_name = Path(args.model).name if args.model else "aqueduct"
+        tokenizer, model_name = _remote_tokenizer(args)
     else:
         if args.actor_graph:
             results = asyncio.run(run_embedded(engine, requests, progress, device))
         else:
             results = _run_offline_interruptibly(device, engine, requests, progress)
-        tokenizer, model_name = engine.tokenizer, engine.model_dir.name
+        tokenizer, model_name = engine.tokenizer, engine.model_name
     progress.close()
     summary = write_results(lines, results, Path(args.output), model_name, tokenizer)
     log.info("batch done", output=args.output, **summary)
     return 0
+
+
+def _remote_tokenizer(args: argparse.Namespace) -> tuple[Any, str]:
+    """The tokenizer of the model the deployment is assumed to serve (--model, else the CLI default),
+    for the token strings of logprobs; the text itself comes from the workers."""
+    from actors.engine_args import model_from_args
+    from pipeline.model.loader import resolve_device, resolve_dtype
+    from pipeline.model_source import resolve_model
+    from pipeline.tokenizer import load_tokenizer
+
+    resolved = resolve_model(model_from_args(args), resolve_dtype(args.dtype, resolve_device(args.device)))
+    return load_tokenizer(resolved.path), resolved.name
 
 
 def _run_offline_interruptibly(device: Any, engine: Any, requests: list[Any], progress: Any) -> dict[str, dict]:

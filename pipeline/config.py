@@ -33,7 +33,7 @@ def _require(condition: bool, message: str) -> None:
 class ModelConfig:
     """Which weights to load and how. `model=None` means the built-in default model."""
 
-    model: str | None = None
+    model: str | None = None  # 'builtin', a packaged model's name, a .gguf file, a directory (pipeline/model_source.py)
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     device: str = "auto"  # auto: cuda when available, else cpu
     max_model_len: int | None = None  # None: the model's max_position_embeddings

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from pipeline.cache_dir import cache_dir as aqueduct_cache_dir
+from pipeline.cache_dir import publish_directory
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
@@ -67,24 +68,13 @@ def default_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> pathli
         started = time.perf_counter()
         logger.info("generating default model", path=str(target))
         write_default_model(staging)
-        _publish(staging, target)
+        publish_directory(staging, target)
         logger.info("default model ready", path=str(target),
                     seconds=round(time.perf_counter() - started, 2))
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
-
-
-def _publish(staging: pathlib.Path, target: pathlib.Path) -> None:
-    staging.chmod(0o755)  # mkdtemp makes it owner-only; a shared cache must stay readable
-    try:
-        os.rename(staging, target)
-    except OSError:
-        # Another process won the race; its copy is identical, so ours is simply discarded.
-        if not target.is_dir():
-            raise
-        logger.info("default model published concurrently; discarding ours", path=str(target))
 
 
 def write_default_model(out_dir: str | os.PathLike[str]) -> None:

@@ -10,14 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from pathlib import Path
 
 import structlog
 
 from pipeline.config import EngineConfig
 from pipeline.intake import RequestBuilder
 from pipeline.kv_cache_manager import KVCacheManager
+from pipeline.model.loader import resolve_device, resolve_dtype
 from pipeline.model.runner import ModelRunner
+from pipeline.model_source import resolve_model
 from pipeline.output_processor import OutputProcessor
 from pipeline.outputs import RequestDelta
 from pipeline.request import FinishReason, Request
@@ -42,11 +43,10 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        model_dir = config.model.model
-        if model_dir is None:
-            from pipeline.default_model import default_model_dir
-            model_dir = str(default_model_dir())
-        self.model_dir = Path(model_dir)
+        # The runner resolves the same dtype; a GGUF file is converted to it (pipeline/model_source.py).
+        dtype = resolve_dtype(config.model.dtype, resolve_device(config.model.device))
+        resolved = resolve_model(config.model.model, dtype)
+        self.model_dir, self.model_name = resolved.path, resolved.name
         self.runner = ModelRunner(config.model, config.cache, config.scheduler, str(self.model_dir))
         self.tokenizer = load_tokenizer(self.model_dir)
         self.vocab_size = self.runner.vocab_size

@@ -33,7 +33,12 @@ class RequestBuilder:
             raise ValueError(f"exactly one of prompt, prompt_token_ids, messages is required, got {given or 'none'}")
         if messages is not None:
             prompt = self._apply_chat_template(messages)
-        ids = self._tokenize(prompt) if prompt is not None else self._check_ids(prompt_token_ids)
+        if prompt is not None:
+            # A rendered template already holds the special tokens the model wants (BOS included), as
+            # in HF's apply_chat_template(tokenize=True); adding them again would double the BOS.
+            ids = self._tokenize(prompt, add_special_tokens=messages is None)
+        else:
+            ids = self._check_ids(prompt_token_ids)
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens; the limit is {self.max_model_len - 1} "
                              f"(max_model_len {self.max_model_len} incl. one output token)")
@@ -53,12 +58,14 @@ class RequestBuilder:
             # jinja2's TemplateError from raise_exception("roles must alternate")) is a bad request.
             raise ValueError(f"messages: the model's chat template rejected them: {error}") from error
 
-    def _tokenize(self, prompt: str) -> list[int]:
+    def _tokenize(self, prompt: str, add_special_tokens: bool) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer: send prompt_token_ids instead of text")
         if not prompt:
             raise ValueError("prompt must not be empty")
-        return list(self.tokenizer.encode(prompt))
+        if add_special_tokens:
+            return list(self.tokenizer.encode(prompt))
+        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:
         ids = list(ids)

@@ -242,6 +242,9 @@ def local_service(request: pytest.FixtureRequest, local_redis_url: str, aqueduct
     argv = with_flag(argv, "--prefix", prefix)
     health_port = free_port()
     argv = with_flag(argv, "--health-port", str(health_port))
+    # The image serves its default model (SmolLM2); these tests check mechanics, on the tiny built-in one.
+    assert "--model" not in argv
+    argv = [*argv, "--model", "builtin"]
     env = {**os.environ, **{k: str(v) for k, v in (service.get("environment") or {}).items()},
            "AQUEDUCT_CACHE_DIR": str(aqueduct_cache_dir)}
     log_path = tmp_path / f"{name}.log"
