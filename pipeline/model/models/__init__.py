@@ -4,7 +4,7 @@ Every family module provides
 - `attention_shape(config) -> AttentionShape`: what the KV cache and the attention backend need;
 - `build_model(config, backend, max_positions) -> nn.Module` on the current (meta) device, with
   `forward(input_ids, positions, metadata, kv_caches)`, `compute_logits(hidden)`,
-  `load_weights(named_tensors)` and `tie_weights()`.
+  `load_weights(named_tensors)`, `tie_weights()` and `build_buffers(device)`.
 `config` is the checkpoint's config.json as a dict.
 """
 
@@ -15,6 +15,7 @@ from types import ModuleType
 
 # HF architecture name -> module under pipeline.model.models
 _FAMILIES: dict[str, str] = {
+    "Gemma2ForCausalLM": "gemma2",
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
