@@ -4,6 +4,8 @@ numerics that only show in bfloat16 (norm op order, embedding scale rounding, lo
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -85,6 +87,19 @@ def test_settings_come_from_config_json(gemma: Reference) -> None:
     assert gemma_config.final_logit_softcap == 10.0 and gemma_config.tie_word_embeddings
 
 
+def test_transformers_4_config_without_layer_types_alternates_from_sliding(gemma: Reference, tmp_path: Path) -> None:
+    shutil.copytree(gemma.path, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    del config["layer_types"]
+    config["rope_theta"] = config.pop("rope_parameters")["rope_theta"]
+    config["hidden_act"] = config["hidden_activation"]
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    assert attention_shape(read_config(tmp_path / "m")).layer_windows == (WINDOW, None, WINDOW, None)
+    runner = make_runner(tmp_path / "m", block_size=4)
+    seqs = Seqs(runner.block_size, seed=7)
+    run_and_check(runner, seqs, gemma, [(seqs.add(50), 50)])
+
+
 def test_tied_checkpoint_without_lm_head_loads(gemma: Reference) -> None:
     with safe_open(str(gemma.path / "model.safetensors"), framework="pt") as f:
         assert "lm_head.weight" not in f.keys()  # noqa: SIM118 - safe_open handles are not iterable
@@ -93,10 +108,14 @@ def test_tied_checkpoint_without_lm_head_loads(gemma: Reference) -> None:
     assert runner.model.lm_head.weight is runner.model.model.embed_tokens.weight
 
 
-def test_activation_other_than_gelu_tanh_is_rejected() -> None:
-    config = {"architectures": ["Gemma2ForCausalLM"], "hidden_activation": "gelu", "vocab_size": 8,
-              "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1}
-    with pytest.raises(ValueError, match="hidden_activation must be one of"):
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("hidden_activation", "gelu", "hidden_activation must be one of"),
+    ("use_bidirectional_attention", True, "use_bidirectional_attention must be false"),
+])
+def test_unserved_variants_are_rejected_by_name(key: str, value: object, message: str) -> None:
+    config = {"architectures": ["Gemma2ForCausalLM"], "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+              "num_hidden_layers": 1, "num_attention_heads": 1, key: value}
+    with pytest.raises(ValueError, match=message):
         gemma2_config(config, max_positions=1)
 
 

@@ -43,19 +43,39 @@ class Gemma2Config(DecoderConfig):
     final_logit_softcap: float | None = None
 
 
+# Gemma2Config's defaults for keys a config.json may leave out (transformers < 5 wrote no layer_types).
+_DEFAULTS: dict[str, Any] = {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+                             "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                             "sliding_window": 4096, "tie_word_embeddings": True}
+
+
+def with_gemma2_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """config.json with Gemma2Config's defaults filled in; without layer_types, even-indexed layers
+    slide (0: sliding, 1: full, 2: sliding, ...), as HF's config and the original Gemma 2 code do.
+    An explicit null (a cap of None) is kept: it switches the feature off."""
+    config = {**_DEFAULTS, **config}
+    if not config.get("layer_types"):
+        config["layer_types"] = ["full_attention" if index % 2 else "sliding_attention"
+                                 for index in range(config["num_hidden_layers"])]
+    return config
+
+
 def gemma2_config(config: dict[str, Any], max_positions: int) -> Gemma2Config:
-    """Gemma2Config from an HF config.json dict; ValueError for an activation other than GELU-tanh."""
-    activation = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
-    if activation not in _GELU_TANH_NAMES:
-        raise ValueError(f"hidden_activation must be one of {_GELU_TANH_NAMES} for Gemma 2, got {activation!r}")
+    """Gemma2Config from an HF config.json dict; ValueError for what this module does not serve
+    (an activation other than GELU-tanh, bidirectional attention)."""
+    config = with_gemma2_defaults(config)
+    if config["hidden_activation"] not in _GELU_TANH_NAMES:
+        raise ValueError(f"hidden_activation must be one of {_GELU_TANH_NAMES} for Gemma 2, "
+                         f"got {config['hidden_activation']!r}")
+    if config.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention must be false: only causal Gemma 2 is served")
     base = decoder_config(config, max_positions)
     shared = {field.name: getattr(base, field.name) for field in fields(base)}
-    shared["tie_word_embeddings"] = bool(config.get("tie_word_embeddings", True))  # Gemma 2's default
     return Gemma2Config(
         **shared,
-        query_pre_attn_scalar=float(config.get("query_pre_attn_scalar", 256)),
-        attn_logit_softcap=_optional_float(config.get("attn_logit_softcapping")),
-        final_logit_softcap=_optional_float(config.get("final_logit_softcapping")),
+        query_pre_attn_scalar=float(config["query_pre_attn_scalar"]),
+        attn_logit_softcap=_optional_float(config["attn_logit_softcapping"]),
+        final_logit_softcap=_optional_float(config["final_logit_softcapping"]),
     )
 
 
