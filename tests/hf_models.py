@@ -1,4 +1,5 @@
-"""Tiny random-weight HF checkpoints for tests (Llama, llama3 rope, Qwen2, Qwen3, Mistral, Phi-3, Mixtral).
+"""Tiny random-weight HF checkpoints for tests (Llama, llama3 rope, Qwen2, Qwen3, Mistral, Phi-3,
+Mixtral, Gemma 2).
 
 HF's default init (std 0.02, zero biases, unit norms) gives near-tied logits and leaves biases
 and norm weights untested, so every parameter is re-drawn: matrices with std 1/sqrt(fan_in)
@@ -51,16 +52,30 @@ _ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
                                                "pad_token_id": EOS_TOKEN_ID}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"rope_theta": 1000000.0, "sliding_window": None,
                                                         "num_local_experts": 4, "num_experts_per_tok": 2}),
+    # Both layer types twice; a window shorter than most test prompts (up to 80 tokens) and not a
+    # multiple of the block sizes; heads * head_dim != hidden_size, and a scale not from head_dim.
+    # The caps bite on these weights: attention scores have std ~5.6 (a third beyond 5), raw
+    # logits top out at ~6 (capped to ~5.4); without the attention cap 2/3 of argmaxes change.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 32, "query_pre_attn_scalar": 16, "sliding_window": 19,
+        "attn_logit_softcapping": 10.0, "final_logit_softcapping": 10.0, "rope_theta": 10000.0}),
 }
 ARCHS = tuple(_ARCHS)
+# _randomize settings that differ by family. Gemma multiplies embeddings by sqrt(hidden_size), so
+# std 1/sqrt(hidden_size) gives the O(1) activations that std 1 gives the others; with std 1 the
+# input token would dominate the residual stream and the tied head would repeat it every step.
+# (Its norms scale by 1 + weight: drawn around 1 like the others', they scale by ~2, which keeps
+# the attention and MLP branches ahead of the embedding: greedy runs of 24 tokens hold 12-23
+# distinct ones.)
+_INIT: dict[str, dict[str, float]] = {"gemma2": {"embed_std": _COMMON["hidden_size"] ** -0.5}}
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
+def _randomize(model: torch.nn.Module, seed: int, embed_std: float = 1.0) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.ndim >= 2:  # [out, in], or [experts, out, in]
-                std = 1.0 if "embed_tokens" in name else param.shape[-1] ** -0.5
+                std = embed_std if "embed_tokens" in name else param.shape[-1] ** -0.5
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
             elif name.endswith("bias"):
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
@@ -77,7 +92,7 @@ def make_tiny_hf_model(arch: str, path: str | Path, *, seed: int = 0, shard: boo
     config = getattr(transformers, config_name)(**{**_COMMON, **arch_overrides, **config_overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).float().eval()
-    _randomize(model, seed)
+    _randomize(model, seed, **_INIT.get(arch, {}))
     path = Path(path)
     save_kwargs: dict[str, Any] = {"safe_serialization": True}
     if shard:

@@ -1,12 +1,14 @@
-"""Building blocks shared by the decoder families: RMSNorm, rotary embedding, gated SiLU MLP.
+"""Building blocks shared by the decoder families: RMSNorm (Llama and Gemma forms), rotary
+embedding, gated MLP.
 
-Numerics follow HF transformers (Llama/Qwen): norms compute in float32 and cast back before the
-weight multiply; rotary cos/sin are computed in float32 and cast to the activation dtype.
+Numerics follow HF transformers: norms compute in float32 (Llama/Qwen cast back before the weight
+multiply, Gemma after it); rotary cos/sin are computed in float32 and cast to the activation dtype.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,24 @@ class RMSNorm(nn.Module):
         x_f32 = x.float()
         variance = x_f32.pow(2).mean(-1, keepdim=True)
         return self.weight * (x_f32 * torch.rsqrt(variance + self.eps)).to(x.dtype)
+
+
+class GemmaRMSNorm(nn.Module):
+    """RMSNorm that scales by (1 + weight), all in float32, cast back last (HF's Gemma order).
+
+    A checkpoint's weight 0 is the identity scale. In bfloat16 the two norms round differently:
+    Llama's rounds the normalised x before the multiply, this one only the product.
+    """
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_f32 = x.float()
+        normed = x_f32 * torch.rsqrt(x_f32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,14 +139,19 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)); gate and up are one fused matmul (rows [gate; up])."""
+    """down(act(gate(x)) * up(x)); gate and up are one fused matmul (rows [gate; up]).
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
+    act is SiLU (Llama, Qwen, Mistral) unless given (Gemma: GELU with the tanh approximation).
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False,
+                 activation: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
+        self.activation = activation
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.activation(gate) * up)

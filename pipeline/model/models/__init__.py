@@ -15,6 +15,7 @@ from types import ModuleType
 
 # HF architecture name -> module under pipeline.model.models
 _FAMILIES: dict[str, str] = {
+    "Gemma2ForCausalLM": "gemma2",
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "MixtralForCausalLM": "mixtral",

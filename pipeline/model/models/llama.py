@@ -155,8 +155,13 @@ class DecoderModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Serves Llama, Mistral, Qwen2, Qwen3 and Phi-3 checkpoints; the base of Mixtral's model."""
+    """Serves Llama, Mistral, Qwen2, Qwen3 and Phi-3 checkpoints; the base of Mixtral's model.
 
+    Families with the same checkpoint layout but other layers (Gemma 2) subclass it with their own
+    `decoder_class`, and inherit the weight loading.
+    """
+
+    decoder_class: ClassVar[type[nn.Module]] = DecoderModel
     # checkpoint suffix -> (fused parameter suffix, shard index)
     _FUSED: ClassVar[dict[str, tuple[str, int]]] = {
         "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -166,7 +171,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: DecoderConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, backend)
+        self.model = self.decoder_class(config, backend)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.tie_weights()
