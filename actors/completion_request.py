@@ -11,7 +11,7 @@ from typing import Any
 from pipeline.sampling_params import SamplingParams
 
 _IGNORED = {"model", "user"}  # accepted and not used: one model per worker; user is metadata
-_UNSUPPORTED = {"echo", "suffix", "logit_bias", "stream_options"}
+_UNSUPPORTED = {"echo", "suffix", "stream_options"}
 
 
 def parse_completion_body(body: Any) -> tuple[str | list[int], SamplingParams]:

@@ -19,7 +19,7 @@ def to_wire(delta: RequestDelta) -> WireReply:
         seq=delta.seq,
         choices=[WireChoice(index=c.index, token_ids=c.token_ids, text=c.text,
                             logprobs=_logprobs(c.logprobs), finish_reason=c.finish_reason,
-                            stop_reason=c.stop_reason) for c in delta.choices],
+                            stop_reason=c.stop_reason, mirostat_mu=c.mirostat_mu) for c in delta.choices],
         usage=(WireUsage(prompt_tokens=delta.usage.prompt_tokens, completion_tokens=delta.usage.completion_tokens,
                          cached_tokens=delta.usage.cached_tokens) if delta.usage is not None else None),
         error=WireError(**delta.error) if delta.error is not None else None,

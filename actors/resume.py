@@ -30,11 +30,14 @@ def resume_state(replies: list[WireReply], n: int) -> ResumeState:
     outputs: list[list[int]] = [[] for _ in range(n)]
     reasons: list[str | None] = [None] * n
     stop_reasons: list[int | str | None] = [None] * n
+    mirostat_mu: list[float | None] = [None] * n
     for reply in replies:
         for choice in reply.choices:
             if choice.index < n:
                 outputs[choice.index].extend(choice.token_ids)
+                if choice.mirostat_mu is not None:  # the latest value: mu after the tokens so far
+                    mirostat_mu[choice.index] = choice.mirostat_mu
                 if choice.finish_reason is not None:
                     reasons[choice.index], stop_reasons[choice.index] = choice.finish_reason, choice.stop_reason
     next_seq = replies[-1].seq + 1 if replies else 0
-    return ResumeState(next_seq, outputs, reasons, stop_reasons)
+    return ResumeState(next_seq, outputs, reasons, stop_reasons, mirostat_mu)

@@ -12,6 +12,7 @@ _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**1
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 CPU_LINEARS = ("onednn", "torch")
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's flag values (SAMPLING.md, stage 14)
 
 
 def parse_size(text: str | int) -> int:
@@ -40,6 +41,8 @@ class ModelConfig:
     enforce_eager: bool = False  # disable CUDA graphs (always eager on CPU)
     seed: int = 0  # weight-independent engine seed (e.g. for profiling inputs)
     cpu_linear: str = "onednn"  # CPU matmuls: oneDNN with packed weights, or torch's nn.Linear (model/cpu_linear.py)
+    logprobs_mode: str = "processed_logprobs"  # returned logprobs: after the sampler chain, or the model's
+    max_logprobs: int = 20  # the largest `logprobs` / `prompt_logprobs` a request may ask for
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
@@ -48,6 +51,9 @@ class ModelConfig:
         _require(self.max_model_len is None or self.max_model_len >= 1,
                  f"max_model_len must be >= 1, got {self.max_model_len}")
         _require(self.cpu_linear in CPU_LINEARS, f"cpu_linear must be one of {CPU_LINEARS}, got {self.cpu_linear!r}")
+        _require(self.logprobs_mode in LOGPROBS_MODES,
+                 f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+        _require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
 
 
 @dataclass(frozen=True, slots=True)

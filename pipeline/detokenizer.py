@@ -34,7 +34,7 @@ _TRIM_THRESHOLD = 64
 class Decoder(Protocol):
     """The part of a tokenizer this module needs (a transformers tokenizer satisfies it)."""
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ..., **kwargs: bool) -> str: ...
 
 
 class IncrementalDetokenizer:
@@ -45,9 +45,13 @@ class IncrementalDetokenizer:
         tokenizer: Decoder,
         prompt_token_ids: Sequence[int] | None = None,
         skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # vLLM's option, passed to an HF tokenizer's decode only when set to False. Fast (Rust)
+        # tokenizers have no such option, and transformers 5's tokenizers ignore it: same text.
+        self._decode_options = {} if spaces_between_special_tokens else {"spaces_between_special_tokens": False}
         prompt = list(prompt_token_ids or ())
         context_start = max(len(prompt) - _INITIAL_CONTEXT_TOKENS, 0)
         self._window: list[int] = prompt[context_start:]
@@ -113,7 +117,8 @@ class IncrementalDetokenizer:
     def _decode(self, start: int, stop: int) -> str:
         if start >= stop:
             return ""
-        return self.tokenizer.decode(self._window[start:stop], skip_special_tokens=self.skip_special_tokens)
+        return self.tokenizer.decode(self._window[start:stop], skip_special_tokens=self.skip_special_tokens,
+                                     **self._decode_options)
 
 
 class _BackendDecoder:
@@ -123,7 +128,8 @@ class _BackendDecoder:
     def __init__(self, backend: Any) -> None:
         self._backend = backend
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True, **_hf_options: bool) -> str:
+        # The Rust decoder has no spaces_between_special_tokens (HF's fast tokenizers ignore it too).
         return self._backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
 

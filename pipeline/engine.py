@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import structlog
 
 from pipeline.config import EngineConfig
+from pipeline.dry import SequenceBreakers, token_decoder
 from pipeline.intake import RequestBuilder
 from pipeline.kv_cache_manager import KVCacheManager
 from pipeline.model.loader import resolve_device, resolve_dtype
@@ -57,8 +58,10 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, kv_cache, self.runner.max_model_len)
         self.max_model_len = self.scheduler.max_model_len
         self.tensor_prep = TensorPrep(config.scheduler.max_num_seqs, self.max_model_len, config.cache.block_size)
-        self.sampler = Sampler(self.vocab_size)
-        self.builder = RequestBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids, self.max_model_len)
+        self.sampler = Sampler(self.vocab_size, logprobs_mode=config.model.logprobs_mode,
+                               breakers=SequenceBreakers(token_decoder(self.tokenizer), self.vocab_size))
+        self.builder = RequestBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids, self.max_model_len,
+                                      max_logprobs=config.model.max_logprobs)
         self.outputs = OutputProcessor(self.tokenizer)
         self.stats = EngineStats()
         log.info("engine ready", model=str(self.model_dir), num_kv_blocks=self.runner.num_kv_blocks,

@@ -18,11 +18,12 @@ from pipeline.sampling_params import SamplingParams
 
 class RequestBuilder:
     def __init__(self, tokenizer: Any | None, vocab_size: int, eos_token_ids: frozenset[int],
-                 max_model_len: int) -> None:
+                 max_model_len: int, *, max_logprobs: int = 20) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        self.max_logprobs = max_logprobs
 
     def build(self, request_id: str, params: SamplingParams, *, prompt: str | None = None,
               prompt_token_ids: Sequence[int] | None = None,
@@ -39,12 +40,31 @@ class RequestBuilder:
             ids = self._tokenize(prompt, add_special_tokens=messages is None)
         else:
             ids = self._check_ids(prompt_token_ids)
+        if params.truncate_prompt_tokens is not None:
+            ids = ids[-params.truncate_prompt_tokens:]  # the last k tokens, as vLLM
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens; the limit is {self.max_model_len - 1} "
                              f"(max_model_len {self.max_model_len} incl. one output token)")
+        self._check_params(params, len(ids))
         return Request(request_id=request_id, prompt_token_ids=ids, params=params,
                        seed=request_seed(params.seed, request_id), eos_token_ids=self.eos_token_ids,
                        prompt=prompt)
+
+    def _check_params(self, params: SamplingParams, num_prompt_tokens: int) -> None:
+        """The rules that need the model: context left for the output, vocabulary, --max-logprobs."""
+        room = self.max_model_len - num_prompt_tokens
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise ValueError(f"max_tokens must be <= {room} (max_model_len {self.max_model_len} minus the "
+                             f"prompt's {num_prompt_tokens} tokens), got {params.max_tokens}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                raise ValueError(f"{name} must be in [0, {self.max_logprobs}] or None (--max-logprobs), got {value}")
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("custom_token_bans", params.custom_token_bans),
+                          ("logit_bias", [token_id for token_id, _ in params.logit_bias])):
+            outside = [token_id for token_id in ids if token_id >= self.vocab_size]
+            if outside:
+                raise ValueError(f"{name} must hold token ids in [0, {self.vocab_size}), got {outside[0]}")
 
     def _apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):

@@ -38,6 +38,7 @@ class _Choice:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     reported_finish: bool = False
+    mirostat_mu: float | None = None  # after the last token (mirostat choices)
 
 
 @dataclass(slots=True)
@@ -67,7 +68,8 @@ class OutputProcessor:
             _Choice(
                 # A resumed choice's text continues after the tokens the client already has.
                 detokenizer=(IncrementalDetokenizer(self.tokenizer, [*prompt_token_ids, *done],
-                                                    params.skip_special_tokens)
+                                                    params.skip_special_tokens,
+                                                    params.spaces_between_special_tokens)
                              if self.tokenizer is not None else None),
                 stop_matcher=StopStringMatcher(params.stop, params.include_stop_str_in_output),
                 num_tokens=len(done),
@@ -133,6 +135,8 @@ class OutputProcessor:
     def _append(self, state: _Request, choice: _Choice, event: TokenEvent) -> str | None:
         choice.num_tokens += 1
         choice.new_token_ids.append(event.token_id)
+        if event.mirostat_mu is not None:
+            choice.mirostat_mu = event.mirostat_mu
         if event.logprob is not None:
             choice.new_logprobs.append(event.logprob)
         # EOS / stop_token_ids text is not part of the output unless include_stop_str_in_output.
@@ -182,6 +186,8 @@ class OutputProcessor:
             logprobs=choice.new_logprobs if params.logprobs is not None else None,
             finish_reason=choice.finish_reason,
             stop_reason=choice.stop_reason,
+            # With the tokens it belongs to, so a resumed choice continues from the same mu.
+            mirostat_mu=choice.mirostat_mu if choice.new_token_ids else None,
         )
         choice.new_token_ids, choice.new_text, choice.new_logprobs = [], [], []
         return delta

@@ -21,6 +21,7 @@ class ChoiceDelta:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    mirostat_mu: float | None = None  # the choice's mu after these tokens (resume state), mirostat only
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ class TokenEvent:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
+    mirostat_mu: float | None = None  # mirostat choices: mu after this token
 
 
 @dataclass(slots=True)

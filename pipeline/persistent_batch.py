@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.advanced_rows import AdvancedRows
 from pipeline.sampling_batch import SamplingBatch
 from pipeline.step_plan import NewSequence, StepPlan
 
@@ -38,6 +39,9 @@ class PersistentBatch:
         self.prompt_logprobs = np.full(max_num_seqs, -1, np.int32)
         self.min_tokens = np.zeros(max_num_seqs, np.int32)
         self.stop_token_ids: list[np.ndarray] = [_EMPTY] * max_num_seqs
+        self.custom_token_bans: list[np.ndarray] = [_EMPTY] * max_num_seqs
+        self.has_custom_bans = np.zeros(max_num_seqs, np.bool_)
+        self.advanced = AdvancedRows(max_num_seqs)
         self.row_of: dict[int, int] = {}
         self._free_rows = list(range(max_num_seqs - 1, -1, -1))
 
@@ -53,6 +57,7 @@ class PersistentBatch:
             self._append_tokens(row, running.new_token_ids)
             self._append_blocks(row, running.new_block_ids)
             self.num_computed[row] = running.num_computed_tokens
+            self.advanced.set_mirostat_mu(row, running.mirostat_mu)
 
     def _add(self, new: NewSequence) -> None:
         row = self._free_rows.pop()
@@ -80,6 +85,9 @@ class PersistentBatch:
         self.prompt_logprobs[row] = -1 if prompt_logprobs is None else prompt_logprobs
         self.min_tokens[row] = min(new.params.min_tokens, _INT32_MAX)
         self.stop_token_ids[row] = np.asarray(new.stop_token_ids, np.int64)
+        self.custom_token_bans[row] = np.asarray(new.params.custom_token_bans, np.int64)
+        self.has_custom_bans[row] = len(new.params.custom_token_bans) > 0
+        self.advanced.set(row, new.params.advanced_row_values(), new.mirostat_mu)
 
     def _append_tokens(self, row: int, token_ids: list[int]) -> None:
         start = self.num_tokens[row]
@@ -93,7 +101,7 @@ class PersistentBatch:
 
     def sampling_batch(self, rows: np.ndarray) -> SamplingBatch:
         output_position = (self.num_tokens[rows] - self.num_prompt_tokens[rows]).astype(np.int64)
-        banned_rows, banned_tokens = self._min_tokens_bans(rows, output_position)
+        banned_rows, banned_tokens = self._bans(rows, output_position)
         prompt_ids, output_ids = self._penalty_inputs(rows)
         return SamplingBatch(
             temperature=self.temperature[rows],
@@ -111,16 +119,22 @@ class PersistentBatch:
             output_token_ids=output_ids,
             banned_rows=banned_rows,
             banned_tokens=banned_tokens,
+            advanced=self.advanced.batch_columns(rows, self.token_ids, self.num_tokens),
         )
 
-    def _min_tokens_bans(self, rows: np.ndarray, output_position: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(row, token) pairs for EOS/stop tokens of rows still below min_tokens."""
-        below = np.flatnonzero(output_position < self.min_tokens[rows])
-        if len(below) == 0:
+    def _bans(self, rows: np.ndarray, output_position: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row, token) pairs to mask: custom_token_bans, and EOS/stop tokens of rows still below
+        min_tokens. Rows [0, 1] with bans [[7], []], row 1 below min_tokens with stops [2, 3]
+        -> rows [0, 1, 1], tokens [7, 2, 3]."""
+        below = output_position < self.min_tokens[rows]
+        banning = np.flatnonzero(below | self.has_custom_bans[rows])
+        if len(banning) == 0:
             return _EMPTY, _EMPTY
-        stops = [self.stop_token_ids[rows[i]] for i in below]
-        banned_rows = np.repeat(below, [len(s) for s in stops]).astype(np.int64)
-        return banned_rows, np.concatenate(stops).astype(np.int64)
+        per_row = [(self.custom_token_bans[rows[i]], self.stop_token_ids[rows[i]] if below[i] else _EMPTY)
+                   for i in banning]
+        counts = [len(bans) + len(stops) for bans, stops in per_row]
+        banned_rows = np.repeat(banning, counts).astype(np.int64)
+        return banned_rows, np.concatenate([ids for pair in per_row for ids in pair]).astype(np.int64)
 
     def _penalty_inputs(self, rows: np.ndarray) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
         penalized = ((self.presence_penalty[rows] != 0) | (self.frequency_penalty[rows] != 0)

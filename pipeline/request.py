@@ -47,6 +47,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    mirostat_mu: float | None = None  # mirostat v2's mu after the last token; None = not started (2 tau)
 
     @property
     def num_tokens(self) -> int:
@@ -104,10 +105,14 @@ class Request:
 
     def resume_from(self, resume: ResumeState) -> None:
         """Continue where another worker stopped: each choice starts from prompt + the tokens the
-        client already has, and is recomputed from there (DESIGN §5 makes the rest identical)."""
-        for seq, outputs, reason, stop_reason in zip(self.sequences, resume.output_token_ids,
-                                                     resume.finish_reasons, resume.stop_reasons, strict=True):
+        client already has, and is recomputed from there (DESIGN §5 makes the rest identical);
+        mirostat's mu continues from the value the reply stream carries."""
+        mirostat_mu = resume.mirostat_mu or [None] * len(self.sequences)
+        for seq, outputs, reason, stop_reason, mu in zip(self.sequences, resume.output_token_ids,
+                                                         resume.finish_reasons, resume.stop_reasons, mirostat_mu,
+                                                         strict=True):
             seq.token_ids = [*self.prompt_token_ids, *outputs]
+            seq.mirostat_mu = mu
             if reason is not None:
                 seq.finish(FinishReason(reason), stop_reason)
 
@@ -120,3 +125,5 @@ class ResumeState:
     output_token_ids: list[list[int]]  # per choice, tokens already sent to the client
     finish_reasons: list[str | None]  # per choice; set where the client already saw the end
     stop_reasons: list[int | str | None]
+    # per choice, mirostat's mu after the tokens already sent (None: not using mirostat, or none sent)
+    mirostat_mu: list[float | None] | None = None

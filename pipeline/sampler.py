@@ -1,18 +1,18 @@
-"""Sampler: logits -> tokens (+ logprobs), one row per sampled token, vectorized over rows.
+"""Sampler: logits -> tokens (+ logprobs, + mirostat's mu), one row per sampled token, vectorized over rows.
 
-Processing order (DESIGN §4, Aphrodite's): bans -> penalties -> top-p, min-p -> top-k ->
-temperature. Bans are -inf, so where they happen does not change the result; doing them first
-keeps a banned token out of every later statistic. Truncation looks at the temperature-1
-distribution, as in Aphrodite (temperature comes last).
+The chain is SAMPLING.md's, in its order: bans and logit bias -> penalties -> DRY -> top-p,
+min-p, top-a, top-k -> tfs -> eta -> epsilon -> typical -> XTC -> smoothing -> temperature /
+dynatemp -> mirostat. Each stage runs only on the rows that use it, and only when some row does,
+so a step in which every row keeps to the classic knobs runs exactly the classic path. Greedy
+rows (temperature 0, no dynatemp) skip stages 4-12 and take the argmax (lowest id on ties).
 
 Randomness (DESIGN §5): a random row uses exactly one uniform u = rng.uniforms(seed, choice,
 position) and takes the first token, in token-id order, whose float64 cumulative probability
-exceeds u * total. Every operation is row-wise, so a row's token and logprobs do not depend
-on the rest of the batch.
+exceeds u * total; XTC's coin is a uniform of its own stream. Every operation is row-wise, so a
+row's token, logprobs and mu do not depend on the rest of the batch.
 
-Greedy rows (temperature 0) take the argmax of the processed logits (lowest index on ties,
-like torch.argmax). Returned logprobs are log_softmax of the processed logits, with the
-temperature applied for random rows and without it for greedy rows.
+Returned logprobs are log_softmax of the processed logits ("processed_logprobs", Aphrodite's
+meaning: for greedy rows after stages 1-3), or of the model's logits ("raw_logprobs").
 """
 
 from __future__ import annotations
@@ -21,178 +21,77 @@ import numpy as np
 import torch
 
 from pipeline import rng
-from pipeline.sampling_batch import SamplerOutput, SamplingBatch
+from pipeline.config import LOGPROBS_MODES
+from pipeline.dry import SequenceBreakers, dry_penalties
+from pipeline.logit_penalties import apply_bans, apply_logit_bias, apply_penalties, needs_penalties
+from pipeline.reshaping import (
+    apply_mirostat,
+    apply_smoothing,
+    apply_xtc,
+    dynamic_temperatures,
+    mirostat_update,
+)
+from pipeline.row_ops import column, on_rows
+from pipeline.sampling_batch import AdvancedColumns, SamplerOutput, SamplingBatch
+from pipeline.sampling_params import GREEDY_TEMPERATURE
+from pipeline.token_choice import argmax_rows, compute_prompt_logprobs, sample_inverse_cdf, top_logprobs
+from pipeline.truncation import apply_epsilon, apply_eta, apply_tfs, apply_top_p_k_min_a, apply_typical
 
-
-def _column(values: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """[R] numpy -> [R, 1] tensor, ready to broadcast against [R, V] logits."""
-    return torch.as_tensor(np.ascontiguousarray(values), device=device).to(dtype)[:, None]
-
-
-def _token_counts(token_lists: list[np.ndarray], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[R, V] float32 occurrence counts of each token id per row.
-
-    Rows are padded with the id `vocab_size`, which lands in an extra bin that is dropped:
-        lists [[3, 3], [1]], V = 4 -> padded [[3, 3], [1, 4]] -> counts [[0, 0, 0, 2], [0, 1, 0, 0]]
-    """
-    lengths = np.fromiter((len(ids) for ids in token_lists), dtype=np.int64, count=len(token_lists))
-    max_length = int(lengths.max(initial=0))
-    padded = np.full((len(token_lists), max_length), vocab_size, dtype=np.int64)
-    if max_length > 0:
-        # Row-major boolean assignment fills each row's prefix with its ids, in order.
-        padded[np.arange(max_length)[None, :] < lengths[:, None]] = np.concatenate(token_lists)
-    padded_gpu = torch.from_numpy(padded).to(device)
-    counts = torch.zeros(len(token_lists), vocab_size + 1, dtype=torch.float32, device=device)
-    counts.scatter_add_(1, padded_gpu, torch.ones_like(padded_gpu, dtype=torch.float32))
-    return counts[:, :vocab_size]
-
-
-def _needs_penalties(batch: SamplingBatch) -> bool:
-    return bool((batch.repetition_penalty != 1).any() or (batch.presence_penalty != 0).any()
-                or (batch.frequency_penalty != 0).any())
-
-
-def _needs_truncation(batch: SamplingBatch, vocab_size: int) -> bool:
-    top_k_active = (batch.top_k > 0) & (batch.top_k < vocab_size)
-    return bool((batch.top_p < 1).any() or (batch.min_p > 0).any() or top_k_active.any())
-
-
-def _apply_bans(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    logits = logits.clone()  # never write into the caller's tensor
-    rows = torch.from_numpy(np.asarray(batch.banned_rows, dtype=np.int64)).to(logits.device)
-    tokens = torch.from_numpy(np.asarray(batch.banned_tokens, dtype=np.int64)).to(logits.device)
-    logits[rows, tokens] = float("-inf")
-    return logits
-
-
-def _apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Repetition (HF/vLLM: positive logits divided, negative multiplied) over prompt + output
-    tokens, then presence and frequency over output tokens. Neutral rows come out unchanged
-    bit for bit (x / 1, x * 1, x - 0), so every row can go through the same arithmetic."""
-    if batch.prompt_token_ids is None or batch.output_token_ids is None:
-        raise ValueError("SamplingBatch asks for penalties but prompt/output_token_ids are None")
-    device, vocab_size = logits.device, logits.shape[1]
-    output_counts = _token_counts(batch.output_token_ids, vocab_size, device)
-    if (batch.repetition_penalty != 1).any():
-        seen = (_token_counts(batch.prompt_token_ids, vocab_size, device) > 0) | (output_counts > 0)
-        repetition = _column(batch.repetition_penalty, device, torch.float32)
-        penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
-        logits = torch.where(seen, penalized, logits)
-    if (batch.presence_penalty != 0).any() or (batch.frequency_penalty != 0).any():
-        frequency = _column(batch.frequency_penalty, device, torch.float32)
-        presence = _column(batch.presence_penalty, device, torch.float32)
-        logits = logits - frequency * output_counts - presence * (output_counts > 0).float()
-    return logits
-
-
-def _apply_truncation(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """top-p, then min-p, then top-k, all on the temperature-1 distribution, in one sort.
-
-    Each keeps a prefix of the tokens sorted by probability, and min-p compares ratios to the
-    top token, which renormalization does not change; so applying them one after another equals
-    intersecting the three prefixes computed on the same distribution. Worked example, sorted
-    probs [0.5, 0.3, 0.15, 0.05] with top_p 0.8: mass before each token [0, 0.5, 0.8, 0.95]
-    -> keep [T, T, F, F] (the smallest prefix whose mass reaches p).
-    """
-    device, vocab_size = logits.device, logits.shape[1]
-    # Stable sort: equal logits keep token-id order, so ties truncate the same in any batch.
-    sorted_logits, sorted_ids = torch.sort(logits, dim=-1, descending=True, stable=True)
-    sorted_probs = sorted_logits.softmax(dim=-1)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    mass_before[:, 0] = 0.0
-    top_p = _column(batch.top_p, device, torch.float32)
-    keep = (mass_before < top_p) | (top_p >= 1)  # p = 1 must not drop a rounding-error tail
-    min_p = _column(batch.min_p, device, torch.float32)
-    keep &= sorted_probs >= min_p * sorted_probs[:, :1]
-    top_k = _column(batch.top_k, device, torch.int64)
-    ranks = torch.arange(vocab_size, device=device)[None, :]
-    keep &= (ranks < top_k) | (top_k <= 0)
-    remove = torch.zeros_like(keep).scatter_(1, sorted_ids, ~keep)
-    return logits.masked_fill(remove, float("-inf"))
-
-
-def _apply_temperature(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    temperature = np.where(batch.temperature == 0, 1.0, batch.temperature)  # greedy rows: as is
-    if (temperature == 1).all():
-        return logits
-    return logits / _column(temperature, logits.device, torch.float32)
-
-
-def _sample_inverse_cdf(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """First token whose cumulative probability exceeds u * total, in token-id order.
-
-    Example: probs [0.2, 0.0, 0.5, 0.3], u = 0.6 -> cdf [0.2, 0.2, 0.7, 1.0] -> token 2.
-    cdf[i] > cdf[i - 1] at the chosen i, and u > 0, so a zero-probability token is never
-    chosen, except when rounding puts u * total at or past the end: then take the last token
-    with nonzero probability.
-    """
-    probs = logits.softmax(dim=-1)
-    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
-    thresholds = uniforms[:, None] * cdf[:, -1:]
-    tokens = torch.searchsorted(cdf, thresholds, right=True).squeeze(1)
-    vocab_size = logits.shape[1]
-    overflow = tokens >= vocab_size
-    if overflow.any():
-        last_nonzero = vocab_size - 1 - torch.argmax((probs.flip(-1) > 0).to(torch.int8), dim=-1)
-        tokens = torch.where(overflow, last_nonzero, tokens)
-    return tokens
-
-
-def _top_logprobs(
-    logprobs: torch.Tensor, token_ids: torch.Tensor, num_alternatives: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Chosen logprob, its rank (1 + tokens strictly more likely), and the top alternatives.
-
-    A stable sort rather than torch.topk: topk orders ties (e.g. the -inf of truncated tokens)
-    differently for different batch sizes, and a row's output must not depend on its batch.
-    """
-    chosen = logprobs.gather(1, token_ids[:, None])
-    ranks = 1 + (logprobs > chosen).sum(dim=-1)
-    if num_alternatives == 0:
-        empty = logprobs[:, :0]
-        return chosen.squeeze(1), ranks, empty.to(torch.int64), empty
-    top_logprobs, top_ids = torch.sort(logprobs, dim=-1, descending=True, stable=True)
-    top_logprobs, top_ids = top_logprobs[:, :num_alternatives], top_ids[:, :num_alternatives]
-    return chosen.squeeze(1), ranks, top_ids, top_logprobs
-
-
-def _argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """Per-row argmax, lowest index on ties. On CPU through numpy: torch's CPU argmax took 440 us
-    for [128, 4096] float32 here, numpy's 44 us (same ties rule: the first maximal index)."""
-    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
-        return torch.from_numpy(logits.numpy().argmax(axis=-1).astype(np.int64, copy=False))
-    return torch.argmax(logits, dim=-1)
+__all__ = ["Sampler", "compute_prompt_logprobs"]
 
 
 class Sampler:
     """Turns [R, V] logits and a SamplingBatch into a SamplerOutput (numpy, host memory)."""
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, *, logprobs_mode: str = "processed_logprobs",
+                 breakers: SequenceBreakers | None = None) -> None:
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         self.vocab_size = vocab_size
+        self.logprobs_mode = logprobs_mode
+        self.breakers = breakers or SequenceBreakers(None, vocab_size)
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         logits = self._trim(logits)
         if self._is_plain_greedy(batch):
-            return SamplerOutput(token_ids=_argmax_rows(logits).cpu().numpy().astype(np.int64))
+            return SamplerOutput(token_ids=argmax_rows(logits).cpu().numpy().astype(np.int64))
         processed = self.process_logits(logits, batch)
         token_ids = self._choose_tokens(processed, batch)
         output = SamplerOutput(token_ids=token_ids.cpu().numpy().astype(np.int64))
+        if batch.advanced is not None and batch.advanced.mirostat.any():
+            output.mirostat_mu = self._next_mirostat_mu(processed, token_ids, batch.advanced)
         if (batch.num_logprobs >= 0).any():
-            self._fill_logprobs(output, processed, token_ids, batch)
+            scored = processed if self.logprobs_mode == "processed_logprobs" else logits.float()
+            self._fill_logprobs(output, scored, token_ids, batch)
         return output
 
     def process_logits(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """bans -> penalties -> truncation -> temperature (random rows); a new float32 tensor."""
+        """Stages 1-12 of SAMPLING.md; a new float32 tensor (the caller's is never written)."""
         logits = self._trim(logits).float()
+        advanced = batch.advanced
+        if advanced is not None or len(batch.banned_rows) > 0:
+            logits = logits.clone()  # the stages below write in place
+        if advanced is not None and len(advanced.bias_rows) > 0:
+            logits = apply_logit_bias(logits, advanced)
         if len(batch.banned_rows) > 0:
-            logits = _apply_bans(logits, batch)
-        if _needs_penalties(batch):
-            logits = _apply_penalties(logits, batch)
-        if _needs_truncation(batch, self.vocab_size):
-            logits = _apply_truncation(logits, batch)
-        return _apply_temperature(logits, batch)
+            logits = apply_bans(logits, batch.banned_rows, batch.banned_tokens)
+        if needs_penalties(batch):
+            logits = apply_penalties(logits, batch)
+        if advanced is not None and (advanced.dry_multiplier > 0).any():
+            logits = self._apply_dry(logits, advanced)
+        if self._needs_truncation(batch):
+            top_a = advanced.top_a if advanced is not None else None
+            logits = apply_top_p_k_min_a(logits, batch.top_p, batch.top_k, batch.min_p, top_a)
+        if advanced is not None:
+            logits = _apply_stages_5_to_10(logits, batch, advanced)
+        logits = _apply_temperature(logits, batch)
+        if advanced is not None:
+            mirostat = advanced.mirostat
+            logits = on_rows(logits, np.flatnonzero(mirostat),
+                             lambda sub, rows: apply_mirostat(sub, advanced.mirostat_mu[rows]))
+        return logits
 
     def _trim(self, logits: torch.Tensor) -> torch.Tensor:
         # lm_heads are often padded past the tokenizer's vocabulary; those ids must never win.
@@ -201,8 +100,27 @@ class Sampler:
         return logits[:, : self.vocab_size]
 
     def _is_plain_greedy(self, batch: SamplingBatch) -> bool:
-        return bool((batch.temperature == 0).all() and len(batch.banned_rows) == 0
-                    and not _needs_penalties(batch) and (batch.num_logprobs < 0).all())
+        return bool(batch.advanced is None and (batch.temperature == 0).all() and len(batch.banned_rows) == 0
+                    and not needs_penalties(batch) and (batch.num_logprobs < 0).all())
+
+    def _needs_truncation(self, batch: SamplingBatch) -> bool:
+        top_k_active = (batch.top_k > 0) & (batch.top_k < self.vocab_size)
+        top_a_active = batch.advanced is not None and (batch.advanced.top_a > 0).any()
+        return bool((batch.top_p < 1).any() or (batch.min_p > 0).any() or top_k_active.any() or top_a_active)
+
+    def _apply_dry(self, logits: torch.Tensor, advanced: AdvancedColumns) -> torch.Tensor:
+        dry_rows = np.flatnonzero(advanced.dry_multiplier > 0)
+        rows, tokens, penalties = dry_penalties(
+            [advanced.dry_context[row] for row in dry_rows],
+            [self.breakers.mask(advanced.dry_sequence_breakers[row]) for row in dry_rows],
+            advanced.dry_multiplier[dry_rows].astype(np.float64), advanced.dry_base[dry_rows],
+            advanced.dry_allowed_length[dry_rows])
+        if len(rows) > 0:
+            device = logits.device
+            batch_rows = torch.from_numpy(dry_rows[rows]).to(device)
+            logits[batch_rows, torch.from_numpy(tokens).to(device)] -= torch.from_numpy(
+                penalties.astype(np.float32)).to(device)
+        return logits
 
     def _choose_tokens(self, processed: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         device = processed.device
@@ -212,22 +130,31 @@ class Sampler:
         random_rows_np = np.flatnonzero(~greedy_np)
         random_rows = torch.from_numpy(random_rows_np).to(device)
         if len(greedy_rows) > 0:
-            token_ids[greedy_rows] = _argmax_rows(processed[greedy_rows])
+            token_ids[greedy_rows] = argmax_rows(processed[greedy_rows])
         if len(random_rows_np) > 0:
             uniforms_np = rng.uniforms(batch.seeds[random_rows_np], batch.choice_index[random_rows_np],
                                        batch.output_position[random_rows_np])
             uniforms = torch.from_numpy(uniforms_np).to(device)
-            token_ids[random_rows] = _sample_inverse_cdf(processed[random_rows], uniforms)
+            token_ids[random_rows] = sample_inverse_cdf(processed[random_rows], uniforms)
         return token_ids
 
-    def _fill_logprobs(self, output: SamplerOutput, processed: torch.Tensor, token_ids: torch.Tensor,
+    def _next_mirostat_mu(self, processed: torch.Tensor, token_ids: torch.Tensor,
+                          advanced: AdvancedColumns) -> np.ndarray:
+        next_mu = np.full(processed.shape[0], np.nan)
+        rows_np = np.flatnonzero(advanced.mirostat)
+        rows = torch.from_numpy(rows_np).to(processed.device)
+        next_mu[rows_np] = mirostat_update(processed[rows], token_ids[rows], advanced.mirostat_mu[rows_np],
+                                           advanced.mirostat_tau[rows_np], advanced.mirostat_eta[rows_np])
+        return next_mu
+
+    def _fill_logprobs(self, output: SamplerOutput, scored: torch.Tensor, token_ids: torch.Tensor,
                        batch: SamplingBatch) -> None:
-        num_rows = processed.shape[0]
+        num_rows = scored.shape[0]
         num_alternatives = min(int(batch.num_logprobs.max()), self.vocab_size)
         rows_np = np.flatnonzero(batch.num_logprobs >= 0)
-        rows = torch.from_numpy(rows_np).to(processed.device)
-        logprobs = torch.log_softmax(processed[rows], dim=-1)
-        chosen, ranks, top_ids, top_logprobs = _top_logprobs(logprobs, token_ids[rows], num_alternatives)
+        rows = torch.from_numpy(rows_np).to(scored.device)
+        logprobs = torch.log_softmax(scored[rows], dim=-1)
+        chosen, ranks, top_ids, top_values = top_logprobs(logprobs, token_ids[rows], num_alternatives)
         # Rows that did not ask keep zeros (the contract allows junk there).
         output.chosen_logprobs = np.zeros(num_rows, dtype=np.float32)
         output.chosen_ranks = np.zeros(num_rows, dtype=np.int64)
@@ -236,23 +163,48 @@ class Sampler:
         output.chosen_logprobs[rows_np] = chosen.cpu().numpy()
         output.chosen_ranks[rows_np] = ranks.cpu().numpy()
         output.top_token_ids[rows_np] = top_ids.cpu().numpy()
-        output.top_logprobs[rows_np] = top_logprobs.cpu().numpy()
+        output.top_logprobs[rows_np] = top_values.cpu().numpy()
 
 
-def compute_prompt_logprobs(
-    logits: torch.Tensor, target_token_ids: np.ndarray, num_logprobs: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Logprobs of the model's raw distribution (no sampling processors, as vLLM) for prompt
-    tokens: row i of `logits` predicts target_token_ids[i].
+def _apply_stages_5_to_10(logits: torch.Tensor, batch: SamplingBatch, advanced: AdvancedColumns) -> torch.Tensor:
+    """tfs -> eta -> epsilon -> typical -> XTC -> smoothing, each on the rows that use it.
+    Greedy rows hold neutral values for these stages, so they never run on one."""
+    a = advanced
+    logits = on_rows(logits, np.flatnonzero(a.tfs < 1), lambda sub, rows: apply_tfs(sub, a.tfs[rows]))
+    logits = on_rows(logits, np.flatnonzero(a.eta_cutoff > 0), lambda sub, rows: apply_eta(sub, a.eta_cutoff[rows]))
+    logits = on_rows(logits, np.flatnonzero(a.epsilon_cutoff > 0),
+                     lambda sub, rows: apply_epsilon(sub, a.epsilon_cutoff[rows]))
+    logits = on_rows(logits, np.flatnonzero(a.typical_p < 1),
+                     lambda sub, rows: apply_typical(sub, a.typical_p[rows]))
+    logits = on_rows(logits, _xtc_rows(batch, a), lambda sub, rows: apply_xtc(sub, a.xtc_threshold[rows]))
+    return on_rows(logits, np.flatnonzero(a.smoothing_factor > 0),
+                   lambda sub, rows: apply_smoothing(sub, a.smoothing_factor[rows], a.smoothing_curve[rows]))
 
-    Returns (chosen [P] float32, ranks [P] int64, top_ids [P, K] int64, top_logprobs [P, K]
-    float32) with K = num_logprobs, best first.
-    """
-    if num_logprobs < 0:
-        raise ValueError(f"num_logprobs must be >= 0, got {num_logprobs}")
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    targets = torch.from_numpy(np.asarray(target_token_ids, dtype=np.int64)).to(logits.device)
-    num_alternatives = min(num_logprobs, logits.shape[1])
-    chosen, ranks, top_ids, top_logprobs = _top_logprobs(logprobs, targets, num_alternatives)
-    return (chosen.cpu().numpy().astype(np.float32), ranks.cpu().numpy().astype(np.int64),
-            top_ids.cpu().numpy().astype(np.int64), top_logprobs.cpu().numpy().astype(np.float32))
+
+def _xtc_rows(batch: SamplingBatch, advanced: AdvancedColumns) -> np.ndarray:
+    """Rows whose XTC coin (its own counter-based stream, DESIGN §5) comes up: u < xtc_probability."""
+    candidates = np.flatnonzero(advanced.xtc_probability > 0)
+    if len(candidates) == 0:
+        return candidates
+    coins = rng.uniforms(batch.seeds[candidates], batch.choice_index[candidates],
+                         batch.output_position[candidates], stream=rng.XTC_STREAM)
+    return candidates[coins < advanced.xtc_probability[candidates]]
+
+
+def _apply_temperature(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Stage 11: divide random rows by T; dynatemp rows by their T of this step. A T below
+    GREEDY_TEMPERATURE divides nothing (SAMPLING.md); greedy rows are left as they are."""
+    temperature = np.where(batch.temperature == 0, 1.0, batch.temperature)  # greedy rows: as is
+    advanced = batch.advanced
+    dynatemp_rows = (np.flatnonzero((advanced.dynatemp_min > 0) | (advanced.dynatemp_max > 0))
+                     if advanced is not None else np.zeros(0, np.int64))
+    if len(dynatemp_rows) == 0:
+        if (temperature == 1).all():
+            return logits
+        return logits / column(temperature, logits.device, torch.float32)
+    divisor = column(temperature, logits.device, torch.float32)
+    rows = torch.from_numpy(dynatemp_rows).to(logits.device)
+    dynamic = dynamic_temperatures(logits[rows], advanced.dynatemp_min[dynatemp_rows],
+                                   advanced.dynatemp_max[dynatemp_rows], advanced.dynatemp_exponent[dynatemp_rows])
+    divisor[rows] = torch.where(dynamic >= GREEDY_TEMPERATURE, dynamic, 1.0).float()[:, None]
+    return logits / divisor

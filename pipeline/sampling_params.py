@@ -1,22 +1,74 @@
-"""SamplingParams: the per-request sampling knobs, with OpenAI/vLLM names, defaults and validation.
+"""SamplingParams: the per-request sampling knobs, with OpenAI/vLLM/Aphrodite names, defaults and validation.
 
 Every error is a ValueError that names the field and the rule (`max_tokens must be >= 1, got 0`),
 including type errors, so the gateway can return them to the client as they are. `from_dict`
 rejects unknown keys: a typo such as `temprature` must fail loudly, never sample at T=1.
+The meaning of every sampler field, and the order the sampler applies them in, is SAMPLING.md.
+Checks that need the model (vocabulary size, context length, --max-logprobs) are at intake.
 """
 
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple, NoReturn
+from typing import Any
 
-MAX_LOGPROBS = 20
+from pipeline.param_checks import (
+    check_bool,
+    check_int,
+    check_range,
+    fail,
+    normalize_logit_bias,
+    normalize_strings,
+    normalize_token_ids,
+    to_float,
+)
+from pipeline.sampling_rows import AdvancedRowValues, SamplingRowValues, advanced_row_values, classic_row_values
+
+__all__ = ["GREEDY_TEMPERATURE", "MAX_N", "SamplingParams", "SamplingRowValues", "SamplingType"]
+
 MAX_N = 128  # choices per request: each is a sequence with its own KV blocks
 # Below this temperature logits / T overflows float32 for ordinary logits; such requests are
 # greedy (as in vLLM), which is also what the user meant.
 GREEDY_TEMPERATURE = 1e-5
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range
+DEFAULT_DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")  # text-generation-webui's defaults
+
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                 "top_a", "tfs", "eta_cutoff", "epsilon_cutoff", "typical_p", "smoothing_factor", "smoothing_curve",
+                 "dynatemp_min", "dynatemp_max", "dynatemp_exponent", "mirostat_tau", "mirostat_eta",
+                 "dry_multiplier", "dry_base", "xtc_threshold", "xtc_probability", "length_penalty")
+_INT_FIELDS = ("n", "min_tokens", "top_k", "mirostat_mode", "dry_allowed_length", "dry_range")
+_OPTIONAL_INT_FIELDS = ("best_of", "max_tokens", "seed", "logprobs", "prompt_logprobs", "truncate_prompt_tokens")
+_BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+                "use_beam_search")
+# (field, low, high, low_open, high_open); None = unbounded on that side.
+_RANGES: tuple[tuple[str, float | None, float | None, bool, bool], ...] = (
+    ("temperature", 0, None, False, False),
+    ("top_p", 0, 1, True, False),
+    ("min_p", 0, 1, False, False),
+    ("presence_penalty", -2, 2, False, False),
+    ("frequency_penalty", -2, 2, False, False),
+    ("repetition_penalty", 0, None, True, False),
+    ("top_a", 0, None, False, False),
+    ("tfs", 0, 1, True, False),
+    ("eta_cutoff", 0, None, False, False),
+    ("epsilon_cutoff", 0, 1000, False, False),
+    ("typical_p", 0, 1, True, False),
+    ("smoothing_factor", 0, None, False, False),
+    ("smoothing_curve", 1, None, False, False),
+    ("dynatemp_min", 0, None, False, False),
+    ("dynatemp_max", 0, None, False, False),
+    ("dynatemp_exponent", 0, None, False, False),
+    ("mirostat_tau", 0, None, False, False),
+    ("mirostat_eta", 0, None, False, False),
+    ("dry_multiplier", 0, None, False, False),
+    ("dry_base", 1, None, True, False),
+    ("dry_allowed_length", 1, None, False, False),
+    ("dry_range", 0, None, False, False),
+    ("xtc_threshold", 0, 1, True, False),
+    ("xtc_probability", 0, 1, False, False),
+)
 
 
 class SamplingType(enum.IntEnum):
@@ -24,74 +76,9 @@ class SamplingType(enum.IntEnum):
     RANDOM = 1  # always seeded: an explicit seed or one derived from the request id (DESIGN §5)
 
 
-class SamplingRowValues(NamedTuple):
-    """One request's values for the SamplingBatch columns; neutral values where a knob is off."""
-
-    temperature: float  # 0 = greedy
-    top_p: float  # 1 = off
-    top_k: int  # 0 = off
-    min_p: float  # 0 = off
-    presence_penalty: float
-    frequency_penalty: float
-    repetition_penalty: float
-    num_logprobs: int  # -1 = none
-
-
-def _fail(message: str) -> NoReturn:
-    raise ValueError(message)
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        _fail(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-
-
-def _check_int(name: str, value: Any, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    # bool is a subclass of int: `max_tokens=True` is a client bug, not 1.
-    if not isinstance(value, int) or isinstance(value, bool):
-        kind = "an int or None" if optional else "an int"
-        _fail(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
-
-
-def _to_float(name: str, value: Any) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        _fail(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value):
-        _fail(f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
-def _normalize_stop(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    items = (value,) if isinstance(value, str) else value
-    if not isinstance(items, list | tuple):
-        _fail(f"stop must be a string, a list of strings or None, got {type(value).__name__}")
-    for item in items:
-        if not isinstance(item, str):
-            _fail(f"stop must contain only strings, got {type(item).__name__} {item!r}")
-        if not item:
-            _fail("stop must not contain empty strings")
-    return tuple(items)
-
-
-def _normalize_stop_token_ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list | tuple):
-        _fail(f"stop_token_ids must be a list of ints, got {type(value).__name__}")
-    for item in value:
-        _check_int("stop_token_ids[]", item)
-        if item < 0:
-            _fail(f"stop_token_ids must be >= 0, got {item}")
-    return tuple(value)
-
-
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """Sampling parameters of one request; `stop` and `stop_token_ids` become tuples."""
+    """Sampling parameters of one request. Lists become tuples, logit_bias sorted (id, bias) pairs."""
 
     n: int = 1
     best_of: int | None = None  # None or n; normalized to n
@@ -113,77 +100,125 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None  # keep only the last k prompt tokens
+    # Aphrodite's samplers (SAMPLING.md). Every default switches its stage off.
+    top_a: float = 0.0
+    tfs: float = 1.0
+    eta_cutoff: float = 0.0  # units of 1e-4
+    epsilon_cutoff: float = 0.0  # units of 1e-4
+    typical_p: float = 1.0
+    smoothing_factor: float = 0.0
+    smoothing_curve: float = 1.0
+    dynatemp_min: float = 0.0
+    dynatemp_max: float = 0.0
+    dynatemp_exponent: float = 1.0
+    mirostat_mode: int = 0  # 0 = off, 2 = mirostat v2
+    mirostat_tau: float = 0.0
+    mirostat_eta: float = 0.0
+    custom_token_bans: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()  # construction also accepts {id: bias}
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_SEQUENCE_BREAKERS
+    dry_range: int = 0  # 0 = the whole context
+    xtc_threshold: float = 0.1
+    xtc_probability: float = 0.0
+    # Beam search (issue 11 part 4) is not implemented: only the values that mean "no beam search".
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
 
     def __post_init__(self) -> None:
         self._check_types()
         self._check_counts()
         self._check_ranges()
+        self._check_unsupported()
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # frozen: normalization happens only here
 
     def _check_types(self) -> None:
-        for name in ("n", "min_tokens", "top_k"):
-            _check_int(name, getattr(self, name))
-        for name in ("best_of", "max_tokens", "seed", "logprobs", "prompt_logprobs"):
-            _check_int(name, getattr(self, name), optional=True)
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
-            _check_bool(name, getattr(self, name))
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty"):
-            self._set(name, _to_float(name, getattr(self, name)))
-        self._set("stop", _normalize_stop(self.stop))
-        self._set("stop_token_ids", _normalize_stop_token_ids(self.stop_token_ids))
+        for name in _INT_FIELDS:
+            check_int(name, getattr(self, name))
+        for name in _OPTIONAL_INT_FIELDS:
+            check_int(name, getattr(self, name), optional=True)
+        for name in _BOOL_FIELDS:
+            check_bool(name, getattr(self, name))
+        for name in _FLOAT_FIELDS:
+            self._set(name, to_float(name, getattr(self, name)))
+        self._set("stop", normalize_strings("stop", self.stop, allow_single=True))
+        self._set("dry_sequence_breakers", normalize_strings("dry_sequence_breakers", self.dry_sequence_breakers,
+                                                             allow_single=False))
+        self._set("stop_token_ids", normalize_token_ids("stop_token_ids", self.stop_token_ids))
+        self._set("custom_token_bans", normalize_token_ids("custom_token_bans", self.custom_token_bans))
+        self._set("logit_bias", normalize_logit_bias(self.logit_bias, MAX_LOGIT_BIAS))
 
     def _check_counts(self) -> None:
         if not 1 <= self.n <= MAX_N:
-            _fail(f"n must be in [1, {MAX_N}], got {self.n}")
+            fail(f"n must be in [1, {MAX_N}], got {self.n}")
         if self.best_of is not None and self.best_of != self.n:
-            _fail(f"best_of must be None or equal to n ({self.n}), got {self.best_of}: "
-                  "best_of > n is not supported yet")
+            fail(f"best_of must be None or equal to n ({self.n}), got {self.best_of}: "
+                 "best_of > n is not supported yet")
         self._set("best_of", self.n)
         if self.max_tokens is not None and self.max_tokens < 1:
-            _fail(f"max_tokens must be >= 1, got {self.max_tokens}")
+            fail(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.min_tokens < 0:
-            _fail(f"min_tokens must be >= 0, got {self.min_tokens}")
+            fail(f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            _fail(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
-        for name in ("logprobs", "prompt_logprobs"):
+            fail(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        for name in ("logprobs", "prompt_logprobs"):  # the upper bound is --max-logprobs, at intake
             value = getattr(self, name)
-            if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                _fail(f"{name} must be in [0, {MAX_LOGPROBS}] or None, got {value}")
+            if value is not None and value < 0:
+                fail(f"{name} must be >= 0 or None, got {value}")
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
+            fail(f"truncate_prompt_tokens must be >= 1 or None, got {self.truncate_prompt_tokens}")
 
     def _check_ranges(self) -> None:
-        if self.temperature < 0:
-            _fail(f"temperature must be >= 0, got {self.temperature:g}")
-        if not 0 < self.top_p <= 1:
-            _fail(f"top_p must be in (0, 1], got {self.top_p:g}")
         if self.top_k < -1:
-            _fail(f"top_k must be -1, 0 (off) or >= 1, got {self.top_k}")
+            fail(f"top_k must be -1, 0 (off) or >= 1, got {self.top_k}")
         self._set("top_k", max(self.top_k, 0))
-        if not 0 <= self.min_p <= 1:
-            _fail(f"min_p must be in [0, 1], got {self.min_p:g}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                _fail(f"{name} must be in [-2, 2], got {getattr(self, name):g}")
-        if self.repetition_penalty <= 0:
-            _fail(f"repetition_penalty must be > 0, got {self.repetition_penalty:g}")
+        for name, low, high, low_open, high_open in _RANGES:
+            check_range(name, getattr(self, name), low, high, low_open=low_open, high_open=high_open)
+        if self.mirostat_mode not in (0, 2):
+            fail(f"mirostat_mode must be 0 (off) or 2 (mirostat v2), got {self.mirostat_mode}")
+        if self.dynatemp_min > self.dynatemp_max:
+            fail(f"dynatemp_min must be <= dynatemp_max ({self.dynatemp_max:g}), got {self.dynatemp_min:g}")
+
+    def _check_unsupported(self) -> None:
+        if self.use_beam_search:
+            fail("use_beam_search must be false: beam search is not supported yet")
+        if self.length_penalty != 1.0:
+            fail(f"length_penalty must be 1 (it only applies to beam search, not supported yet), "
+                 f"got {self.length_penalty:g}")
+        if self.early_stopping is not False:
+            fail(f"early_stopping must be false (it only applies to beam search, not supported yet), "
+                 f"got {self.early_stopping!r}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
         """Build from a wire/JSON map; unknown keys are an error that lists them."""
         if not isinstance(data, dict):
-            _fail(f"params must be a map, got {type(data).__name__}")
+            fail(f"params must be a map, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(str(key) for key in data if key not in known)
         if unknown:
-            _fail(f"unknown sampling parameter(s): {', '.join(unknown)} "
-                  f"(known: {', '.join(sorted(known))})")
+            fail(f"unknown sampling parameter(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         return cls(**data)
 
     @property
+    def uses_dynatemp(self) -> bool:
+        return self.dynatemp_min > 0 or self.dynatemp_max > 0
+
+    @property
+    def uses_mirostat(self) -> bool:
+        return self.mirostat_mode == 2
+
+    @property
     def is_greedy(self) -> bool:
-        return self.temperature < GREEDY_TEMPERATURE
+        """Dynamic temperature replaces `temperature`, so a dynatemp request is never greedy."""
+        return self.temperature < GREEDY_TEMPERATURE and not self.uses_dynatemp
 
     @property
     def sampling_type(self) -> SamplingType:
@@ -196,16 +231,10 @@ class SamplingParams:
                 or self.repetition_penalty != 1)
 
     def row_values(self) -> SamplingRowValues:
-        """Values for tensor prep. Greedy rows get neutral truncation (it cannot change the
-        argmax) so their logprobs are those of the penalized model distribution."""
-        greedy = self.is_greedy
-        return SamplingRowValues(
-            temperature=0.0 if greedy else self.temperature,
-            top_p=1.0 if greedy else self.top_p,
-            top_k=0 if greedy else self.top_k,
-            min_p=0.0 if greedy else self.min_p,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty,
-            num_logprobs=-1 if self.logprobs is None else self.logprobs,
-        )
+        """Values for tensor prep's classic columns. Greedy rows get neutral truncation (it cannot
+        change the argmax) so their logprobs are those of the penalized model distribution."""
+        return classic_row_values(self)
+
+    def advanced_row_values(self) -> AdvancedRowValues | None:
+        """Values of the samplers beyond the classic set; None when this request uses none of them."""
+        return advanced_row_values(self)

@@ -118,6 +118,7 @@ class Scheduler:
                 new_token_ids=seq.token_ids[seq.num_sent_tokens:],
                 new_block_ids=seq.block_ids[num_blocks_before:],
                 num_computed_tokens=seq.num_computed_tokens,
+                mirostat_mu=seq.mirostat_mu,
             ))
             self._commit(seq, num_new, plan)
             budget -= num_new
@@ -174,6 +175,7 @@ class Scheduler:
             seed=seq.request.seed,
             choice_index=seq.choice_index,
             stop_token_ids=tuple(dict.fromkeys(eos + tuple(params.stop_token_ids))),
+            mirostat_mu=seq.mirostat_mu,
         )
 
     # ---- results -----------------------------------------------------------------------------
@@ -189,11 +191,14 @@ class Scheduler:
             seq = self.sequences.get(seq_id)
             if seq is None:
                 continue  # ended (aborted, stop string) while the step was running
+            if seq_id in result.mirostat_mu:  # mu belongs to the choice: it survives preemption
+                seq.mirostat_mu = result.mirostat_mu[seq_id]
             self.append_token(seq, token_id)
             events.append(TokenEvent(
                 seq.request.request_id, seq.choice_index, token_id, logprob,
                 finish_reason=str(seq.finish_reason) if seq.finish_reason is not None else None,
                 stop_reason=seq.stop_reason, num_cached_tokens=seq.num_cached_tokens,
+                mirostat_mu=seq.mirostat_mu,
             ))
         return events
 

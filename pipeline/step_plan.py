@@ -22,6 +22,7 @@ class NewSequence:
     seed: int
     choice_index: int
     stop_token_ids: tuple[int, ...]  # EOS (unless ignore_eos) + stop_token_ids: banned before min_tokens
+    mirostat_mu: float | None = None  # the choice's mu so far (a preempted or resumed one); None = start at 2 tau
 
 
 @dataclass(slots=True)
@@ -30,6 +31,7 @@ class RunningSequence:
     new_token_ids: list[int]
     new_block_ids: list[int]
     num_computed_tokens: int  # before this step
+    mirostat_mu: float | None = None  # mu after the new tokens (mirostat choices); None = unchanged
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from pipeline.outputs import TokenLogprob
@@ -24,6 +25,8 @@ class StepResult:
     logprobs: list[TokenLogprob | None]  # per row; None where the sequence asked for none
     # seq_id -> entries for the prompt positions scored this step (in prompt order)
     prompt_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
+    # seq_id -> mirostat's mu after this step's token, for the choices that use mirostat
+    mirostat_mu: dict[int, float] = field(default_factory=dict)
 
 
 def sample_step(sampler: Sampler, prepared: PreparedStep, logits: torch.Tensor) -> StepResult:
@@ -38,7 +41,15 @@ def sample_step(sampler: Sampler, prepared: PreparedStep, logits: torch.Tensor) 
         token_ids=token_ids,
         logprobs=logprobs,
         prompt_logprobs=_prompt_logprobs(prepared, logits[num_rows:]),
+        mirostat_mu=_mirostat_mu(prepared, sampled),
     )
+
+
+def _mirostat_mu(prepared: PreparedStep, sampled: SamplerOutput) -> dict[int, float]:
+    if sampled.mirostat_mu is None:
+        return {}
+    return {prepared.sample_seq_ids[row]: float(sampled.mirostat_mu[row])
+            for row in np.flatnonzero(~np.isnan(sampled.mirostat_mu))}
 
 
 def _row_logprob(sampled: SamplerOutput, row: int, num_logprobs: int) -> TokenLogprob | None:

@@ -66,7 +66,9 @@ class SnapshotTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, token_ids: int | Sequence[int], skip_special_tokens: bool = False) -> str:
+    def decode(self, token_ids: int | Sequence[int], skip_special_tokens: bool = False, **_hf_options: bool) -> str:
+        # HF options the Rust decoder does not have (spaces_between_special_tokens) change nothing
+        # for a fast tokenizer in transformers either.
         ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
         return self.backend_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 

@@ -69,6 +69,9 @@ class WireChoice(_Wire):
     logprobs: list[Any] | None = None
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
+    # Mirostat requests: the choice's mu after these tokens, so a worker that resumes the request
+    # continues from it (DESIGN §5); nil otherwise.
+    mirostat_mu: float | None = None
 
 
 class WireUsage(_Wire):

@@ -28,16 +28,19 @@ def run_requests(engine: LLMEngine, requests: dict[str, tuple[Any, SamplingParam
     """Submit all, step to completion; per request: choices (token_ids, text, logprobs, finish) and usage."""
     results: dict[str, dict] = {}
     for request_id, (prompt, params) in requests.items():
-        engine.add_request(request_id, prompt, params)
-        results[request_id] = {"choices": {}, "usage": None, "prompt_logprobs": None, "seqs": []}
+        request = engine.add_request(request_id, prompt, params)
+        results[request_id] = {"choices": {}, "usage": None, "prompt_logprobs": None, "seqs": [], "request": request}
     while engine.has_unfinished:
         for delta in engine.step():
             result = results[delta.request_id]
             result["seqs"].append(delta.seq)
             for choice in delta.choices:
                 state = result["choices"].setdefault(
-                    choice.index, {"token_ids": [], "text": "", "logprobs": [], "finish_reason": None})
+                    choice.index, {"token_ids": [], "text": "", "logprobs": [], "finish_reason": None,
+                                   "mirostat_mu": []})
                 state["token_ids"] += choice.token_ids
+                if choice.mirostat_mu is not None:
+                    state["mirostat_mu"].append(choice.mirostat_mu)  # after each delta's tokens
                 state["text"] += choice.text
                 state["logprobs"] += choice.logprobs or []
                 if choice.finish_reason is not None:

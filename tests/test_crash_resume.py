@@ -66,13 +66,10 @@ def _is_final(entry: dict) -> bool:
     return entry.get("usage") is not None or entry.get("error") is not None
 
 
-@pytest.mark.parametrize("kill_after_entries", [3, 60])  # early in the run, and well into it
-def test_kill_9_mid_generation_loses_and_duplicates_nothing(model_dir, prefix, tmp_path, kill_after_entries):
-    requests = _requests(12)
-    uninterrupted = {request_id: (r["prompt_token_ids"], SamplingParams.from_dict(r["params"]))
-                     for request_id, r in requests.items()}
-    reference = run_requests(make_engine(model_dir, **ENGINE_FLAGS), uninterrupted)
-    client = redis.Redis.from_url(REDIS_URL)
+def _kill_the_victim_mid_generation(model_dir: Path, prefix: str, tmp_path: Path, client: redis.Redis,
+                                    requests: dict[str, dict], kill_after_entries: int) -> dict[str, int]:
+    """Two workers take `requests`; once `kill_after_entries` reply entries exist and the victim
+    holds some, it is killed with SIGKILL and a replacement starts. Returns every exit code."""
     workers = {name: _start_worker(model_dir, prefix, name, tmp_path) for name in ("victim", "survivor")}
     try:
         _wait(lambda: all(client.exists(f"{prefix}:worker:{n}") for n in workers), 60, "workers to start")
@@ -96,6 +93,17 @@ def test_kill_9_mid_generation_loses_and_duplicates_nothing(model_dir, prefix, t
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
         exit_codes = {name: process.wait(timeout=30) for name, process in workers.items()}
+    return exit_codes
+
+
+@pytest.mark.parametrize("kill_after_entries", [3, 60])  # early in the run, and well into it
+def test_kill_9_mid_generation_loses_and_duplicates_nothing(model_dir, prefix, tmp_path, kill_after_entries):
+    requests = _requests(12)
+    uninterrupted = {request_id: (r["prompt_token_ids"], SamplingParams.from_dict(r["params"]))
+                     for request_id, r in requests.items()}
+    reference = run_requests(make_engine(model_dir, **ENGINE_FLAGS), uninterrupted)
+    client = redis.Redis.from_url(REDIS_URL)
+    exit_codes = _kill_the_victim_mid_generation(model_dir, prefix, tmp_path, client, requests, kill_after_entries)
     assert exit_codes["victim"] == -signal.SIGKILL
     assert exit_codes["survivor"] == 0 and exit_codes["replacement"] == 0, (tmp_path / "survivor.log").read_text()
     resumed = 0
@@ -111,6 +119,37 @@ def test_kill_9_mid_generation_loses_and_duplicates_nothing(model_dir, prefix, t
     logs = "".join((tmp_path / f"{name}.log").read_text() for name in ("survivor", "replacement"))
     assert "claimed an orphaned request" in logs
     assert client.xpending(f"{prefix}:requests", "workers")["pending"] == 0
+
+
+def _mirostat_requests(count: int) -> dict[str, dict]:
+    rng = random.Random(3)
+    return {f"mirostat-{i}": {"id": f"mirostat-{i}", "prompt_token_ids": [rng.randrange(3, 512) for _ in range(12)],
+                              "params": {"max_tokens": 100, "ignore_eos": True, "n": 1 + i % 2, "seed": 70 + i,
+                                         "mirostat_mode": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.3}}
+            for i in range(count)}
+
+
+def test_kill_9_resumed_mirostat_choices_continue_from_their_mu(model_dir, prefix, tmp_path):
+    """mu rides in the reply entries: the replacement continues each choice from the mu after the
+    tokens its client has, so the tokens are those of an uninterrupted run (a restarted mu, 2 tau,
+    would mask other tokens)."""
+    requests = _mirostat_requests(8)
+    uninterrupted = {request_id: (r["prompt_token_ids"], SamplingParams.from_dict(r["params"]))
+                     for request_id, r in requests.items()}
+    reference = run_requests(make_engine(model_dir, **ENGINE_FLAGS), uninterrupted)
+    client = redis.Redis.from_url(REDIS_URL)
+    exit_codes = _kill_the_victim_mid_generation(model_dir, prefix, tmp_path, client, requests, 40)
+    assert exit_codes["victim"] == -signal.SIGKILL
+    logs = "".join((tmp_path / f"{name}.log").read_text() for name in ("survivor", "replacement"))
+    assert "claimed an orphaned request" in logs
+    for request_id, request in requests.items():
+        entries = _entries(client, prefix, request_id)
+        assert [e["seq"] for e in entries] == list(range(len(entries))), request_id
+        for index in range(request["params"]["n"]):
+            ours = [c for e in entries for c in e["choices"] if c["index"] == index]
+            expected = reference[request_id]["choices"][index]
+            assert [t for c in ours for t in c["token_ids"]] == expected["token_ids"], (request_id, index)
+            assert ours[-1]["mirostat_mu"] == pytest.approx(expected["mirostat_mu"][-1], abs=1e-5)
 
 
 def test_sigterm_drains_in_flight_requests_and_leaves_the_rest_for_another_worker(model_dir, prefix, tmp_path):
