@@ -15,7 +15,7 @@ from queue_adapters.codec import ChatMessage
 CHAT_URL = "/v1/chat/completions"
 _IGNORED = {"model", "user"}  # accepted and not used: one model per worker; user is metadata
 _UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "response_format",
-                "logit_bias", "stream_options", "audio", "modalities", "prediction"}
+                "stream_options", "audio", "modalities", "prediction"}
 
 
 def parse_chat_body(body: Any) -> tuple[list[ChatMessage], dict[str, Any]]:

@@ -104,6 +104,9 @@ def test_chat_lines_render_the_chat_template_and_get_chat_completion_bodies(tmp_
         _line("parts", {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}, **chat_url),
         _line("no-messages", {"prompt": "x"}, **chat_url),
         _line("int-logprobs", {"messages": messages, "logprobs": 2}, **chat_url),
+        # JSON object keys are strings; +100 outweighs any logit of the builtin model.
+        _line("biased", {"messages": messages, "max_tokens": 3, "temperature": 0, "ignore_eos": True,
+                         "logit_bias": {"65": 100}}, **chat_url),
     ]
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("\n".join(lines) + "\n")
@@ -122,6 +125,8 @@ def test_chat_lines_render_the_chat_template_and_get_chat_completion_bodies(tmp_
     assert len(content) == 6 and all(len(entry["top_logprobs"]) == 2 for entry in content)
     assert set(content[0]) == {"token", "logprob", "bytes", "top_logprobs"}
     assert content[0]["bytes"] == list(content[0]["token"].encode("utf-8"))
+
+    assert results["biased"]["response"]["body"]["choices"][0]["token_ids"] == [65, 65, 65]
 
     errors = {custom_id: r["error"]["message"] for custom_id, r in results.items() if r["error"] is not None}
     assert set(errors) == {"tools", "parts", "no-messages", "int-logprobs"}
