@@ -143,7 +143,7 @@ def test_each_dtype_gets_its_own_conversion(small_gguf, tmp_path):
 def test_an_unsupported_architecture_is_a_clear_error(tmp_path):
     path = write_minimal_gguf(tmp_path / "other.gguf", "gpt2")
     with pytest.raises(ValueError, match=r"GGUF architecture 'gpt2' is not supported; "
-                                         r"supported GGUF architectures: llama, qwen2, qwen3"):
+                                         r"supported GGUF architectures: llama, qwen2, qwen3, gemma2, phi3"):
         resolve_model(str(path), torch.float32, tmp_path / "cache")
     assert [p.name for p in (tmp_path / "cache" / "gguf").iterdir()] == ["hashes"]  # nothing half-converted
 
