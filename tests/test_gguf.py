@@ -9,6 +9,8 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -17,15 +19,23 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import pipeline.gguf.convert as convert
 import pipeline.gguf.file_hash as file_hash
 from pipeline.gguf import gguf_model_dir
+from pipeline.gguf.architectures import gguf_architecture
+from pipeline.gguf.hf_config import hf_config
+from pipeline.gguf.metadata import GgufMetadata
 from pipeline.model_source import resolve_model
 from pipeline.sampling_params import SamplingParams
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
-from tests.gguf_files import BOS_TOKEN_ID, hf_model_from_gguf, write_gguf, write_minimal_gguf
+from tests.gguf_files import hf_model_from_gguf, write_gguf, write_minimal_gguf, write_rounded_checkpoint
+from tests.gguf_tokenizers import BOS_TOKEN_ID
 from tests.hf_models import EOS_TOKEN_ID, make_tiny_hf_model
 
+# Gemma 2 as transformers' GGUF loader reads it: it ignores the soft caps and assumes Gemma2Config's
+# query_pre_attn_scalar (256); a head size of 256 makes that llama.cpp's value too.
+_GEMMA2_AS_HF_READS = {"head_dim": 256, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
+                       "final_logit_softcapping": 30.0}
 # (tests/hf_models.py arch, GGUF type, config overrides). qwen3 with head size 128, the real models':
-# transformers' GGUF loader does not read attention.key_length and assumes Qwen3Config's 128 (other
-# head sizes are tested below against the original checkpoint).
+# transformers' GGUF loader does not read attention.key_length and assumes Qwen3Config's 128; it
+# ignores Phi-3's window. (What it drops is tested below against the original checkpoint.)
 CASES = {
     "llama-f32": ("llama", Q.F32, {}),
     "llama-f16": ("llama", Q.F16, {}),
@@ -33,7 +43,16 @@ CASES = {
     "llama-q4_0": ("llama", Q.Q4_0, {}),
     "qwen2-q8_0": ("qwen2", Q.Q8_0, {}),
     "qwen3-q4_0": ("qwen3", Q.Q4_0, {"head_dim": 128}),
+    "gemma2-f32": ("gemma2", Q.F32, _GEMMA2_AS_HF_READS),
+    "gemma2-q8_0": ("gemma2", Q.Q8_0, _GEMMA2_AS_HF_READS),
+    "phi3-f32": ("phi3", Q.F32, {"sliding_window": None}),
+    "phi3-q8_0": ("phi3", Q.Q8_0, {"sliding_window": None}),
+    "mixtral-f32": ("mixtral", Q.F32, {}),
+    "mixtral-q8_0": ("mixtral", Q.Q8_0, {}),
 }
+# transformers' GGUF loader reads a Mixtral file (general.architecture `llama`) as Llama and finds no
+# MLP; the reference is then the checkpoint the file was written from, rounded through the file's type.
+_HF_CANNOT_READ = {"mixtral"}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +69,10 @@ def gguf_case(request, tmp_path_factory, cache_env) -> tuple[str, Path, torch.nn
     root = tmp_path_factory.mktemp(request.param)
     hf_dir = make_tiny_hf_model(arch, root / "hf", seed=5, **overrides)
     path = write_gguf(hf_dir, root / f"{request.param}.gguf", qtype)
-    return request.param, path, hf_model_from_gguf(path)
+    if arch not in _HF_CANNOT_READ:
+        return request.param, path, hf_model_from_gguf(path)
+    rounded = write_rounded_checkpoint(hf_dir, root / "rounded", qtype)
+    return request.param, path, AutoModelForCausalLM.from_pretrained(rounded, dtype=torch.float32).eval()
 
 
 def _greedy_workload(seed: int, count: int = 6) -> dict[str, tuple[list[int], SamplingParams]]:
@@ -75,9 +97,13 @@ def test_greedy_tokens_match_hf_reading_the_same_gguf(gguf_case) -> None:
 
 def test_logprobs_match_hf_reading_the_same_gguf(gguf_case) -> None:
     _label, path, hf = gguf_case
+    _assert_logprobs_match_hf(make_engine(path), hf)
+
+
+def _assert_logprobs_match_hf(engine, hf: torch.nn.Module) -> None:
     prompt = list(range(5, 30))
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2)
-    choice = run_requests(make_engine(path), {"x": (prompt, params)})["x"]["choices"][0]
+    choice = run_requests(engine, {"x": (prompt, params)})["x"]["choices"][0]
     theirs, logits = hf_greedy(hf, prompt, 4)
     expected = torch.log_softmax(logits, dim=-1)
     assert choice["token_ids"] == theirs
@@ -101,6 +127,70 @@ def test_a_lossless_gguf_serves_like_the_checkpoint_it_came_from(arch, overrides
                     if k != "rope_theta"}
         assert converted["rope_scaling"] == expected
     _assert_matches_hf(engine, AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval(), arch)
+
+
+# (arch, config overrides, write_gguf options): what transformers' GGUF loader cannot check.
+FAMILY_CASES = {
+    # Soft caps that bite, both layer kinds and a window shorter than the prompts (tests/hf_models.py);
+    # query_pre_attn_scalar = head_dim, the only value a llama.cpp file expresses below 46 layers.
+    "gemma2-caps-window": ("gemma2", {"query_pre_attn_scalar": 32}, {}),
+    "phi3-window": ("phi3", {}, {}),
+    "mistral-recorded-window": ("mistral", {}, {"record_sliding_window": True}),
+}
+_FAMILY_FIELDS = ("architectures", "sliding_window", "query_pre_attn_scalar", "attn_logit_softcapping",
+                  "final_logit_softcapping", "num_local_experts", "num_experts_per_tok")
+
+
+@pytest.mark.parametrize("case", list(FAMILY_CASES))
+def test_a_lossless_family_gguf_serves_like_the_checkpoint_it_came_from(case, tmp_path, cache_env) -> None:
+    arch, overrides, options = FAMILY_CASES[case]
+    hf_dir = make_tiny_hf_model(arch, tmp_path / "hf", seed=9, **overrides)
+    engine = make_engine(write_gguf(hf_dir, tmp_path / f"{arch}.gguf", Q.F32, **options))
+    original = json.loads((hf_dir / "config.json").read_text())
+    converted = json.loads((engine.model_dir / "config.json").read_text())
+    assert {field: converted.get(field) for field in _FAMILY_FIELDS} == {
+        field: original.get(field) for field in _FAMILY_FIELDS}
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    _assert_matches_hf(engine, hf, case)
+    _assert_logprobs_match_hf(engine, hf)
+
+
+def test_a_mistral_file_without_a_recorded_window_is_served_as_llama_cpp_serves_it(tmp_path) -> None:
+    """convert_hf_to_gguf.py records no window for Mistral (7B v0.1's 4096 is dropped); llama.cpp
+    then attends to everything, and so does the converted model."""
+    hf_dir = make_tiny_hf_model("mistral", tmp_path / "hf", seed=3)
+    converted = gguf_model_dir(write_gguf(hf_dir, tmp_path / "mistral.gguf"), torch.float32, tmp_path / "cache")
+    config = json.loads((converted / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "sliding_window" not in config
+
+
+@pytest.mark.parametrize("layers,hidden,heads,head_dim,expected", [(42, 3584, 16, 256, 256), (46, 4608, 32, 128, 144)],
+                         ids=["gemma-2-9b", "gemma-2-27b"])
+def test_gemma2_attention_scale_is_the_one_llama_cpp_assumes(layers, hidden, heads, head_dim, expected, tmp_path):
+    """GGUF stores no query_pre_attn_scalar; llama.cpp uses head_dim, except at 46 layers (27B)."""
+    writer = gguf.GGUFWriter(str(tmp_path / "gemma2.gguf"), "gemma2")
+    for add, value in [(writer.add_block_count, layers), (writer.add_embedding_length, hidden),
+                       (writer.add_head_count, heads), (writer.add_key_length, head_dim),
+                       (writer.add_value_length, head_dim), (writer.add_context_length, 8192),
+                       (writer.add_feed_forward_length, 4 * hidden), (writer.add_layer_norm_rms_eps, 1e-6)]:
+        add(value)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    metadata = GgufMetadata(gguf.GGUFReader(tmp_path / "gemma2.gguf"))
+    config = hf_config(metadata, gguf_architecture(metadata), {"token_embd.weight"}, None, "float32")
+    assert (config["query_pre_attn_scalar"], config["head_dim"]) == (expected, head_dim)
+    assert (config["attn_logit_softcapping"], config["final_logit_softcapping"]) == (50.0, 30.0)  # llama.cpp's
+
+
+def test_a_longrope_phi3_file_is_a_clear_error(tmp_path) -> None:
+    hf_dir = make_tiny_hf_model("phi3", tmp_path / "hf", original_max_position_embeddings=256, rope_scaling={
+        "rope_type": "longrope", "long_factor": [1.0 + i for i in range(8)], "short_factor": [1.0] * 8})
+    path = write_gguf(hf_dir, tmp_path / "phi3-128k.gguf")
+    with pytest.raises(ValueError, match=r"LongRoPE scaling \(rope_factors_long/short tensors\), which is not"):
+        resolve_model(str(path), torch.float32, tmp_path / "cache")
 
 
 @pytest.fixture
@@ -143,7 +233,7 @@ def test_each_dtype_gets_its_own_conversion(small_gguf, tmp_path):
 def test_an_unsupported_architecture_is_a_clear_error(tmp_path):
     path = write_minimal_gguf(tmp_path / "other.gguf", "gpt2")
     with pytest.raises(ValueError, match=r"GGUF architecture 'gpt2' is not supported; "
-                                         r"supported GGUF architectures: llama, qwen2, qwen3"):
+                                         r"supported GGUF architectures: llama, qwen2, qwen3, gemma2, phi3"):
         resolve_model(str(path), torch.float32, tmp_path / "cache")
     assert [p.name for p in (tmp_path / "cache" / "gguf").iterdir()] == ["hashes"]  # nothing half-converted
 

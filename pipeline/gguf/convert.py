@@ -35,7 +35,7 @@ from pipeline.gguf.tokenizer import has_tokenizer, write_tokenizer
 log = structlog.get_logger(__name__)
 
 # Bump when a change here changes the files a conversion writes, so stale conversions are not reused.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 
 
 def gguf_model_dir(gguf_path: str | Path, dtype: torch.dtype, cache_root: str | Path | None = None) -> Path:
@@ -68,7 +68,7 @@ def write_hf_directory(gguf_path: Path, out_dir: Path, dtype: torch.dtype) -> No
     """Write config, generation config, weights and tokenizer of `gguf_path` into existing `out_dir`."""
     reader = GGUFReader(gguf_path, "r")
     metadata = GgufMetadata(reader)
-    arch = gguf_architecture(metadata.architecture)
+    arch = gguf_architecture(metadata)
     tensor_names = {tensor.name for tensor in reader.tensors}
     config = hf_config(metadata, arch, tensor_names, rope_freqs(reader), str(dtype).removeprefix("torch."))
     weights = dict(iter_hf_tensors(reader, arch, config["num_attention_heads"], config["num_key_value_heads"],

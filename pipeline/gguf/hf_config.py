@@ -14,12 +14,12 @@ from pipeline.gguf.rope_scaling import llama3_rope_scaling
 def hf_config(metadata: GgufMetadata, arch: GgufArchitecture, tensor_names: set[str],
               rope_freqs: np.ndarray | None, dtype_name: str) -> dict[str, Any]:
     """The HF config.json dict; ValueError for anything the engine's HF classes cannot express."""
+    _refuse_longrope(tensor_names)
     num_heads = int(metadata.require_arch("attention.head_count"))
     hidden_size = int(metadata.require_arch("embedding_length"))
     head_dim = _head_dim(metadata, hidden_size, num_heads)
     theta = float(metadata.arch("rope.freq_base", 10000.0))
     config: dict[str, Any] = {
-        **arch.config_defaults,
         "architectures": [arch.hf_architecture],
         "model_type": arch.model_type,
         "vocab_size": _vocab_size(metadata),
@@ -40,7 +40,10 @@ def hf_config(metadata: GgufMetadata, arch: GgufArchitecture, tensor_names: set[
         "hidden_act": "silu",
         "torch_dtype": dtype_name,
         **_token_ids(metadata),
+        **arch.config_values,
     }
+    if arch.family_fields is not None:
+        config.update(arch.family_fields(metadata, config))
     return {key: value for key, value in config.items() if value is not None}
 
 
@@ -87,6 +90,14 @@ def _vocab_size(metadata: GgufMetadata) -> int | None:
     """None when the metadata does not say (the embedding's rows then decide)."""
     size = metadata.arch("vocab_size") or metadata.array_length("tokenizer.ggml.tokens")
     return None if size is None else int(size)
+
+
+def _refuse_longrope(tensor_names: set[str]) -> None:
+    """convert_hf_to_gguf.py stores LongRoPE (Phi-3 128k, Phi-3.5) as per-frequency factor tensors."""
+    if {"rope_factors_long.weight", "rope_factors_short.weight"} & tensor_names:
+        raise ValueError("this GGUF uses LongRoPE scaling (rope_factors_long/short tensors), which is not supported: "
+                         "HF switches between its short and long factors per batch, which a paged cache cannot "
+                         "reproduce token for token")
 
 
 def _rope_scaling(metadata: GgufMetadata, rope_freqs: np.ndarray | None, theta: float,

@@ -3,7 +3,8 @@
 GGUF lists a tensor's shape in ggml's order (fastest-varying dimension first), the reverse of
 numpy's; the reader's `data` is already in numpy order, so after dequantizing, the HF shape is
 `reversed(tensor.shape)`. This is checked for every tensor, as is every name: a tensor we cannot
-place is an error, never silently dropped.
+place is an error, never silently dropped. What convert_hf_to_gguf.py changed is undone: the Q/K
+row permutation of llama files, the +1 on Gemma norm weights, the stacking of Mixtral's experts.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gguf.quants import dequantize
 from pipeline.gguf.architectures import GLOBAL_TENSORS, GgufArchitecture
 
 ROPE_FREQS = "rope_freqs.weight"  # not a weight: folded into config.json's rope_scaling
+_EXPERT = "{expert}"
 _NAME = re.compile(r"(?:blk\.(?P<layer>\d+)\.)?(?P<base>[a-z_0-9]+)\.(?P<kind>weight|bias)")
 
 
@@ -57,9 +59,24 @@ def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return per_head.swapaxes(1, 2).reshape(weight.shape)
 
 
+def per_expert(name: str, array: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
+    """A stacked [experts, out, in] tensor as HF's one matrix per expert; any other tensor as it is.
+
+    ("...experts.{expert}.w1.weight", [4, I, H]) -> ("...experts.0.w1.weight", [I, H]), ... ("...experts.3...", ...)
+    """
+    if _EXPERT not in name:
+        yield name, array
+        return
+    if array.ndim != 3:
+        raise ValueError(f"{name.replace(_EXPERT, '*')}: expected experts stacked as [experts, out, in], "
+                         f"got shape {array.shape}")
+    for expert, matrix in enumerate(array):
+        yield name.replace(_EXPERT, str(expert)), matrix
+
+
 def iter_hf_tensors(reader: GGUFReader, arch: GgufArchitecture, num_heads: int, num_kv_heads: int,
                     dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor in `dtype`) for every weight of the file, one at a time."""
+    """(HF name, tensor in `dtype`) for every weight of the file, one GGUF tensor at a time."""
     for tensor in reader.tensors:
         if tensor.name == ROPE_FREQS:
             continue
@@ -69,7 +86,10 @@ def iter_hf_tensors(reader: GGUFReader, arch: GgufArchitecture, num_heads: int, 
             array = unpermute_qk(array, num_heads)
         elif arch.permuted_qk and ".self_attn.k_proj." in name:
             array = unpermute_qk(array, num_kv_heads)
-        yield name, torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
+        elif arch.norm_weight_offset and name.endswith("norm.weight"):
+            array = array - np.float32(arch.norm_weight_offset)  # in float32, before any cast to a narrower dtype
+        for hf_name, part in per_expert(name, array):
+            yield hf_name, torch.from_numpy(np.ascontiguousarray(part)).to(dtype)
 
 
 def rope_freqs(reader: GGUFReader) -> np.ndarray | None:
