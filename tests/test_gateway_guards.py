@@ -1,0 +1,81 @@
+"""The gateway's refusals, in OpenAI's error shape, before or instead of any generation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from actors.http.app import create_app
+from actors.http.options import GatewayOptions
+from tests.gateway_helpers import API_KEY, SilentBackend
+
+BODY = {"model": "silent", "prompt": "Hello", "max_tokens": 4}
+
+
+def _client(backend: SilentBackend, **options) -> httpx.AsyncClient:
+    app = create_app(backend, GatewayOptions(api_key=API_KEY, **options))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
+                             headers={"Authorization": f"Bearer {API_KEY}"})
+
+
+def _assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+async def test_a_missing_or_wrong_key_is_401() -> None:
+    async with _client(SilentBackend()) as client:
+        _assert_openai_error(await client.post("/v1/completions", json=BODY, headers={"Authorization": ""}), 401)
+        _assert_openai_error(await client.get("/v1/models", headers={"Authorization": "Bearer nope"}), 401)
+        assert (await client.get("/health", headers={"Authorization": ""})).status_code == 200
+
+
+async def test_a_body_over_the_limit_is_413_before_parsing() -> None:
+    async with _client(SilentBackend(), max_request_bytes=1024) as client:
+        response = await client.post("/v1/completions", content=b"{" + b" " * 4096)  # not even JSON
+        _assert_openai_error(response, 413, "request_too_large")
+
+
+async def test_unknown_model_is_404_and_bad_fields_are_400_naming_the_field() -> None:
+    async with _client(SilentBackend()) as client:
+        _assert_openai_error(await client.post("/v1/completions", json={**BODY, "model": "gpt-9"}), 404,
+                             "model_not_found")
+        error = _assert_openai_error(await client.post("/v1/completions", json={**BODY, "temperatur": 1}), 400)
+        assert "temperatur" in error["message"]
+        error = _assert_openai_error(await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "tools": []}), 400)
+        assert "tools" in error["message"]
+        error = _assert_openai_error(await client.post("/v1/completions", json=BODY,
+                                                       headers={"X-Request-Id": "bad id!"}), 400)
+        assert error["param"] == "X-Request-Id"
+
+
+async def test_no_worker_answering_is_503_and_the_request_is_cancelled() -> None:
+    backend = SilentBackend()
+    async with _client(backend, worker_timeout_s=0.2) as client:
+        response = await client.post("/v1/completions", json=BODY, headers={"X-Request-Id": "lonely-1"})
+        _assert_openai_error(response, 503, "no_worker")
+        await asyncio.sleep(0.05)
+    assert backend.cancelled == ["lonely-1"]
+
+
+async def test_past_the_in_flight_limit_is_429_with_retry_after() -> None:
+    async with _client(SilentBackend(), max_pending=1, worker_timeout_s=1.0) as client:
+        waiting = asyncio.create_task(client.post("/v1/completions", json=BODY))
+        await asyncio.sleep(0.2)
+        response = await client.post("/v1/completions", json=BODY)
+        _assert_openai_error(response, 429, "rate_limit_exceeded")
+        assert response.headers["Retry-After"] == "1"
+        assert (await waiting).status_code == 503
+
+
+@pytest.mark.parametrize("path", ["/v1/nothing", "/nothing"])
+async def test_unknown_routes_answer_in_the_same_error_shape(path: str) -> None:
+    async with _client(SilentBackend()) as client:
+        _assert_openai_error(await client.get(path), 404)
