@@ -72,3 +72,6 @@ class SilentBackend:
 
     async def cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
+
+    async def healthy(self) -> bool:
+        return True

@@ -63,7 +63,7 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        alive = getattr(backend, "alive", True)
+        alive = await backend.healthy()
         return JSONResponse({"status": "ok" if alive else "down"}, status_code=200 if alive else 503)
 
     @app.get("/metrics")

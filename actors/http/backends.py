@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import structlog
+from redis.exceptions import RedisError
 
 from actors.messages import Cancel
 from actors.replies import MemoryReplySink
@@ -44,6 +45,8 @@ class Backend(Protocol):
 
     async def cancel(self, request_id: str) -> None: ...
 
+    async def healthy(self) -> bool: ...
+
 
 class RemoteBackend:
     """A stateless gateway: requests onto `{prefix}:requests`, replies from `{prefix}:out:{id}`."""
@@ -70,6 +73,13 @@ class RemoteBackend:
 
     async def cancel(self, request_id: str) -> None:
         await self._client().cancel(request_id)
+
+    async def healthy(self) -> bool:
+        """Redis answers (whether workers do shows per request, as 503 after --worker-timeout)."""
+        try:
+            return bool(await self._client().redis.ping())
+        except (ConnectionError, OSError, RedisError):
+            return False
 
     def _client(self) -> AqueductClient:
         if self.client is None:
@@ -109,8 +119,7 @@ class EmbeddedBackend:
         if self._running is not None:
             await self._running
 
-    @property
-    def alive(self) -> bool:
+    async def healthy(self) -> bool:
         return self._running is not None and not self._running.done()
 
     async def submit(self, request: WireRequest) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import signal
 from typing import Any
 
 import structlog
@@ -37,5 +39,22 @@ def run_serve(args: argparse.Namespace, engine_config: Any, options: GatewayOpti
              mode="gateway" if args.redis_url else "embedded")
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, access_log=False,
                             timeout_graceful_shutdown=10)
-    asyncio.run(uvicorn.Server(config).serve())
+    asyncio.run(_serve_until_signalled(uvicorn.Server(config)))
     return 0
+
+
+async def _serve_until_signalled(server: uvicorn.Server) -> None:
+    """SIGTERM/SIGINT: finish open responses, then return (exit 0, as the worker does on SIGTERM).
+
+    uvicorn's own handling re-raises the signal after its graceful shutdown, so the process would
+    die of it (exit -15) and an orchestrator would count a clean stop as a crash."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _request_exit, server)
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # ours are installed above
+    await server.serve()
+
+
+def _request_exit(server: uvicorn.Server) -> None:
+    log.info("stopping: finishing open responses")
+    server.should_exit = True

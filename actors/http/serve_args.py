@@ -26,5 +26,6 @@ def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., s
 
 
 def options_from_args(args: argparse.Namespace) -> GatewayOptions:
-    return GatewayOptions(api_key=args.api_key, max_pending=args.max_pending, worker_timeout_s=args.worker_timeout,
-                          request_timeout_s=args.request_timeout, max_request_bytes=args.max_request_bytes)
+    return GatewayOptions(api_key=args.api_key or None, max_pending=args.max_pending,
+                          worker_timeout_s=args.worker_timeout, request_timeout_s=args.request_timeout,
+                          max_request_bytes=args.max_request_bytes)
