@@ -75,3 +75,6 @@ class SilentBackend:
 
     async def healthy(self) -> bool:
         return True
+
+    async def workers_alive(self) -> bool:
+        return False

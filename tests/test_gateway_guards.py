@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -79,3 +80,14 @@ async def test_past_the_in_flight_limit_is_429_with_retry_after() -> None:
 async def test_unknown_routes_answer_in_the_same_error_shape(path: str) -> None:
     async with _client(SilentBackend()) as client:
         _assert_openai_error(await client.get(path), 404)
+
+
+def test_request_timeout_becomes_the_wire_deadline_and_x_request_id_the_wire_id() -> None:
+    from actors.http.bodies import parse_body
+
+    before_ms = time.time() * 1000
+    request = parse_body({"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}, chat=False,
+                         model_name="m", request_id="client-id.1", timeout_s=5.0)
+    assert request.wire.id == "client-id.1" and request.stream and request.include_usage
+    assert before_ms + 4_000 < request.wire.deadline_ms < time.time() * 1000 + 6_000
+    assert "stream" not in request.wire.params and "stream_options" not in request.wire.params

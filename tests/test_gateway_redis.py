@@ -85,3 +85,13 @@ async def test_gateway_retry_attaches_and_disconnect_cancels(default_model_path:
                 assert not scheduler.running and not scheduler.waiting
                 assert scheduler.num_generated_tokens - generated < 1500
                 assert scheduler.kv_cache.pool.num_used_blocks == 0
+
+
+async def test_with_no_worker_alive_the_gateway_answers_503_after_the_worker_timeout(
+        gateway_backend: RemoteBackend) -> None:
+    with serving(gateway_backend, GatewayOptions(worker_timeout_s=0.3)) as base_url:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as raised:
+            await client.completions.create(model=gateway_backend.model_name, prompt="anyone?", max_tokens=2)
+        assert raised.value.status_code == 503
+        await client.close()

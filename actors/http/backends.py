@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import structlog
 from redis.exceptions import RedisError
 
+from actors.liveness import heartbeat_key
 from actors.messages import Cancel
 from actors.replies import MemoryReplySink
 from actors.runtime import ActorRuntime
@@ -46,6 +47,10 @@ class Backend(Protocol):
     async def cancel(self, request_id: str) -> None: ...
 
     async def healthy(self) -> bool: ...
+
+    async def workers_alive(self) -> bool:
+        """Whether anyone will eventually answer: a request waiting behind others is not a 503."""
+        ...
 
 
 class RemoteBackend:
@@ -80,6 +85,15 @@ class RemoteBackend:
             return bool(await self._client().redis.ping())
         except (ConnectionError, OSError, RedisError):
             return False
+
+    async def workers_alive(self) -> bool:
+        """A live worker refreshes its heartbeat key (actors/liveness.py); any one will do."""
+        try:
+            async for _ in self._client().redis.scan_iter(match=heartbeat_key(self.prefix, "*"), count=100):
+                return True
+        except (ConnectionError, OSError, RedisError):
+            return False
+        return False
 
     def _client(self) -> AqueductClient:
         if self.client is None:
@@ -122,6 +136,9 @@ class EmbeddedBackend:
     async def healthy(self) -> bool:
         return self._running is not None and not self._running.done()
 
+    async def workers_alive(self) -> bool:
+        return await self.healthy()
+
     async def submit(self, request: WireRequest) -> None:
         if request.id in self._submitted:
             return  # a retry: attach to the reply stream already being written
@@ -131,15 +148,17 @@ class EmbeddedBackend:
     async def replies(self, request: WireRequest) -> AsyncIterator[WireReply]:
         key = f"{EMBEDDED_PREFIX}:out:{request.id}"
         order, seen = ReplyOrder(request.params.get("n", 1)), 0
-        while not order.done:
-            entries = await self.sink.wait_beyond(key, seen)
-            for entry in entries[seen:]:
-                for ready in order.push(entry):
-                    yield ready
-            seen = len(entries)
-        self._remember_finished(request.id, key)
+        try:
+            while not order.done:
+                entries = await self.sink.wait_beyond(key, seen)
+                for entry in entries[seen:]:
+                    for ready in order.push(entry):
+                        yield ready
+                seen = len(entries)
+        finally:  # finished or abandoned (a cancelled request's stream still gets its final entry)
+            self._remember_finished(request.id)
 
-    def _remember_finished(self, request_id: str, key: str) -> None:
+    def _remember_finished(self, request_id: str) -> None:
         """Keep the last finished streams for retries; forget older ones so memory stays bounded."""
         self._finished[request_id] = None
         self._finished.move_to_end(request_id)

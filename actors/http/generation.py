@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import structlog
+from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -79,19 +80,27 @@ class Generation:
         started = time.monotonic()
         try:
             await self.backend.submit(request.wire)
-        except (ConnectionError, OSError) as error:
+        except (RedisError, OSError) as error:
             raise ApiError(503, f"the request queue is unreachable: {error}", code="unavailable") from error
         replies = aiter(self.backend.replies(request.wire))
-        try:
-            first = await asyncio.wait_for(anext(replies), self.options.worker_timeout_s)
-        except TimeoutError as error:
-            self._cancel_later(request.wire.id)
-            raise ApiError(503, f"no worker answered within {self.options.worker_timeout_s:g} s",
-                           code="no_worker") from error
+        first = await self._first_entry(request, replies)
         self.metrics.time_to_first_entry.observe(time.monotonic() - started)
         if first.error is not None:
             raise from_engine_error({"code": first.error.code, "message": first.error.message})
         return replies, first
+
+    async def _first_entry(self, request: GatewayRequest, replies: AsyncIterator[WireReply]) -> WireReply:
+        """The first reply entry; 503 when none came within --worker-timeout and no worker is alive."""
+        waiting = asyncio.ensure_future(anext(replies))
+        while True:
+            done, _ = await asyncio.wait([waiting], timeout=self.options.worker_timeout_s)
+            if done:
+                return waiting.result()
+            if not await self.backend.workers_alive():
+                waiting.cancel()
+                self._cancel_later(request.wire.id)
+                raise ApiError(503, f"no worker answered within {self.options.worker_timeout_s:g} s",
+                               code="no_worker")
 
     async def _answer(self, http_request: Request, request: GatewayRequest, replies: AsyncIterator[WireReply],
                       first: WireReply) -> Response:
