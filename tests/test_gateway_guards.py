@@ -91,3 +91,10 @@ def test_request_timeout_becomes_the_wire_deadline_and_x_request_id_the_wire_id(
     assert request.wire.id == "client-id.1" and request.stream and request.include_usage
     assert before_ms + 4_000 < request.wire.deadline_ms < time.time() * 1000 + 6_000
     assert "stream" not in request.wire.params and "stream_options" not in request.wire.params
+
+
+async def test_the_playground_page_is_served_at_the_root_without_a_key() -> None:
+    async with _client(SilentBackend()) as client:
+        response = await client.get("/", headers={"Authorization": ""})
+    assert response.status_code == 200 and "/v1/chat/completions" in response.text
+    assert "http" not in response.text.split("<script>")[1].split("</script>")[0]  # no CDN, no other origin

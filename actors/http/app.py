@@ -6,13 +6,14 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from actors.http.backends import Backend
 from actors.http.errors import ApiError, invalid
@@ -20,6 +21,8 @@ from actors.http.gateway_metrics import GatewayMetrics
 from actors.http.generation import Generation
 from actors.http.limits import check_api_key, read_body_limited
 from actors.http.options import GatewayOptions
+
+_PLAYGROUND = Path(__file__).with_name("playground.html")  # a chat page for trying the server in a browser
 
 
 def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
@@ -60,6 +63,10 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
         return JSONResponse({"object": "list", "data": [
             {"id": backend.model_name, "object": "model", "created": started, "owned_by": "aqueduct",
              "max_model_len": backend.max_model_len}]})
+
+    @app.get("/")
+    async def playground() -> Response:
+        return HTMLResponse(_PLAYGROUND.read_text(encoding="utf-8"))
 
     @app.get("/health")
     async def health() -> Response:
