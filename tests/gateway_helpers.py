@@ -53,6 +53,7 @@ class SilentBackend:
     model_name = "silent"
     tokenizer = None
     max_model_len = 128
+    worker_metrics = None
 
     def __init__(self) -> None:
         self.cancelled: list[str] = []

@@ -155,3 +155,10 @@ def test_greedy_text_equals_aqueduct_batch(model: str, client: openai.OpenAI, de
     served = [client.completions.create(model=model, prompt=prompt, max_tokens=10, temperature=0)
               .choices[0].text for prompt in PROMPTS]
     assert served == expected
+
+
+def test_metrics_show_the_gateway_and_the_embedded_engine(embedded: tuple[str, EmbeddedBackend]) -> None:
+    text = httpx.get(embedded[0].removesuffix("/v1") + "/metrics").text
+    assert "aqueduct_gateway_requests_total" in text
+    assert "aqueduct_gateway_time_to_first_token_seconds_bucket" in text
+    assert "aqueduct_" in text.replace("aqueduct_gateway_", "")  # the worker's own series

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
@@ -21,6 +21,7 @@ from actors.http.gateway_metrics import GatewayMetrics
 from actors.http.generation import Generation
 from actors.http.limits import check_api_key, read_body_limited
 from actors.http.options import GatewayOptions
+from actors.metrics import METRICS_CONTENT_TYPE
 
 _PLAYGROUND = Path(__file__).with_name("playground.html")  # a chat page for trying the server in a browser
 
@@ -75,7 +76,10 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        text = generate_latest(metrics.registry)
+        if backend.worker_metrics is not None:  # embedded: the engine's metrics too, as a worker has them
+            text += backend.worker_metrics.render()
+        return Response(text, media_type=METRICS_CONTENT_TYPE)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 
 from actors.liveness import heartbeat_key
 from actors.messages import Cancel
+from actors.metrics import WorkerMetrics
 from actors.replies import MemoryReplySink
 from actors.runtime import ActorRuntime
 from pipeline.engine import LLMEngine
@@ -35,6 +36,7 @@ class Backend(Protocol):
     model_name: str
     tokenizer: Any
     max_model_len: int | None
+    worker_metrics: WorkerMetrics | None  # the engine's own metrics when it runs in this process
 
     async def start(self) -> None: ...
 
@@ -60,6 +62,7 @@ class RemoteBackend:
                  max_model_len: int | None = None) -> None:
         self.redis_url, self.prefix = redis_url, prefix
         self.model_name, self.tokenizer, self.max_model_len = model_name, tokenizer, max_model_len
+        self.worker_metrics = None  # each worker serves its own /metrics
         self.client: AqueductClient | None = None
 
     async def start(self) -> None:
@@ -110,21 +113,23 @@ class EmbeddedBackend:
         self.model_name, self.tokenizer = engine.model_name, engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.sink = MemoryReplySink()
+        self.worker_metrics = WorkerMetrics()
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._submitted: set[str] = set()
         self._running: asyncio.Task[int] | None = None
         self._stop = asyncio.Event()
 
     async def start(self) -> None:
-        from actors.worker import build_graph
+        from actors.worker import StatsReporter, build_graph
 
         max_in_flight = 2 * self.engine.config.scheduler.max_num_seqs
         self.inbox: MemoryStream[WireRequest | Malformed] = MemoryStream(maxsize=4 * max_in_flight)
         self.producer = self.inbox.producer()
         graph = build_graph(self.engine, self.inbox.consumer(), self.sink, EMBEDDED_PREFIX, self._no_dead_letters,
-                            max_in_flight=max_in_flight, device=self.device)
+                            max_in_flight=max_in_flight, metrics=self.worker_metrics, device=self.device)
         self.to_scheduler = graph.to_scheduler
-        runtime = ActorRuntime(graph.actors, graph.intake, graph.admission.wait_idle, drain_timeout_s=5.0)
+        stats = StatsReporter(self.engine, self.worker_metrics, interval_s=10.0)
+        runtime = ActorRuntime([*graph.actors, stats], graph.intake, graph.admission.wait_idle, drain_timeout_s=5.0)
         runtime.stop_when(self._stop)
         self._running = asyncio.create_task(runtime.run(), name="embedded-graph")
 
