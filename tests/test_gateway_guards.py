@@ -10,7 +10,7 @@ import pytest
 
 from actors.http.app import create_app
 from actors.http.options import GatewayOptions
-from tests.gateway_helpers import API_KEY, SilentBackend
+from tests.gateway_helpers import API_KEY, SilentBackend, serving
 
 BODY = {"model": "silent", "prompt": "Hello", "max_tokens": 4}
 
@@ -98,3 +98,21 @@ async def test_the_playground_page_is_served_at_the_root_without_a_key() -> None
         response = await client.get("/", headers={"Authorization": ""})
     assert response.status_code == 200 and "/v1/chat/completions" in response.text
     assert "http" not in response.text.split("<script>")[1].split("</script>")[0]  # no CDN, no other origin
+
+
+def test_a_client_gone_before_the_first_reply_cancels_its_request() -> None:
+    backend = SilentBackend()
+    backend.workers_alive = _always_alive  # queued behind busy workers: no 503, the client waits
+    with serving(backend, GatewayOptions(worker_timeout_s=0.1)) as base_url:
+        for stream in (False, True):
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{base_url}/completions", json={**BODY, "stream": stream}, timeout=0.5,
+                           headers={"X-Request-Id": f"gone-{stream}"})
+        deadline = time.monotonic() + 5
+        while len(backend.cancelled) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert sorted(backend.cancelled) == ["gone-False", "gone-True"]
+
+
+async def _always_alive() -> bool:
+    return True

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
 import structlog
 from redis.exceptions import RedisError
@@ -31,6 +31,11 @@ from queue_adapters.client import assemble
 from queue_adapters.codec import WireReply
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was ready."""
 
 
 class Generation:
@@ -60,14 +65,19 @@ class Generation:
         self.pending.acquire()
         self.metrics.in_flight.inc()
         released = False
+        disconnected = asyncio.create_task(_wait_disconnect(request))
         try:
-            replies, first = await self._start(gateway_request)
+            replies, first = await self._unless_gone(self._start(gateway_request), disconnected, gateway_request)
             if gateway_request.stream:
                 released = True  # from here the stream's generator owns the slot
                 return StreamingResponse(self._stream(gateway_request, replies, first),
                                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-            return await self._answer(request, gateway_request, replies, first)
+            replies_so_far = await self._unless_gone(_collect(first, replies), disconnected, gateway_request)
+            return self._answer(gateway_request, replies_so_far)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; the request is cancelled
         finally:
+            disconnected.cancel()  # a stream watches for disconnects itself (its sends fail)
             if not released:
                 self._release()
 
@@ -92,27 +102,34 @@ class Generation:
     async def _first_entry(self, request: GatewayRequest, replies: AsyncIterator[WireReply]) -> WireReply:
         """The first reply entry; 503 when none came within --worker-timeout and no worker is alive."""
         waiting = asyncio.ensure_future(anext(replies))
-        while True:
-            done, _ = await asyncio.wait([waiting], timeout=self.options.worker_timeout_s)
-            if done:
-                return waiting.result()
-            if not await self.backend.workers_alive():
-                waiting.cancel()
-                self._cancel_later(request.wire.id)
-                raise ApiError(503, f"no worker answered within {self.options.worker_timeout_s:g} s",
-                               code="no_worker")
+        try:
+            while True:
+                done, _ = await asyncio.wait([waiting], timeout=self.options.worker_timeout_s)
+                if done:
+                    return waiting.result()
+                if not await self.backend.workers_alive():
+                    self._cancel_later(request.wire.id)
+                    raise ApiError(503, f"no worker answered within {self.options.worker_timeout_s:g} s",
+                                   code="no_worker")
+        finally:
+            waiting.cancel()  # no-op once done; otherwise stop reading the reply stream
 
-    async def _answer(self, http_request: Request, request: GatewayRequest, replies: AsyncIterator[WireReply],
-                      first: WireReply) -> Response:
-        collecting = asyncio.create_task(_collect(first, replies))
-        disconnected = asyncio.create_task(_wait_disconnect(http_request))
-        done, _ = await asyncio.wait([collecting, disconnected], return_when=asyncio.FIRST_COMPLETED)
-        if collecting not in done:
-            collecting.cancel()
+    async def _unless_gone(self, work: Coroutine[Any, Any, T], disconnected: asyncio.Task[None],
+                           request: GatewayRequest) -> T:
+        """`work`'s result, or ClientGone (and the request cancelled) if the client disconnects first."""
+        working = asyncio.ensure_future(work)
+        try:
+            done, _ = await asyncio.wait([working, disconnected], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not working.done():
+                working.cancel()
+        if working not in done:
             self._client_gone(request.wire.id)
-            return Response(status_code=499)  # nobody reads it; the request is cancelled
-        disconnected.cancel()
-        result = assemble(request.wire.id, collecting.result())
+            raise ClientGone
+        return working.result()
+
+    def _answer(self, request: GatewayRequest, replies: list[WireReply]) -> Response:
+        result = assemble(request.wire.id, replies)
         if result["error"] is not None:
             raise from_engine_error(result["error"])
         return JSONResponse(completion_body(request.wire.id, result, self.backend.model_name,
