@@ -78,6 +78,14 @@ def test_chat_stream_and_non_stream_agree_with_stop_strings(model: str, client: 
     assert stopped.choices[0].message.content == text[:text.index(stop)]
 
 
+def test_streamed_completion_logprobs_cover_every_token(model: str, client: openai.OpenAI) -> None:
+    chunks = list(client.completions.create(model=model, prompt="Log", max_tokens=5, logprobs=1, stream=True))
+    tokens = [token for chunk in chunks for token in chunk.choices[0].logprobs.tokens]
+    assert len(tokens) == 5
+    offsets = [offset for chunk in chunks for offset in chunk.choices[0].logprobs.text_offset]
+    assert offsets == sorted(offsets) and offsets[0] == 0  # offsets continue across chunks
+
+
 def test_chat_logprobs(model: str, client: openai.OpenAI) -> None:
     chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
                                           max_tokens=3, temperature=0, logprobs=True, top_logprobs=2)

@@ -46,11 +46,16 @@ class Generation:
 
     async def handle(self, request: Request, chat: bool) -> Response:
         endpoint = "chat" if chat else "completions"
+        started = time.monotonic()
         try:
             response = await self._handle(request, chat)
         except ApiError as error:
             response = error.response()
+            log.info("request refused", endpoint=endpoint, status=error.status, code=error.code, error=error.message)
         self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        # One line per request (a stream's is written when it starts: its status is known then).
+        log.info("http request", endpoint=endpoint, status=response.status_code,
+                 request_id=request.headers.get("x-request-id"), seconds=round(time.monotonic() - started, 3))
         return response
 
     async def _handle(self, request: Request, chat: bool) -> Response:
