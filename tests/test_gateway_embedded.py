@@ -146,6 +146,8 @@ def test_a_client_that_disconnects_cancels_its_request(model: str, embedded: tup
     assert not scheduler.running and not scheduler.waiting
     assert scheduler.kv_cache.pool.num_used_blocks == 0
     assert scheduler.num_generated_tokens - generated_before < 1500  # cancelled, not run to the end
+    metrics = httpx.get(base_url.removesuffix("/v1") + "/metrics").text
+    assert "aqueduct_gateway_in_flight 0.0" in metrics  # the slot is given back too
 
 
 def test_greedy_text_equals_aqueduct_batch(model: str, client: openai.OpenAI, default_model_path: Path,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 import structlog
@@ -75,8 +75,7 @@ class Generation:
             replies, first = await self._unless_gone(self._start(gateway_request), disconnected, gateway_request)
             if gateway_request.stream:
                 released = True  # from here the stream's generator owns the slot
-                return StreamingResponse(self._stream(gateway_request, replies, first),
-                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                return self._stream(gateway_request, replies, first)
             replies_so_far = await self._unless_gone(_collect(first, replies), disconnected, gateway_request)
             return self._answer(gateway_request, replies_so_far)
         except ClientGone:
@@ -140,18 +139,23 @@ class Generation:
         return JSONResponse(completion_body(request.wire.id, result, self.backend.model_name,
                                             self.backend.tokenizer, request.chat))
 
-    async def _stream(self, request: GatewayRequest, replies: AsyncIterator[WireReply],
-                      first: WireReply) -> AsyncIterator[str]:
+    def _stream(self, request: GatewayRequest, replies: AsyncIterator[WireReply], first: WireReply) -> Response:
+        writer = ChunkWriter(request, self.backend.model_name, self.backend.tokenizer)
         finished = False
-        try:
-            async for event_text in ChunkWriter(request, self.backend.model_name, self.backend.tokenizer).events(
-                    replies, first):
+
+        async def events() -> AsyncIterator[str]:
+            nonlocal finished
+            async for event_text in writer.events(replies, first):
                 yield event_text
             finished = True
-        finally:
+
+        def closed() -> None:
             self._release()
             if not finished:
                 self._client_gone(request.wire.id)
+
+        return _ClosingStreamingResponse(events(), closed, media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"})
 
     def _client_gone(self, request_id: str) -> None:
         log.info("client went away; cancelling", request_id=request_id)
@@ -181,3 +185,18 @@ async def _wait_disconnect(request: Request) -> None:
         message: dict[str, Any] = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """Calls `on_closed` however the response ends: finished, failed, or the client gone even before the
+    first chunk (a generator that never started would never run its own `finally`)."""
+
+    def __init__(self, content: AsyncIterator[str], on_closed: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.on_closed = on_closed
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_closed()
