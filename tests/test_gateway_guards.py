@@ -17,7 +17,8 @@ BODY = {"model": "silent", "prompt": "Hello", "max_tokens": 4}
 
 def _client(backend: SilentBackend, **options) -> httpx.AsyncClient:
     app = create_app(backend, GatewayOptions(api_key=API_KEY, **options))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    return httpx.AsyncClient(transport=transport, base_url="http://gateway",
                              headers={"Authorization": f"Bearer {API_KEY}"})
 
 
@@ -116,3 +117,20 @@ def test_a_client_gone_before_the_first_reply_cancels_its_request() -> None:
 
 async def _always_alive() -> bool:
     return True
+
+
+class _BrokenBackend(SilentBackend):
+    async def submit(self, request: object) -> None:
+        raise RuntimeError("a bug")
+
+
+class _RedisDownBackend(SilentBackend):
+    async def submit(self, request: object) -> None:
+        raise ConnectionRefusedError("redis:6379")
+
+
+async def test_a_bug_is_500_and_an_unreachable_queue_503_in_the_same_shape() -> None:
+    async with _client(_BrokenBackend()) as client:
+        _assert_openai_error(await client.post("/v1/completions", json=BODY), 500, "internal_error")
+    async with _client(_RedisDownBackend()) as client:
+        _assert_openai_error(await client.post("/v1/completions", json=BODY), 503, "unavailable")

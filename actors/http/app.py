@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import structlog
 from fastapi import FastAPI
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -23,6 +24,7 @@ from actors.http.limits import check_api_key, read_body_limited
 from actors.http.options import GatewayOptions
 from actors.metrics import METRICS_CONTENT_TYPE
 
+log = structlog.get_logger(__name__)
 _PLAYGROUND = Path(__file__).with_name("playground.html")  # a chat page for trying the server in a browser
 
 
@@ -45,6 +47,11 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> Response:
         return error.response()
+
+    @app.exception_handler(Exception)
+    async def bug(_: Request, error: Exception) -> Response:
+        log.error("unhandled error in a request", exc_info=error)
+        return ApiError(500, f"internal error: {type(error).__name__}", code="internal_error").response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> Response:

@@ -48,7 +48,10 @@ class Generation:
         endpoint = "chat" if chat else "completions"
         started = time.monotonic()
         try:
-            response = await self._handle(request, chat)
+            try:
+                response = await self._handle(request, chat)
+            except (RedisError, OSError) as error:  # Redis went away mid-request; workers go on without us
+                raise ApiError(503, f"the request queue is unreachable: {error}", code="unavailable") from error
         except ApiError as error:
             response = error.response()
             log.info("request refused", endpoint=endpoint, status=error.status, code=error.code, error=error.message)

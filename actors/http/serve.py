@@ -25,7 +25,7 @@ def build_backend(args: argparse.Namespace, engine_config: Any) -> Backend:
         from actors.cli import _remote_tokenizer
 
         tokenizer, model_name = _remote_tokenizer(args)
-        return RemoteBackend(args.redis_url, args.prefix, model_name, tokenizer)
+        return RemoteBackend(args.redis_url, args.prefix, model_name, tokenizer, args.max_model_len)
     from actors.device import device_thread, load_engine
 
     device = device_thread()
