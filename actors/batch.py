@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,9 +22,10 @@ from typing import Any
 import structlog
 from tqdm import tqdm
 
-from actors.chat_request import CHAT_URL, chat_choice, parse_chat_body
+from actors.chat_request import CHAT_URL, parse_chat_body
 from actors.completion_request import parse_completion_body
 from actors.intake import build_request
+from actors.openai_shapes import completion_body
 from actors.replies import MemoryReplySink, to_wire
 from actors.runtime import ActorRuntime
 from pipeline.engine import LLMEngine
@@ -217,52 +217,10 @@ def write_results(lines: list[BatchLine], results: dict[str, dict], output_path:
 
 def _response_line(custom_id: str, result: dict, model_name: str, tokenizer: Any | None,
                    chat: bool) -> dict[str, Any]:
-    usage = result["usage"]
-    choice_object = chat_choice if chat else _choice_object
-    body: dict[str, Any] = {
-        "id": f"chatcmpl-{custom_id}" if chat else f"cmpl-{custom_id}",
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": model_name,
-        "choices": [choice_object(choice, tokenizer) for choice in result["choices"]],
-        "usage": {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
-                  "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
-                  "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]}},
-    }
-    if result.get("prompt_logprobs") is not None:
-        body["prompt_logprobs"] = [None if entry is None else {**entry, "token": _token_text(tokenizer,
-                                                                                              entry["token_id"])}
-                                   for entry in result["prompt_logprobs"]]
+    response_id = f"chatcmpl-{custom_id}" if chat else f"cmpl-{custom_id}"
+    body = completion_body(response_id, result, model_name, tokenizer, chat)
     return {"id": f"batch-{custom_id}", "custom_id": custom_id,
             "response": {"status_code": 200, "body": body}, "error": None}
-
-
-def _choice_object(choice: dict, tokenizer: Any | None) -> dict[str, Any]:
-    entries = choice["logprobs"]
-    return {"index": choice["index"], "text": choice["text"], "token_ids": choice["token_ids"],
-            "logprobs": _openai_logprobs(entries, tokenizer) if entries is not None else None,
-            "finish_reason": choice["finish_reason"], "stop_reason": choice["stop_reason"]}
-
-
-def _openai_logprobs(entries: list[dict], tokenizer: Any | None) -> dict[str, Any]:
-    """The completions-API logprobs object, plus token ids and ranks (token strings can collide)."""
-    tokens = [_token_text(tokenizer, entry["token_id"]) for entry in entries]
-    offsets, offset = [], 0
-    for token in tokens:
-        offsets.append(offset)
-        offset += len(token)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [entry["logprob"] for entry in entries],
-        "top_logprobs": [{_token_text(tokenizer, t): lp for t, lp in entry["top"]} for entry in entries],
-        "text_offset": offsets,
-        "token_ids": [entry["token_id"] for entry in entries],
-        "ranks": [entry["rank"] for entry in entries],
-    }
-
-
-def _token_text(tokenizer: Any | None, token_id: int) -> str:
-    return tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
 
 
 def _error_line(custom_id: str, message: str, code: str = "invalid_request") -> dict[str, Any]:

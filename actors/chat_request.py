@@ -83,10 +83,14 @@ def chat_choice(choice: dict[str, Any], tokenizer: Any | None) -> dict[str, Any]
     """A `chat.completion` choice from an assembled result's choice (plus token_ids, as completions have)."""
     entries = choice["logprobs"]
     return {"index": choice["index"], "message": {"role": "assistant", "content": choice["text"]},
-            "logprobs": {"content": [_content_logprob(entry, tokenizer) for entry in entries]}
-            if entries is not None else None,
+            "logprobs": chat_logprobs(entries, tokenizer) if entries is not None else None,
             "finish_reason": choice["finish_reason"], "stop_reason": choice["stop_reason"],
             "token_ids": choice["token_ids"]}
+
+
+def chat_logprobs(entries: list[dict[str, Any]], tokenizer: Any | None) -> dict[str, Any]:
+    """Chat's logprobs object (`content` entries) for some of a choice's tokens."""
+    return {"content": [_content_logprob(entry, tokenizer) for entry in entries]}
 
 
 def _content_logprob(entry: dict[str, Any], tokenizer: Any | None) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The `aqueduct` command line: batch, bench, worker, submit."""
+"""The `aqueduct` command line: batch, serve, bench, worker, submit."""
 
 from __future__ import annotations
 
@@ -117,6 +117,15 @@ def _worker(args: argparse.Namespace) -> int:
     return asyncio.run(run_worker(engine, options, device=device))
 
 
+def _serve(args: argparse.Namespace) -> int:
+    with startup_collector_paused():
+        from actors.http.serve import run_serve
+        from actors.http.serve_args import options_from_args
+
+        config = None if args.redis_url else engine_config_from_args(args)
+    return run_serve(args, config, options_from_args(args))
+
+
 def _submit(args: argparse.Namespace) -> int:
     import json
     import uuid
@@ -166,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--prefix", default=_env("AQUEDUCT_PREFIX", "aqueduct"), help="deployment key prefix")
     add_engine_args(batch)
     batch.set_defaults(handler=_batch)
+
+    serve = commands.add_parser("serve", help="OpenAI-compatible HTTP server (embedded, or a gateway to Redis)")
+    from actors.http.serve_args import add_serve_args
+
+    add_serve_args(serve, _env)
+    add_engine_args(serve)
+    serve.set_defaults(handler=_serve)
 
     bench = commands.add_parser("bench", help="synthetic throughput: this engine vs HF transformers generate")
     bench.add_argument("--num-requests", type=int, default=128)

@@ -84,6 +84,12 @@ class MemoryReplySink:
             await self._changed.wait_for(lambda: bool(self.streams.get(key)))
         return self.streams[key][0]
 
+    async def wait_beyond(self, key: str, count: int) -> list[WireReply]:
+        """The stream's entries once it holds more than `count` (a reader that has seen `count`)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: len(self.streams.get(key, ())) > count)
+        return self.streams[key]
+
     async def wait_final(self, key: str) -> list[WireReply]:
         async with self._changed:
             await self._changed.wait_for(lambda: any(r.usage is not None or r.error is not None

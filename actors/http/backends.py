@@ -1,0 +1,180 @@
+"""Where the gateway's requests go: the actor graph in this process, or workers behind Redis.
+
+Both speak the wire protocol (DESIGN §3): submit a WireRequest, read its reply entries in seq order,
+cancel by id. Retrying an id that is running or done reads its reply stream from the start instead
+of generating again: the workers' idempotency covers Redis; the embedded backend checks its sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import structlog
+from redis.exceptions import RedisError
+
+from actors.liveness import heartbeat_key
+from actors.messages import Cancel
+from actors.metrics import WorkerMetrics
+from actors.replies import MemoryReplySink
+from actors.runtime import ActorRuntime
+from pipeline.engine import LLMEngine
+from queue_adapters.client import AqueductClient, ReplyOrder
+from queue_adapters.codec import Malformed, WireReply, WireRequest
+from queue_adapters.memory import MemoryStream
+
+log = structlog.get_logger(__name__)
+
+EMBEDDED_PREFIX = "embedded"
+_KEPT_FINISHED_STREAMS = 1024  # embedded: finished reply streams kept for retries with the same id
+
+
+class Backend(Protocol):
+    model_name: str
+    tokenizer: Any
+    max_model_len: int | None
+    worker_metrics: WorkerMetrics | None  # the engine's own metrics when it runs in this process
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def submit(self, request: WireRequest) -> None: ...
+
+    def replies(self, request: WireRequest) -> AsyncIterator[WireReply]: ...
+
+    async def cancel(self, request_id: str) -> None: ...
+
+    async def healthy(self) -> bool: ...
+
+    async def workers_alive(self) -> bool:
+        """Whether anyone will eventually answer: a request waiting behind others is not a 503."""
+        ...
+
+
+class RemoteBackend:
+    """A stateless gateway: requests onto `{prefix}:requests`, replies from `{prefix}:out:{id}`."""
+
+    def __init__(self, redis_url: str, prefix: str, model_name: str, tokenizer: Any,
+                 max_model_len: int | None = None) -> None:
+        self.redis_url, self.prefix = redis_url, prefix
+        self.model_name, self.tokenizer, self.max_model_len = model_name, tokenizer, max_model_len
+        self.worker_metrics = None  # each worker serves its own /metrics
+        self.client: AqueductClient | None = None
+
+    async def start(self) -> None:
+        self.client = AqueductClient(self.redis_url, self.prefix, block_ms=500)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    async def submit(self, request: WireRequest) -> None:
+        # A duplicate id is acked by the worker that owns it; replies() reads its stream from the start.
+        await self._client().submit(request)
+
+    def replies(self, request: WireRequest) -> AsyncIterator[WireReply]:
+        return self._client().stream(request.id, n=request.params.get("n", 1))
+
+    async def cancel(self, request_id: str) -> None:
+        await self._client().cancel(request_id)
+
+    async def healthy(self) -> bool:
+        """Redis answers (whether workers do shows per request, as 503 after --worker-timeout)."""
+        try:
+            return bool(await self._client().redis.ping())
+        except (ConnectionError, OSError, RedisError):
+            return False
+
+    async def workers_alive(self) -> bool:
+        """A live worker refreshes its heartbeat key (actors/liveness.py); any one will do."""
+        try:
+            async for _ in self._client().redis.scan_iter(match=heartbeat_key(self.prefix, "*"), count=100):
+                return True
+        except (ConnectionError, OSError, RedisError):
+            return False
+        return False
+
+    def _client(self) -> AqueductClient:
+        if self.client is None:
+            raise RuntimeError("the backend is not started")
+        return self.client
+
+
+class EmbeddedBackend:
+    """The worker's actor graph over memory streams, in this process (one engine, no Redis)."""
+
+    def __init__(self, engine: LLMEngine, device: ThreadPoolExecutor | None = None) -> None:
+        self.engine = engine
+        self.device = device
+        self.model_name, self.tokenizer = engine.model_name, engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self.sink = MemoryReplySink()
+        self.worker_metrics = WorkerMetrics()
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._submitted: set[str] = set()
+        self._running: asyncio.Task[int] | None = None
+        self._stop = asyncio.Event()
+
+    async def start(self) -> None:
+        from actors.worker import StatsReporter, build_graph
+
+        max_in_flight = 2 * self.engine.config.scheduler.max_num_seqs
+        self.inbox: MemoryStream[WireRequest | Malformed] = MemoryStream(maxsize=4 * max_in_flight)
+        self.producer = self.inbox.producer()
+        graph = build_graph(self.engine, self.inbox.consumer(), self.sink, EMBEDDED_PREFIX, self._no_dead_letters,
+                            max_in_flight=max_in_flight, metrics=self.worker_metrics, device=self.device)
+        self.to_scheduler = graph.to_scheduler
+        stats = StatsReporter(self.engine, self.worker_metrics, interval_s=10.0)
+        runtime = ActorRuntime([*graph.actors, stats], graph.intake, graph.admission.wait_idle, drain_timeout_s=5.0)
+        runtime.stop_when(self._stop)
+        self._running = asyncio.create_task(runtime.run(), name="embedded-graph")
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._running is not None:
+            await self._running
+
+    async def healthy(self) -> bool:
+        return self._running is not None and not self._running.done()
+
+    async def workers_alive(self) -> bool:
+        return await self.healthy()
+
+    async def submit(self, request: WireRequest) -> None:
+        if request.id in self._submitted:
+            return  # a retry: attach to the reply stream already being written
+        self._submitted.add(request.id)
+        await self.producer.send(request)
+
+    async def replies(self, request: WireRequest) -> AsyncIterator[WireReply]:
+        key = f"{EMBEDDED_PREFIX}:out:{request.id}"
+        order, seen = ReplyOrder(request.params.get("n", 1)), 0
+        try:
+            while not order.done:
+                entries = await self.sink.wait_beyond(key, seen)
+                for entry in entries[seen:]:
+                    for ready in order.push(entry):
+                        yield ready
+                seen = len(entries)
+        finally:  # finished or abandoned (a cancelled request's stream still gets its final entry)
+            self._remember_finished(request.id)
+
+    def _remember_finished(self, request_id: str) -> None:
+        """Keep the last finished streams for retries; forget older ones so memory stays bounded."""
+        self._finished[request_id] = None
+        self._finished.move_to_end(request_id)
+        while len(self._finished) > _KEPT_FINISHED_STREAMS:
+            old_id, _ = self._finished.popitem(last=False)
+            self._submitted.discard(old_id)
+            self.sink.streams.pop(f"{EMBEDDED_PREFIX}:out:{old_id}", None)
+
+    async def cancel(self, request_id: str) -> None:
+        await self.to_scheduler.send(Cancel(request_id))
+
+    @staticmethod
+    async def _no_dead_letters(message: Malformed) -> None:
+        log.error("an undecodable request reached the embedded graph", error=message.error)

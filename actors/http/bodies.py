@@ -1,0 +1,114 @@
+"""HTTP request bodies -> wire requests, through the batch file's parsers (the same fields and checks).
+
+The HTTP-only fields (`stream`, `stream_options`) are taken off first; everything else is the
+batch file's body, so a field means the same thing in both places.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from actors.chat_request import parse_chat_body
+from actors.completion_request import parse_completion_body
+from actors.http.errors import ApiError, invalid
+from queue_adapters.codec import CodecError, WireRequest
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+@dataclass(slots=True)
+class GatewayRequest:
+    wire: WireRequest
+    chat: bool
+    stream: bool
+    include_usage: bool
+
+    @property
+    def num_choices(self) -> int:
+        return int(self.wire.params.get("n", 1) or 1)
+
+
+def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
+               timeout_s: float | None) -> GatewayRequest:
+    if not isinstance(body, dict):
+        raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
+    _check_model(body.get("model"), model_name)
+    body = dict(body)
+    stream = _pop_bool(body, "stream")
+    include_usage = _pop_stream_options(body, stream)
+    if chat:
+        _drop_text_response_format(body)
+    wire_id = _wire_id(request_id, chat)
+    prompt_fields, params = _parse(body, chat)
+    deadline_ms = int((time.time() + timeout_s) * 1000) if timeout_s else None
+    try:
+        wire = WireRequest(id=wire_id, params=params, deadline_ms=deadline_ms, **prompt_fields)
+    except (CodecError, ValueError, TypeError) as error:
+        raise invalid(str(error)) from error
+    return GatewayRequest(wire, chat, stream, include_usage)
+
+
+def _parse(body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        if chat:
+            messages, params = parse_chat_body(body)
+            # A chat answer runs to the end of its turn unless the client caps it (OpenAI's default).
+            params.setdefault("max_tokens", None)
+            return {"messages": messages}, params
+        prompt, _ = parse_completion_body(body)
+    except (ValueError, CodecError) as error:
+        raise invalid(str(error), _field_named_in(str(error), body)) from error
+    params = {key: value for key, value in body.items() if key not in ("prompt", "model", "user")}
+    return {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt}, params
+
+
+def _check_model(model: Any, model_name: str) -> None:
+    if model is not None and model != model_name:
+        raise ApiError(404, f"the model {model!r} does not exist; this server serves {model_name!r}",
+                       param="model", code="model_not_found")
+
+
+def _pop_bool(body: dict[str, Any], name: str) -> bool:
+    value = body.pop(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise invalid(f"{name} must be true or false, got {value!r}", name)
+    return value
+
+
+def _pop_stream_options(body: dict[str, Any], stream: bool) -> bool:
+    options = body.pop("stream_options", None)
+    if options is None:
+        return False
+    if not stream:
+        raise invalid("stream_options needs stream: true", "stream_options")
+    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
+        raise invalid("stream_options supports include_usage only", "stream_options")
+    return bool(options.get("include_usage", False))
+
+
+def _drop_text_response_format(body: dict[str, Any]) -> None:
+    """`response_format: {type: text}` is what we do anyway; json modes are refused by the parser."""
+    if body.get("response_format") == {"type": "text"}:
+        del body["response_format"]
+
+
+def _wire_id(request_id: str | None, chat: bool) -> str:
+    if request_id is None:
+        return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    if not _REQUEST_ID.match(request_id):
+        raise invalid("X-Request-Id must be 1-128 characters of [A-Za-z0-9._:-]", "X-Request-Id")
+    return request_id
+
+
+def _field_named_in(message: str, body: dict[str, Any]) -> str | None:
+    """The body field an error message starts with or names, for OpenAI's `param`."""
+    for field in sorted(body, key=len, reverse=True):
+        if field in message:
+            return field
+    return None

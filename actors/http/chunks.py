@@ -1,0 +1,72 @@
+"""Server-sent events for streamed completions: one chunk per choice per reply entry, OpenAI's shapes.
+
+    data: {"object": "text_completion", "choices": [{"index": 0, "text": " Hel", ...}], ...}
+    data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "lo"}}], ...}
+    data: {"choices": [], "usage": {...}}        (stream_options.include_usage)
+    data: [DONE]
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from actors.chat_request import chat_logprobs
+from actors.http.bodies import GatewayRequest
+from actors.http.errors import from_engine_error
+from actors.openai_shapes import completion_logprobs, usage_object
+from queue_adapters.codec import WireChoice, WireReply
+
+DONE_EVENT = "data: [DONE]\n\n"
+
+
+def event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+class ChunkWriter:
+    """Turns a request's reply entries into SSE events; remembers per-choice state across entries."""
+
+    def __init__(self, request: GatewayRequest, model_name: str, tokenizer: Any) -> None:
+        self.request, self.tokenizer = request, tokenizer
+        self.envelope = {"id": request.wire.id, "object": "chat.completion.chunk" if request.chat
+                         else "text_completion", "created": int(time.time()), "model": model_name}
+        self._text_offsets: dict[int, int] = {}  # choice -> characters sent (completions' text_offset)
+
+    async def events(self, replies: AsyncIterator[WireReply], first: WireReply) -> AsyncIterator[str]:
+        if self.request.chat:  # chat announces the role once per choice, before any content
+            yield event({**self.envelope, "choices": [
+                {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                 "finish_reason": None} for index in range(self.request.num_choices)]})
+        for event_text in self._entry(first):
+            yield event_text
+        async for reply in replies:
+            for event_text in self._entry(reply):
+                yield event_text
+        yield DONE_EVENT
+
+    def _entry(self, reply: WireReply) -> list[str]:
+        if reply.error is not None:  # after the first token: the status is sent already, so report in-band
+            return [event(from_engine_error({"code": reply.error.code, "message": reply.error.message}).body())]
+        events = [event({**self.envelope, "choices": [self._choice(choice)]}) for choice in reply.choices
+                  if choice.token_ids or choice.text or choice.finish_reason is not None]
+        if reply.usage is not None and self.request.include_usage:
+            usage = {"prompt_tokens": reply.usage.prompt_tokens, "completion_tokens": reply.usage.completion_tokens,
+                     "cached_tokens": reply.usage.cached_tokens}
+            events.append(event({**self.envelope, "choices": [], "usage": usage_object(usage)}))
+        return events
+
+    def _choice(self, choice: WireChoice) -> dict[str, Any]:
+        entries = list(choice.logprobs) if choice.logprobs is not None else None
+        ending = {"finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
+        if self.request.chat:
+            return {"index": choice.index, "delta": {"content": choice.text} if choice.text else {},
+                    "logprobs": chat_logprobs(entries, self.tokenizer) if entries is not None else None,
+                    "token_ids": list(choice.token_ids), **ending}
+        offset = self._text_offsets.get(choice.index, 0)
+        self._text_offsets[choice.index] = offset + len(choice.text)
+        return {"index": choice.index, "text": choice.text, "token_ids": list(choice.token_ids),
+                "logprobs": completion_logprobs(entries, self.tokenizer, offset) if entries is not None else None,
+                **ending}

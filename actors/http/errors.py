@@ -1,0 +1,38 @@
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the matching status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+# Engine error codes (wire `error.code`) -> HTTP status; anything else is a bug or an outage.
+_STATUS_OF_ENGINE_CODE = {"invalid_request": 400, "queue_timeout": 503, "poison": 500}
+_TYPE_OF_STATUS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                   413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable",
+                   500: "internal_error"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": _TYPE_OF_STATUS.get(self.status, "error"),
+                          "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def from_engine_error(error: dict[str, Any]) -> ApiError:
+    """An error reply of the engine (a too-long prompt, a token id outside the vocabulary, ...)."""
+    code = error.get("code") or "error"
+    return ApiError(_STATUS_OF_ENGINE_CODE.get(code, 500), error.get("message") or code, code=code)
+
+
+def invalid(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code="invalid_request")

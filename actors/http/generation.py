@@ -1,0 +1,205 @@
+"""One /v1/completions or /v1/chat/completions request: parse, submit, answer (JSON or SSE), cancel.
+
+The HTTP status is decided on the first reply entry: until it arrives nothing is sent, so an
+engine refusal (a prompt longer than the context, a bad token id) is still a 400, and a worker
+that never answers is a 503. A client that goes away cancels its request over the backend's
+control path, whether it was streaming or waiting for the whole answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, TypeVar
+
+import structlog
+from redis.exceptions import RedisError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from actors.http.backends import Backend
+from actors.http.bodies import GatewayRequest, parse_body
+from actors.http.chunks import ChunkWriter
+from actors.http.errors import ApiError, from_engine_error, invalid
+from actors.http.gateway_metrics import GatewayMetrics
+from actors.http.limits import PendingLimit, check_api_key, read_body_limited
+from actors.http.options import GatewayOptions
+from actors.openai_shapes import completion_body
+from queue_adapters.client import assemble
+from queue_adapters.codec import WireReply
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+class Generation:
+    def __init__(self, backend: Backend, options: GatewayOptions, metrics: GatewayMetrics) -> None:
+        self.backend, self.options, self.metrics = backend, options, metrics
+        self.pending = PendingLimit(options.max_pending)
+        self._background: set[asyncio.Task[None]] = set()  # cancels sent from cancelled handlers
+
+    async def handle(self, request: Request, chat: bool) -> Response:
+        endpoint = "chat" if chat else "completions"
+        started = time.monotonic()
+        try:
+            try:
+                response = await self._handle(request, chat)
+            except (RedisError, OSError) as error:  # Redis went away mid-request; workers go on without us
+                raise ApiError(503, f"the request queue is unreachable: {error}", code="unavailable") from error
+        except ApiError as error:
+            response = error.response()
+            log.info("request refused", endpoint=endpoint, status=error.status, code=error.code, error=error.message)
+        self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        # One line per request (a stream's is written when it starts: its status is known then).
+        log.info("http request", endpoint=endpoint, status=response.status_code,
+                 request_id=request.headers.get("x-request-id"), seconds=round(time.monotonic() - started, 3))
+        return response
+
+    async def _handle(self, request: Request, chat: bool) -> Response:
+        check_api_key(request, self.options.api_key)
+        raw = await read_body_limited(request, self.options.max_request_bytes)
+        try:
+            body = json.loads(raw)
+        except ValueError as error:
+            raise invalid(f"the body is not valid JSON: {error}") from error
+        gateway_request = parse_body(body, chat, self.backend.model_name, request.headers.get("x-request-id"),
+                                     self.options.request_timeout_s)
+        self.pending.acquire()
+        self.metrics.in_flight.inc()
+        released = False
+        disconnected = asyncio.create_task(_wait_disconnect(request))
+        try:
+            replies, first = await self._unless_gone(self._start(gateway_request), disconnected, gateway_request)
+            if gateway_request.stream:
+                released = True  # from here the stream's generator owns the slot
+                return self._stream(gateway_request, replies, first)
+            replies_so_far = await self._unless_gone(_collect(first, replies), disconnected, gateway_request)
+            return self._answer(gateway_request, replies_so_far)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; the request is cancelled
+        finally:
+            disconnected.cancel()  # a stream watches for disconnects itself (its sends fail)
+            if not released:
+                self._release()
+
+    def _release(self) -> None:
+        self.pending.release()
+        self.metrics.in_flight.dec()
+
+    async def _start(self, request: GatewayRequest) -> tuple[AsyncIterator[WireReply], WireReply]:
+        """Submit and wait for the first reply entry; its error (if any) becomes the HTTP error."""
+        started = time.monotonic()
+        try:
+            await self.backend.submit(request.wire)
+        except (RedisError, OSError) as error:
+            raise ApiError(503, f"the request queue is unreachable: {error}", code="unavailable") from error
+        replies = aiter(self.backend.replies(request.wire))
+        first = await self._first_entry(request, replies)
+        self.metrics.time_to_first_entry.observe(time.monotonic() - started)
+        if first.error is not None:
+            raise from_engine_error({"code": first.error.code, "message": first.error.message})
+        return replies, first
+
+    async def _first_entry(self, request: GatewayRequest, replies: AsyncIterator[WireReply]) -> WireReply:
+        """The first reply entry; 503 when none came within --worker-timeout and no worker is alive."""
+        waiting = asyncio.ensure_future(anext(replies))
+        try:
+            while True:
+                done, _ = await asyncio.wait([waiting], timeout=self.options.worker_timeout_s)
+                if done:
+                    return waiting.result()
+                if not await self.backend.workers_alive():
+                    self._cancel_later(request.wire.id)
+                    raise ApiError(503, f"no worker answered within {self.options.worker_timeout_s:g} s",
+                                   code="no_worker")
+        finally:
+            waiting.cancel()  # no-op once done; otherwise stop reading the reply stream
+
+    async def _unless_gone(self, work: Coroutine[Any, Any, T], disconnected: asyncio.Task[None],
+                           request: GatewayRequest) -> T:
+        """`work`'s result, or ClientGone (and the request cancelled) if the client disconnects first."""
+        working = asyncio.ensure_future(work)
+        try:
+            done, _ = await asyncio.wait([working, disconnected], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not working.done():
+                working.cancel()
+        if working not in done:
+            self._client_gone(request.wire.id)
+            raise ClientGone
+        return working.result()
+
+    def _answer(self, request: GatewayRequest, replies: list[WireReply]) -> Response:
+        result = assemble(request.wire.id, replies)
+        if result["error"] is not None:
+            raise from_engine_error(result["error"])
+        return JSONResponse(completion_body(request.wire.id, result, self.backend.model_name,
+                                            self.backend.tokenizer, request.chat))
+
+    def _stream(self, request: GatewayRequest, replies: AsyncIterator[WireReply], first: WireReply) -> Response:
+        writer = ChunkWriter(request, self.backend.model_name, self.backend.tokenizer)
+        finished = False
+
+        async def events() -> AsyncIterator[str]:
+            nonlocal finished
+            async for event_text in writer.events(replies, first):
+                yield event_text
+            finished = True
+
+        def closed() -> None:
+            self._release()
+            if not finished:
+                self._client_gone(request.wire.id)
+
+        return _ClosingStreamingResponse(events(), closed, media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"})
+
+    def _client_gone(self, request_id: str) -> None:
+        log.info("client went away; cancelling", request_id=request_id)
+        self.metrics.cancelled.inc()
+        self._cancel_later(request_id)
+
+    def _cancel_later(self, request_id: str) -> None:
+        """Cancel from a task of its own: the handler calling this may itself be cancelled already."""
+        task = asyncio.get_running_loop().create_task(self._send_cancel(request_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _send_cancel(self, request_id: str) -> None:
+        try:
+            await self.backend.cancel(request_id)
+        except Exception as error:  # a lost cancel only costs compute; never crash the gateway for it
+            log.warning("cancel failed", request_id=request_id, error=str(error))
+
+
+async def _collect(first: WireReply, replies: AsyncIterator[WireReply]) -> list[WireReply]:
+    return [first, *[reply async for reply in replies]]
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read, so only that is left)."""
+    while True:
+        message: dict[str, Any] = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """Calls `on_closed` however the response ends: finished, failed, or the client gone even before the
+    first chunk (a generator that never started would never run its own `finally`)."""
+
+    def __init__(self, content: AsyncIterator[str], on_closed: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.on_closed = on_closed
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_closed()

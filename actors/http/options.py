@@ -1,0 +1,14 @@
+"""The gateway's options (no web imports: the CLI builds them before loading the web stack)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayOptions:
+    api_key: str | None = None
+    max_pending: int = 256  # requests in flight through this gateway; more get 429
+    worker_timeout_s: float = 60.0  # no reply entry within this: 503 (no worker is answering)
+    request_timeout_s: float | None = None  # becomes the wire deadline_ms
+    max_request_bytes: int = 4 * 1024 * 1024

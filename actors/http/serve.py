@@ -1,0 +1,60 @@
+"""`aqueduct serve`: the HTTP gateway, embedded (engine in this process) or in front of Redis workers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+from typing import Any
+
+import structlog
+import uvicorn
+
+from actors.http.app import create_app
+from actors.http.backends import Backend, EmbeddedBackend, RemoteBackend
+from actors.http.options import GatewayOptions
+
+log = structlog.get_logger(__name__)
+
+
+def build_backend(args: argparse.Namespace, engine_config: Any) -> Backend:
+    """Embedded: load the engine now, before serving anything. Gateway: only the tokenizer of --model
+    (for /tokenize, /detokenize and logprob token strings); the workers must serve that model."""
+    if args.redis_url:
+        from actors.cli import _remote_tokenizer
+
+        tokenizer, model_name = _remote_tokenizer(args)
+        return RemoteBackend(args.redis_url, args.prefix, model_name, tokenizer, args.max_model_len)
+    from actors.device import device_thread, load_engine
+
+    device = device_thread()
+    return EmbeddedBackend(load_engine(engine_config, device), device)
+
+
+def run_serve(args: argparse.Namespace, engine_config: Any, options: GatewayOptions) -> int:
+    backend = build_backend(args, engine_config)
+    app = create_app(backend, options)
+    log.info("serving", host=args.host, port=args.port, model=backend.model_name,
+             mode="gateway" if args.redis_url else "embedded")
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, access_log=False,
+                            timeout_graceful_shutdown=10)
+    asyncio.run(_serve_until_signalled(uvicorn.Server(config)))
+    return 0
+
+
+async def _serve_until_signalled(server: uvicorn.Server) -> None:
+    """SIGTERM/SIGINT: finish open responses, then return (exit 0, as the worker does on SIGTERM).
+
+    uvicorn's own handling re-raises the signal after its graceful shutdown, so the process would
+    die of it (exit -15) and an orchestrator would count a clean stop as a crash."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _request_exit, server)
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # ours are installed above
+    await server.serve()
+
+
+def _request_exit(server: uvicorn.Server) -> None:
+    log.info("stopping: finishing open responses")
+    server.should_exit = True

@@ -1,0 +1,31 @@
+"""`aqueduct serve`'s flags (apart from the engine's), kept free of the web stack so the CLI starts fast."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from actors.http.options import GatewayOptions
+
+
+def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., str | None]) -> None:
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--redis-url", default=env_default("AQUEDUCT_REDIS_URL"),
+                        help="be a stateless gateway in front of the workers of this deployment "
+                             "(default: run the engine in this process)")
+    parser.add_argument("--prefix", default=env_default("AQUEDUCT_PREFIX", "aqueduct"), help="deployment key prefix")
+    parser.add_argument("--api-key", default=env_default("AQUEDUCT_API_KEY"),
+                        help="require Authorization: Bearer KEY (env AQUEDUCT_API_KEY)")
+    parser.add_argument("--max-pending", type=int, default=256, help="requests in flight before answering 429")
+    parser.add_argument("--worker-timeout", type=float, default=60.0,
+                        help="seconds to wait for a worker's first reply before answering 503")
+    parser.add_argument("--request-timeout", type=float, default=None,
+                        help="seconds a request may run (sent as the wire deadline); default: no limit")
+    parser.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies get 413")
+
+
+def options_from_args(args: argparse.Namespace) -> GatewayOptions:
+    return GatewayOptions(api_key=args.api_key or None, max_pending=args.max_pending,
+                          worker_timeout_s=args.worker_timeout, request_timeout_s=args.request_timeout,
+                          max_request_bytes=args.max_request_bytes)

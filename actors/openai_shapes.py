@@ -1,0 +1,67 @@
+"""OpenAI response objects (completion, chat.completion, usage, logprobs) from assembled results.
+
+Shared by `aqueduct batch` (output lines) and the HTTP gateway (responses and stream chunks), so
+both answer in exactly the same shape.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from actors.chat_request import chat_choice
+
+
+def completion_body(response_id: str, result: dict[str, Any], model_name: str, tokenizer: Any | None,
+                    chat: bool) -> dict[str, Any]:
+    """A `text_completion` or `chat.completion` object from a finished, error-free result."""
+    choice_object = chat_choice if chat else completion_choice
+    body: dict[str, Any] = {
+        "id": response_id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [choice_object(choice, tokenizer) for choice in result["choices"]],
+        "usage": usage_object(result["usage"]),
+    }
+    if result.get("prompt_logprobs") is not None:
+        body["prompt_logprobs"] = [None if entry is None else {**entry, "token": token_text(tokenizer,
+                                                                                             entry["token_id"])}
+                                   for entry in result["prompt_logprobs"]]
+    return body
+
+
+def usage_object(usage: dict[str, int]) -> dict[str, Any]:
+    return {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
+            "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+            "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]}}
+
+
+def completion_choice(choice: dict, tokenizer: Any | None) -> dict[str, Any]:
+    entries = choice["logprobs"]
+    return {"index": choice["index"], "text": choice["text"], "token_ids": choice["token_ids"],
+            "logprobs": completion_logprobs(entries, tokenizer) if entries is not None else None,
+            "finish_reason": choice["finish_reason"], "stop_reason": choice["stop_reason"]}
+
+
+def completion_logprobs(entries: list[dict], tokenizer: Any | None, text_offset: int = 0) -> dict[str, Any]:
+    """The completions-API logprobs object, plus token ids and ranks (token strings can collide).
+
+    `text_offset`: where these tokens' text starts in the choice (a stream chunk continues a choice)."""
+    tokens = [token_text(tokenizer, entry["token_id"]) for entry in entries]
+    offsets, offset = [], text_offset
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [entry["logprob"] for entry in entries],
+        "top_logprobs": [{token_text(tokenizer, t): lp for t, lp in entry["top"]} for entry in entries],
+        "text_offset": offsets,
+        "token_ids": [entry["token_id"] for entry in entries],
+        "ranks": [entry["rank"] for entry in entries],
+    }
+
+
+def token_text(tokenizer: Any | None, token_id: int) -> str:
+    return tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
