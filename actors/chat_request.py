@@ -9,28 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors.completion_request import sampling_fields
 from pipeline.sampling_params import SamplingParams
 from queue_adapters.codec import ChatMessage
 
 CHAT_URL = "/v1/chat/completions"
-_IGNORED = {"model", "user"}  # accepted and not used: one model per worker; user is metadata
 _UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "response_format",
                 "stream_options", "audio", "modalities", "prediction"}
 
 
 def parse_chat_body(body: Any) -> tuple[list[ChatMessage], dict[str, Any]]:
     """(messages, wire params); ValueError naming the field for anything we cannot run as asked."""
-    if not isinstance(body, dict):
-        raise ValueError(f"body must be a JSON object, got {type(body).__name__}")
-    if "messages" not in body:
-        raise ValueError("body.messages is required for /v1/chat/completions")
+    params = sampling_fields(body, "messages", _UNSUPPORTED)
     messages = _parse_messages(body["messages"])
-    if body.get("stream"):
-        raise ValueError("stream must be false in a batch file")
-    unsupported = sorted(_UNSUPPORTED & body.keys())
-    if unsupported:
-        raise ValueError(f"not supported yet: {', '.join(unsupported)}")
-    params = {key: value for key, value in body.items() if key not in _IGNORED and key not in ("messages", "stream")}
     params = _completion_names(params)
     SamplingParams.from_dict(params)  # validates every remaining field, naming it
     return messages, params

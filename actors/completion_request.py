@@ -15,19 +15,23 @@ _UNSUPPORTED = {"echo", "suffix", "stream_options"}
 
 
 def parse_completion_body(body: Any) -> tuple[str | list[int], SamplingParams]:
+    params = sampling_fields(body, "prompt", _UNSUPPORTED)
+    return _parse_prompt(body["prompt"]), SamplingParams.from_dict(params)
+
+
+def sampling_fields(body: Any, required: str, unsupported: set[str]) -> dict[str, Any]:
+    """The checks every OpenAI body of a batch line gets (an object holding `required`, not
+    streamed, none of `unsupported`); returns its other fields, the sampling ones, unvalidated."""
     if not isinstance(body, dict):
         raise ValueError(f"body must be a JSON object, got {type(body).__name__}")
-    if "prompt" not in body:
-        raise ValueError("body.prompt is required")
-    prompt = _parse_prompt(body["prompt"])
+    if required not in body:
+        raise ValueError(f"body.{required} is required")
     if body.get("stream"):
         raise ValueError("stream must be false in a batch file")
-    unsupported = sorted(_UNSUPPORTED & body.keys())
-    if unsupported:
-        raise ValueError(f"not supported yet: {', '.join(unsupported)}")
-    params = {key: value for key, value in body.items()
-              if key not in _IGNORED and key not in ("prompt", "stream")}
-    return prompt, SamplingParams.from_dict(params)
+    named = sorted(unsupported & body.keys())
+    if named:
+        raise ValueError(f"not supported yet: {', '.join(named)}")
+    return {key: value for key, value in body.items() if key not in _IGNORED and key not in (required, "stream")}
 
 
 def _parse_prompt(prompt: Any) -> str | list[int]:
