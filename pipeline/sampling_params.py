@@ -81,7 +81,7 @@ class SamplingParams:
     """Sampling parameters of one request. Lists become tuples, logit_bias sorted (id, bias) pairs."""
 
     n: int = 1
-    best_of: int | None = None  # None or n; normalized to n
+    best_of: int | None = None  # choices generated (>= n; the n best are returned); None = n
     max_tokens: int | None = 16  # None = until max_model_len
     temperature: float = 1.0
     top_p: float = 1.0
@@ -158,10 +158,9 @@ class SamplingParams:
     def _check_counts(self) -> None:
         if not 1 <= self.n <= MAX_N:
             fail(f"n must be in [1, {MAX_N}], got {self.n}")
-        if self.best_of is not None and self.best_of != self.n:
-            fail(f"best_of must be None or equal to n ({self.n}), got {self.best_of}: "
-                 "best_of > n is not supported yet")
-        self._set("best_of", self.n)
+        if self.best_of is not None and not self.n <= self.best_of <= MAX_N:
+            fail(f"best_of must be None or in [n ({self.n}), {MAX_N}], got {self.best_of}")
+        self._set("best_of", self.n if self.best_of is None else self.best_of)
         if self.max_tokens is not None and self.max_tokens < 1:
             fail(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.min_tokens < 0:
@@ -206,6 +205,11 @@ class SamplingParams:
         if unknown:
             fail(f"unknown sampling parameter(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         return cls(**data)
+
+    @property
+    def ranks_choices(self) -> bool:
+        """best_of > n: choices are only known at the end (the n best of best_of), so nothing streams."""
+        return self.best_of > self.n
 
     @property
     def uses_dynatemp(self) -> bool:

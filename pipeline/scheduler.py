@@ -193,6 +193,8 @@ class Scheduler:
                 continue  # ended (aborted, stop string) while the step was running
             if seq_id in result.mirostat_mu:  # mu belongs to the choice: it survives preemption
                 seq.mirostat_mu = result.mirostat_mu[seq_id]
+            if logprob is not None:
+                seq.cumulative_logprob += logprob.logprob
             self.append_token(seq, token_id)
             events.append(TokenEvent(
                 seq.request.request_id, seq.choice_index, token_id, logprob,
