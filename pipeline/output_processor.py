@@ -68,10 +68,12 @@ class OutputProcessor:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     resume: ResumeState | None = None) -> None:
-        if resume is not None and params.ranks_choices:
-            resume = ResumeState(resume.next_seq, [[] for _ in range(params.best_of)],
-                                 [None] * params.best_of, [None] * params.best_of)  # nothing was streamed
-        outputs = resume.output_token_ids if resume is not None else [[] for _ in range(params.best_of)]
+        # Beam search reports its n results as choices 0..n-1; best_of reports n of best_of choices.
+        num_choices = params.n if params.use_beam_search else params.best_of
+        if resume is not None and params.reports_at_end:
+            resume = ResumeState(resume.next_seq, [[] for _ in range(num_choices)],
+                                 [None] * num_choices, [None] * num_choices)  # nothing was streamed
+        outputs = resume.output_token_ids if resume is not None else [[] for _ in range(num_choices)]
         choices = [
             _Choice(
                 # A resumed choice's text continues after the tokens the client already has.
@@ -118,7 +120,7 @@ class OutputProcessor:
             touched[event.request_id] = state
         # A best_of > n request reports once, when its winners are known.
         deltas = [self._collect(request_id, state) for request_id, state in touched.items()
-                  if state.finished or not state.params.ranks_choices]
+                  if state.finished or not state.params.reports_at_end]
         return deltas, finishes
 
     def error_delta(self, request_id: str, code: str, message: str) -> RequestDelta:

@@ -11,6 +11,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
+from pipeline.beam_search import BeamSearch, Hypothesis
 from pipeline.sampling_params import SamplingParams
 
 _seq_counter = itertools.count()
@@ -90,12 +91,14 @@ class Request:
     eos_token_ids: frozenset[int] = frozenset()
     prompt: str | None = None
     cache_salt: int | None = None  # extra prefix-cache key (e.g. a LoRA id)
-    sequences: list[Sequence] = field(default_factory=list)
+    sequences: list[Sequence] = field(default_factory=list)  # under beam search: the running beams
+    beam_search: BeamSearch | None = None  # set by the scheduler for use_beam_search requests
+    beam_results: list[Hypothesis] | None = None  # the n best hypotheses, once beam search ended
 
     def __post_init__(self) -> None:
         if not self.sequences:
             self.sequences = [Sequence(self, index, list(self.prompt_token_ids))
-                              for index in range(self.params.best_of)]
+                              for index in range(self.params.num_generated_choices)]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -108,9 +111,9 @@ class Request:
     def resume_from(self, resume: ResumeState) -> None:
         """Continue where another worker stopped: each choice starts from prompt + the tokens the
         client already has, and is recomputed from there (DESIGN §5 makes the rest identical);
-        mirostat's mu continues from the value the reply stream carries. A best_of > n request
-        streamed nothing, so it simply starts again."""
-        if self.params.ranks_choices:
+        mirostat's mu continues from the value the reply stream carries. A best_of > n or beam
+        search request streamed nothing, so it simply starts again."""
+        if self.params.reports_at_end:
             return
         mirostat_mu = resume.mirostat_mu or [None] * len(self.sequences)
         for seq, outputs, reason, stop_reason, mu in zip(self.sequences, resume.output_token_ids,
