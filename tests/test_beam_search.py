@@ -99,3 +99,15 @@ def test_beam_search_equals_hf_under_chunked_prefill_and_preemption(arch_model) 
         _check(engine, hf, prompt, width=4, n=2, length_penalty=2.0, early_stopping=early_stopping, stop=None)
     assert engine.scheduler.num_preemptions > 0
     assert engine.scheduler.kv_cache.num_used_blocks == 0
+
+
+def test_a_fork_reuses_its_parents_full_blocks_and_recomputes_less_than_one_block(arch_model) -> None:
+    _, path, hf = arch_model
+    engine = make_engine(path, block_size=4)
+    forks = []
+    add_forks = engine.scheduler.add_forks
+    engine.scheduler.add_forks = lambda new: (forks.extend((fork, fork.num_tokens) for fork in new), add_forks(new))
+    _check(engine, hf, _prompt(3), width=4, n=4, length_penalty=1.0, early_stopping=False, stop=None)
+    assert forks
+    for fork, num_tokens_at_fork in forks:
+        assert fork.num_cached_tokens == (num_tokens_at_fork - 1) // 4 * 4  # every full block of its prefix
