@@ -59,10 +59,6 @@ class BeamSearch:
     scores: dict[int, float] = field(default_factory=dict)
     pending: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
 
-    @property
-    def candidates_per_beam(self) -> int:
-        return self.width + len(self.stop_token_ids)
-
     def step(self, beams: list[RunningBeam]) -> list[Continuation]:
         """One generation step; returns the beams that run on (best first), none once `done`."""
         num_generated = len(beams[0].output_token_ids) + 1  # after this step's token

@@ -104,11 +104,8 @@ def _random_row_values(params: SamplingParams) -> dict[str, float | bool]:
 
 
 def _num_logprobs(params: SamplingParams) -> int:
-    """best_of > n ranks choices by cumulative logprob, so it needs the chosen token's logprob (0);
-    a beam needs its best W + #stop-token continuations (pipeline/beam_search.py). The model's EOS
-    ids are not known here: 2W + #stop_token_ids leaves room for W of them."""
-    if params.use_beam_search:
-        return max(params.logprobs or 0, 2 * params.best_of + len(params.stop_token_ids))
+    """best_of > n ranks choices by cumulative logprob, so it needs the chosen token's logprob (0).
+    (A beam needs more; the persistent batch adds them, as they depend on the model's EOS ids.)"""
     if params.logprobs is not None:
         return params.logprobs
     return 0 if params.ranks_choices else -1

@@ -101,6 +101,13 @@ def test_beam_search_equals_hf_under_chunked_prefill_and_preemption(arch_model) 
     assert engine.scheduler.kv_cache.num_used_blocks == 0
 
 
+def test_beam_search_wider_than_max_num_seqs_equals_hf(arch_model) -> None:
+    _, path, hf = arch_model
+    engine = make_engine(path, block_size=4, max_num_seqs=2)  # beams take turns: parked ones are preempted
+    _check(engine, hf, _prompt(11), width=5, n=3, length_penalty=1.0, early_stopping=False, stop=None)
+    assert not engine.has_unfinished
+
+
 def test_a_fork_reuses_its_parents_full_blocks_and_recomputes_less_than_one_block(arch_model) -> None:
     _, path, hf = arch_model
     engine = make_engine(path, block_size=4)
