@@ -71,7 +71,9 @@ def _advance(scheduler: Scheduler, request: Request, running: list[Continuation]
             parent.token_ids.append(continuation.token_id)
             beam = parent
         else:
-            beam = Sequence(request, choice_index=1, token_ids=[*tokens_before[parent.seq_id], continuation.token_id])
+            # choice_index 1: a fork must not report the prompt's logprobs again (choice 0 does).
+            beam = Sequence(request, choice_index=1, token_ids=[*tokens_before[parent.seq_id], continuation.token_id],
+                            mirostat_mu=parent.mirostat_mu)
             forks.append(beam)
         new_beams.append(beam)
         search.scores[beam.seq_id] = continuation.score

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.output_processor import OutputProcessor
+from pipeline.outputs import TokenEvent, TokenLogprob
+from pipeline.request import Request, ResumeState
 from pipeline.sampling_params import SamplingParams
 from tests.engine_helpers import make_engine, run_requests
 from tests.hf_models import make_tiny_hf_model
@@ -55,3 +58,18 @@ def test_best_of_choices_share_the_prompt_blocks(model_dir) -> None:
         peak = max(peak, engine.scheduler.kv_cache.pool.num_blocks - engine.scheduler.kv_cache.pool.num_free_blocks)
     # Independent requests would hold 3 blocks each (37 + 4 tokens); shared, 2 prompt blocks + 4 own tails.
     assert peak <= 2 + 4 < 4 * 3
+
+
+def test_a_resumed_best_of_request_starts_again_as_nothing_was_streamed() -> None:
+    params = _params(n=2, best_of=4)
+    request = Request("r", [5, 6, 7], params, seed=1)
+    resume = ResumeState(next_seq=0, output_token_ids=[[], []], finish_reasons=[None, None], stop_reasons=[None, None])
+    request.resume_from(resume)
+    assert [seq.token_ids for seq in request.sequences] == [[5, 6, 7]] * 4
+    outputs = OutputProcessor(None)
+    outputs.add_request("r", [5, 6, 7], params, resume)
+    events = [TokenEvent("r", index, 9, TokenLogprob(9, -float(index), 1), finish_reason="length")
+              for index in range(4)]
+    (delta,), _ = outputs.process(events)
+    assert [choice.index for choice in delta.choices] == [0, 1]
+    assert [choice.logprobs[0].logprob for choice in delta.choices] == [0.0, -1.0]  # choices 0 and 1 were best
