@@ -9,6 +9,7 @@ carries tokens past a stop.
 A best_of > n request generates best_of choices and returns only the n with the highest
 cumulative logprob; which ones is known only when all have ended, so such a request streams
 nothing until then and its one final delta carries the n winners whole, best first (as vLLM does).
+Beam search is the same to this stage: its n hypotheses arrive as token events at the very end.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class OutputProcessor:
             if stop_string is not None:
                 finishes.append(StopStringFinish(event.request_id, event.choice_index, stop_string))
             touched[event.request_id] = state
-        # A best_of > n request reports once, when its winners are known.
+        # A best_of > n or beam search request reports once, when its winners are known.
         deltas = [self._collect(request_id, state) for request_id, state in touched.items()
                   if state.finished or not state.params.reports_at_end]
         return deltas, finishes
