@@ -5,6 +5,11 @@ counter of the reply stream. A stop string ends a choice here: the caller forwar
 StopStringFinish to the scheduler. Between the two, the scheduler may already have run one more
 step for that choice; events for a choice that has ended are dropped, so the reply stream never
 carries tokens past a stop.
+
+A best_of > n request generates best_of choices and returns only the n with the highest
+cumulative logprob; which ones is known only when all have ended, so such a request streams
+nothing until then and its one final delta carries the n winners whole, best first (as vLLM does).
+Beam search is the same to this stage: its n hypotheses arrive as token events at the very end.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class _Choice:
     stop_reason: int | str | None = None
     reported_finish: bool = False
     mirostat_mu: float | None = None  # after the last token (mirostat choices)
+    cumulative_logprob: float = 0.0  # best_of ranks choices by it
 
 
 @dataclass(slots=True)
@@ -63,7 +69,12 @@ class OutputProcessor:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     resume: ResumeState | None = None) -> None:
-        outputs = resume.output_token_ids if resume is not None else [[] for _ in range(params.n)]
+        # Beam search reports its n results as choices 0..n-1; best_of reports n of best_of choices.
+        num_choices = params.n if params.use_beam_search else params.best_of
+        if resume is not None and params.reports_at_end:
+            resume = ResumeState(resume.next_seq, [[] for _ in range(num_choices)],
+                                 [None] * num_choices, [None] * num_choices)  # nothing was streamed
+        outputs = resume.output_token_ids if resume is not None else [[] for _ in range(num_choices)]
         choices = [
             _Choice(
                 # A resumed choice's text continues after the tokens the client already has.
@@ -108,7 +119,10 @@ class OutputProcessor:
             if stop_string is not None:
                 finishes.append(StopStringFinish(event.request_id, event.choice_index, stop_string))
             touched[event.request_id] = state
-        return [self._collect(request_id, state) for request_id, state in touched.items()], finishes
+        # A best_of > n or beam search request reports once, when its winners are known.
+        deltas = [self._collect(request_id, state) for request_id, state in touched.items()
+                  if state.finished or not state.params.reports_at_end]
+        return deltas, finishes
 
     def error_delta(self, request_id: str, code: str, message: str) -> RequestDelta:
         state = self._requests.pop(request_id, None)
@@ -139,6 +153,7 @@ class OutputProcessor:
             choice.mirostat_mu = event.mirostat_mu
         if event.logprob is not None:
             choice.new_logprobs.append(event.logprob)
+            choice.cumulative_logprob += event.logprob.logprob
         # EOS / stop_token_ids text is not part of the output unless include_stop_str_in_output.
         hidden = (event.finish_reason == "stop" and not isinstance(event.stop_reason, str)
                   and not state.params.include_stop_str_in_output)
@@ -159,7 +174,7 @@ class OutputProcessor:
     # ---- deltas ------------------------------------------------------------------------------
 
     def _collect(self, request_id: str, state: _Request) -> RequestDelta:
-        choices = [delta for index, choice in enumerate(state.choices)
+        choices = [delta for index, choice in enumerate(self._reported_choices(state))
                    if (delta := self._choice_delta(index, choice, state.params)) is not None]
         delta = RequestDelta(request_id, state.next_seq, choices)
         state.next_seq += 1
@@ -173,6 +188,14 @@ class OutputProcessor:
                                 cached_tokens=state.num_cached_tokens)
             del self._requests[request_id]
         return delta
+
+    @staticmethod
+    def _reported_choices(state: _Request) -> list[_Choice]:
+        """All choices, or for best_of > n the n best by cumulative logprob, best first (stable on ties)."""
+        if not state.params.ranks_choices:
+            return state.choices
+        ranked = sorted(state.choices, key=lambda choice: -choice.cumulative_logprob)
+        return ranked[:state.params.n]
 
     @staticmethod
     def _choice_delta(index: int, choice: _Choice, params: SamplingParams) -> ChoiceDelta | None:

@@ -81,6 +81,8 @@ class PersistentBatch:
         self.seeds[row] = new.seed
         self.choice_index[row] = new.choice_index
         self.num_logprobs[row] = values.num_logprobs
+        if new.params.use_beam_search:  # a beam's best W + #stop-token continuations (pipeline/beam_search.py)
+            self.num_logprobs[row] = max(values.num_logprobs, new.params.best_of + len(new.stop_token_ids))
         prompt_logprobs = new.params.prompt_logprobs
         self.prompt_logprobs[row] = -1 if prompt_logprobs is None else prompt_logprobs
         self.min_tokens[row] = min(new.params.min_tokens, _INT32_MAX)

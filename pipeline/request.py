@@ -1,4 +1,5 @@
-"""Per-request state. A Request owns `n` Sequences, one per choice; the scheduler schedules Sequences.
+"""Per-request state. A Request owns `best_of` (= n unless asked) Sequences, one per generated choice;
+the scheduler schedules Sequences.
 
 Each choice is an independent sequence with its own KV blocks; choices of one request share
 their prompt blocks through the prefix cache.
@@ -10,6 +11,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
+from pipeline.beam_search import BeamSearch, Hypothesis
 from pipeline.sampling_params import SamplingParams
 
 _seq_counter = itertools.count()
@@ -48,6 +50,7 @@ class Sequence:
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     mirostat_mu: float | None = None  # mirostat v2's mu after the last token; None = not started (2 tau)
+    cumulative_logprob: float = 0.0  # sum of the returned logprobs of the outputs (best_of ranks by it)
 
     @property
     def num_tokens(self) -> int:
@@ -88,12 +91,14 @@ class Request:
     eos_token_ids: frozenset[int] = frozenset()
     prompt: str | None = None
     cache_salt: int | None = None  # extra prefix-cache key (e.g. a LoRA id)
-    sequences: list[Sequence] = field(default_factory=list)
+    sequences: list[Sequence] = field(default_factory=list)  # under beam search: the running beams
+    beam_search: BeamSearch | None = None  # set by the scheduler for use_beam_search requests
+    beam_results: list[Hypothesis] | None = None  # the n best hypotheses, once beam search ended
 
     def __post_init__(self) -> None:
         if not self.sequences:
             self.sequences = [Sequence(self, index, list(self.prompt_token_ids))
-                              for index in range(self.params.n)]
+                              for index in range(self.params.num_generated_choices)]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -106,7 +111,10 @@ class Request:
     def resume_from(self, resume: ResumeState) -> None:
         """Continue where another worker stopped: each choice starts from prompt + the tokens the
         client already has, and is recomputed from there (DESIGN §5 makes the rest identical);
-        mirostat's mu continues from the value the reply stream carries."""
+        mirostat's mu continues from the value the reply stream carries. A best_of > n or beam
+        search request streamed nothing, so it simply starts again."""
+        if self.params.reports_at_end:
+            return
         mirostat_mu = resume.mirostat_mu or [None] * len(self.sequences)
         for seq, outputs, reason, stop_reason, mu in zip(self.sequences, resume.output_token_ids,
                                                          resume.finish_reasons, resume.stop_reasons, mirostat_mu,

@@ -81,7 +81,7 @@ class SamplingParams:
     """Sampling parameters of one request. Lists become tuples, logit_bias sorted (id, bias) pairs."""
 
     n: int = 1
-    best_of: int | None = None  # None or n; normalized to n
+    best_of: int | None = None  # choices generated (>= n; the n best are returned); None = n
     max_tokens: int | None = 16  # None = until max_model_len
     temperature: float = 1.0
     top_p: float = 1.0
@@ -125,7 +125,7 @@ class SamplingParams:
     dry_range: int = 0  # 0 = the whole context
     xtc_threshold: float = 0.1
     xtc_probability: float = 0.0
-    # Beam search (issue 11 part 4) is not implemented: only the values that mean "no beam search".
+    # Beam search (SAMPLING.md): greedy only; best_of is the beam width W > 1 and n <= W results come back.
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: bool | str = False
@@ -134,7 +134,7 @@ class SamplingParams:
         self._check_types()
         self._check_counts()
         self._check_ranges()
-        self._check_unsupported()
+        self._check_beam_search()
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # frozen: normalization happens only here
@@ -158,10 +158,9 @@ class SamplingParams:
     def _check_counts(self) -> None:
         if not 1 <= self.n <= MAX_N:
             fail(f"n must be in [1, {MAX_N}], got {self.n}")
-        if self.best_of is not None and self.best_of != self.n:
-            fail(f"best_of must be None or equal to n ({self.n}), got {self.best_of}: "
-                 "best_of > n is not supported yet")
-        self._set("best_of", self.n)
+        if self.best_of is not None and not self.n <= self.best_of <= MAX_N:
+            fail(f"best_of must be None or in [n ({self.n}), {MAX_N}], got {self.best_of}")
+        self._set("best_of", self.n if self.best_of is None else self.best_of)
         if self.max_tokens is not None and self.max_tokens < 1:
             fail(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.min_tokens < 0:
@@ -186,15 +185,22 @@ class SamplingParams:
         if self.dynatemp_min > self.dynatemp_max:
             fail(f"dynatemp_min must be <= dynatemp_max ({self.dynatemp_max:g}), got {self.dynatemp_min:g}")
 
-    def _check_unsupported(self) -> None:
-        if self.use_beam_search:
-            fail("use_beam_search must be false: beam search is not supported yet")
-        if self.length_penalty != 1.0:
-            fail(f"length_penalty must be 1 (it only applies to beam search, not supported yet), "
-                 f"got {self.length_penalty:g}")
-        if self.early_stopping is not False:
-            fail(f"early_stopping must be false (it only applies to beam search, not supported yet), "
-                 f"got {self.early_stopping!r}")
+    def _check_beam_search(self) -> None:
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
+            fail(f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}")
+        if not self.use_beam_search:
+            if self.length_penalty != 1.0:
+                fail(f"length_penalty must be 1 without use_beam_search (it only applies to beam search), "
+                     f"got {self.length_penalty:g}")
+            if self.early_stopping is not False:
+                fail(f"early_stopping must be false without use_beam_search (it only applies to beam search), "
+                     f"got {self.early_stopping!r}")
+            return
+        if not self.is_greedy:
+            fail(f"temperature must be 0 with use_beam_search (beam search is greedy), got {self.temperature:g}"
+                 + (" with dynatemp" if self.uses_dynatemp else ""))
+        if self.best_of < 2:
+            fail(f"best_of (the beam width) must be > 1 with use_beam_search, got {self.best_of}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
@@ -206,6 +212,22 @@ class SamplingParams:
         if unknown:
             fail(f"unknown sampling parameter(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         return cls(**data)
+
+    @property
+    def ranks_choices(self) -> bool:
+        """best_of > n without beam search: the n best (by cumulative logprob) of best_of samples."""
+        return self.best_of > self.n and not self.use_beam_search
+
+    @property
+    def reports_at_end(self) -> bool:
+        """Which choices come back is only known when all have ended (best_of > n, beam search),
+        so such a request streams nothing until then."""
+        return self.best_of > self.n or self.use_beam_search
+
+    @property
+    def num_generated_choices(self) -> int:
+        """Sequences a request starts with: one beam (it forks as it goes), else best_of choices."""
+        return 1 if self.use_beam_search else self.best_of
 
     @property
     def uses_dynatemp(self) -> bool:

@@ -66,7 +66,7 @@ def classic_row_values(params: SamplingParams) -> SamplingRowValues:
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
         repetition_penalty=params.repetition_penalty,
-        num_logprobs=-1 if params.logprobs is None else params.logprobs,
+        num_logprobs=_num_logprobs(params),
     )
 
 
@@ -101,3 +101,11 @@ def _random_row_values(params: SamplingParams) -> dict[str, float | bool]:
     if params.uses_mirostat:
         values.update(mirostat=True, mirostat_tau=params.mirostat_tau, mirostat_eta=params.mirostat_eta)
     return values
+
+
+def _num_logprobs(params: SamplingParams) -> int:
+    """best_of > n ranks choices by cumulative logprob, so it needs the chosen token's logprob (0).
+    (A beam needs more; the persistent batch adds them, as they depend on the model's EOS ids.)"""
+    if params.logprobs is not None:
+        return params.logprobs
+    return 0 if params.ranks_choices else -1

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from pipeline.beam_scheduling import new_beam_search, on_beam_candidates
 from pipeline.config import SchedulerConfig
 from pipeline.kv_cache_manager import KVCacheManager
 from pipeline.outputs import PromptLogprobsEvent, StopStringFinish, TokenEvent
@@ -48,6 +49,8 @@ class Scheduler:
             raise ValueError(f"prompt has {request.num_prompt_tokens} tokens; the limit is "
                              f"{self.max_model_len - 1} (max_model_len {self.max_model_len} incl. one output)")
         self.requests[request.request_id] = request
+        if request.params.use_beam_search:
+            request.beam_search = new_beam_search(request, self.max_model_len)
         for seq in request.sequences:
             if not seq.is_finished:  # a resumed request may have finished choices
                 self.sequences[seq.seq_id] = seq
@@ -72,12 +75,18 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None:
             return []
-        events = []
-        for seq in request.sequences:
-            if not seq.is_finished:
-                self.finish_sequence(seq, reason)
-                events.append(TokenEvent(request_id, seq.choice_index, None, finish_reason=str(reason)))
-        return events
+        ended = [seq.choice_index for seq in request.sequences if not seq.is_finished]
+        for seq in list(request.sequences):
+            self.finish_sequence(seq, reason)
+        if request.beam_search is not None:
+            ended = list(range(request.params.n))  # the client's choices, not the running beams
+        return [TokenEvent(request_id, index, None, finish_reason=str(reason)) for index in ended]
+
+    def add_forks(self, forks: list[Sequence]) -> None:
+        """New beams of a beam search: first in line, as they continue a running request."""
+        for seq in reversed(forks):
+            self.sequences[seq.seq_id] = seq
+            self.waiting.appendleft(seq)
 
     def finish_by_stop_string(self, finish: StopStringFinish) -> None:
         request = self.requests.get(finish.request_id)
@@ -98,6 +107,11 @@ class Scheduler:
         budget, preempted = self._schedule_running(plan, budget)
         if not preempted:
             self._schedule_waiting(plan, budget)
+        while not plan.num_scheduled_tokens and self.waiting and self.running:
+            # Only beam search gets here: the running beams are parked (they have their candidates)
+            # and a fork cannot get blocks. Parked beams keep their candidates when recomputed later.
+            self._preempt(self.running[-1], plan, to_front=False)
+            self._schedule_waiting(plan, budget)
         return plan
 
     def _schedule_running(self, plan: StepPlan, budget: int) -> tuple[int, bool]:
@@ -106,6 +120,9 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if num_new == 0:  # a beam waiting for its siblings' candidates (only beam search parks)
+                index += 1
+                continue
             num_blocks_before = len(seq.block_ids)
             while not self.kv_cache.allocate(seq, num_new):
                 preempted = True
@@ -151,7 +168,7 @@ class Scheduler:
         seq.num_computed_tokens += num_new
         seq.num_sent_tokens = seq.num_tokens
 
-    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+    def _preempt(self, seq: Sequence, plan: StepPlan, to_front: bool = True) -> None:
         self.running.remove(seq)
         self.kv_cache.free(seq)
         seq.status = SequenceStatus.PREEMPTED
@@ -159,7 +176,10 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         plan.removed_seq_ids.append(seq.seq_id)
-        self.waiting.appendleft(seq)
+        if to_front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
 
     @staticmethod
     def _describe_new(seq: Sequence) -> NewSequence:
@@ -191,8 +211,13 @@ class Scheduler:
             seq = self.sequences.get(seq_id)
             if seq is None:
                 continue  # ended (aborted, stop string) while the step was running
+            if seq.request.beam_search is not None and logprob is not None:
+                events.extend(on_beam_candidates(self, seq, logprob))
+                continue
             if seq_id in result.mirostat_mu:  # mu belongs to the choice: it survives preemption
                 seq.mirostat_mu = result.mirostat_mu[seq_id]
+            if logprob is not None:
+                seq.cumulative_logprob += logprob.logprob
             self.append_token(seq, token_id)
             events.append(TokenEvent(
                 seq.request.request_id, seq.choice_index, token_id, logprob,

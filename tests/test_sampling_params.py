@@ -51,12 +51,15 @@ def test_integral_floats_become_floats() -> None:
 def test_best_of_equal_to_n_is_accepted() -> None:
     assert SamplingParams(n=3, best_of=3).best_of == 3
     assert SamplingParams(n=3).best_of == 3
+    assert SamplingParams(n=2, best_of=4).ranks_choices
+    assert not SamplingParams(n=3, best_of=3).ranks_choices
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"n": 0}, r"n must be in \[1, 128\], got 0"),
     ({"n": 129}, r"n must be in \[1, 128\], got 129"),
-    ({"n": 2, "best_of": 4}, "best_of > n is not supported yet"),
+    ({"n": 3, "best_of": 2}, r"best_of must be None or in \[n \(3\), 128\], got 2"),
+    ({"n": 2, "best_of": 129}, r"best_of must be None or in \[n \(2\), 128\], got 129"),
     ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
     ({"temperature": -1}, "temperature must be >= 0, got -1"),
     ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0"),

@@ -59,9 +59,14 @@ from tests.sampling_helpers import Row, batch_of
     ({"xtc_probability": 1.5}, r"xtc_probability must be in \[0, 1\], got 1.5"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens must be >= 1 or None, got 0"),
     ({"spaces_between_special_tokens": 0}, "spaces_between_special_tokens must be a bool"),
-    ({"use_beam_search": True}, "use_beam_search must be false: beam search is not supported yet"),
-    ({"length_penalty": 0.5}, "length_penalty must be 1 .*not supported yet"),
-    ({"early_stopping": "never"}, "early_stopping must be false .*not supported yet"),
+    ({"use_beam_search": True, "best_of": 2}, r"temperature must be 0 with use_beam_search .*got 1"),
+    ({"use_beam_search": True, "temperature": 0}, r"best_of \(the beam width\) must be > 1 .*got 1"),
+    ({"use_beam_search": True, "temperature": 0, "best_of": 2, "early_stopping": "sometimes"},
+     r"early_stopping must be true, false or \"never\", got 'sometimes'"),
+    ({"use_beam_search": True, "temperature": 0, "best_of": 2, "early_stopping": 1},
+     r"early_stopping must be true, false or \"never\", got 1"),
+    ({"length_penalty": 0.5}, "length_penalty must be 1 without use_beam_search"),
+    ({"early_stopping": "never"}, "early_stopping must be false without use_beam_search"),
 ])
 def test_invalid_sampler_values_name_the_field_and_the_range(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -227,3 +232,9 @@ def test_the_whole_chain_runs_through_the_engine(default_model_path) -> None:
     assert all(entry.rank >= 1 for entry in choice["logprobs"])
     assert results["forced"]["choices"][0]["token_ids"] == [42] * 6
     assert engine.sampler.breakers._texts is not None, "DRY's breakers were read from the tokenizer"
+
+
+def test_beam_search_params_are_accepted_with_temperature_0_and_a_width() -> None:
+    params = SamplingParams(use_beam_search=True, temperature=0, best_of=4, n=2, length_penalty=0.5,
+                            early_stopping="never")
+    assert params.reports_at_end and not params.ranks_choices and params.num_generated_choices == 1
