@@ -29,8 +29,8 @@ from torch import nn
 
 from pipeline.model.attention import AttentionBackend
 from pipeline.model.attention_shape import AttentionShape
-from pipeline.model.layers import GatedMLP, GemmaRMSNorm, RotaryEmbedding
-from pipeline.model.models.llama import Attention, DecoderConfig, LlamaForCausalLM, decoder_config
+from pipeline.model.layers import GatedMLP, GemmaRMSNorm
+from pipeline.model.models.llama import Attention, DecoderConfig, DecoderModel, LlamaForCausalLM, decoder_config
 
 # HF's hidden_activation names for GELU with the tanh approximation (F.gelu(approximate="tanh")).
 _GELU_TANH_NAMES = ("gelu_pytorch_tanh",)
@@ -114,16 +114,12 @@ class Gemma2DecoderLayer(nn.Module):
         return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
 
 
-class Gemma2Model(nn.Module):
+class Gemma2Model(DecoderModel):
+    layer_class = Gemma2DecoderLayer
+    norm_class = GemmaRMSNorm
+
     def __init__(self, config: Gemma2Config, backend: AttentionBackend) -> None:
-        super().__init__()
-        # Uninitialised weight: see llama.DecoderModel.
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
-                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
-        self.layers = nn.ModuleList(Gemma2DecoderLayer(config, backend, config.window_of(index))
-                                    for index in range(config.num_layers))
-        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_positions, config.rope)
+        super().__init__(config, backend)
         # sqrt(hidden_size) in the activation dtype; set by build_buffers (not in checkpoints).
         self.register_buffer("embed_scale", torch.empty(()), persistent=False)
 

@@ -142,15 +142,21 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
+    """Embeddings, the layer stack, the final norm and the rotary table; families with other
+    layers or norms (Gemma 2) pass their classes."""
+
+    layer_class: ClassVar[type[nn.Module]] = DecoderLayer
+    norm_class: ClassVar[type[nn.Module]] = RMSNorm
+
     def __init__(self, config: DecoderConfig, backend: AttentionBackend) -> None:
         super().__init__()
         # An explicit (uninitialised) weight skips nn.Embedding's random init: the checkpoint
         # overwrites it anyway, and torch's normal_ imports torch._dynamo on first use (~1 s).
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          _weight=torch.empty(config.vocab_size, config.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(config, backend, config.window_of(index))
+        self.layers = nn.ModuleList(self.layer_class(config, backend, config.window_of(index))
                                     for index in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = self.norm_class(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_positions, config.rope)
 
 
