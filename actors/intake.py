@@ -12,8 +12,8 @@ import structlog
 
 from actors.admission import Admission
 from actors.messages import Admit, ErrorReply, OpenReply
-from actors.ownership import Ownership
-from actors.resume import is_answered, resume_state
+from actors.recovery.ownership import Ownership
+from actors.recovery.resume import is_answered, resume_state
 from pipeline.intake import RequestBuilder
 from pipeline.request import Request
 from queue_adapters.base import Consumer, Delivery, Producer

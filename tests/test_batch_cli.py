@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from actors.cli import main
+from actors.frontends.cli import main
 
 
 def _line(custom_id, body, **envelope):

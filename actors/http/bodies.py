@@ -12,8 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from actors.chat_request import parse_chat_body
-from actors.completion_request import parse_completion_body
+from actors.http.chat_request import parse_chat_body
+from actors.http.completion_request import parse_completion_body
 from actors.http.errors import ApiError, invalid
 from queue_adapters.codec import CodecError, WireRequest
 

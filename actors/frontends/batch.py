@@ -22,10 +22,10 @@ from typing import Any
 import structlog
 from tqdm import tqdm
 
-from actors.chat_request import CHAT_URL, parse_chat_body
-from actors.completion_request import parse_completion_body
+from actors.http.chat_request import CHAT_URL, parse_chat_body
+from actors.http.completion_request import parse_completion_body
+from actors.http.openai_shapes import completion_body
 from actors.intake import build_request
-from actors.openai_shapes import completion_body
 from actors.replies import MemoryReplySink, to_wire
 from actors.runtime import ActorRuntime
 from pipeline.engine import LLMEngine

@@ -1,7 +1,7 @@
 """OpenAI /v1/chat/completions bodies in a batch file: parsing into wire messages and sampling
 parameters, and the `chat.completion` choice objects of the output.
 
-Strict like completions (actors/completion_request.py): unknown fields are an error, and so are
+Strict like completions (actors/http/completion_request.py): unknown fields are an error, and so are
 the chat features we do not implement (tools, response formats), so nothing is silently ignored.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.completion_request import sampling_fields
+from actors.http.completion_request import sampling_fields
 from pipeline.sampling_params import SamplingParams
 from queue_adapters.codec import ChatMessage
 
