@@ -12,6 +12,7 @@ _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**1
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 CPU_LINEARS = ("onednn", "torch")
+QUANTIZATIONS = ("none", "gguf", "int8")  # weight-only, CPU (pipeline/model/quantized_linear.py)
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's flag values (SAMPLING.md, stage 14)
 
 
@@ -41,6 +42,7 @@ class ModelConfig:
     enforce_eager: bool = False  # disable CUDA graphs (always eager on CPU)
     seed: int = 0  # weight-independent engine seed (e.g. for profiling inputs)
     cpu_linear: str = "onednn"  # CPU matmuls: oneDNN with packed weights, or torch's nn.Linear (model/cpu_linear.py)
+    quantization: str = "none"  # gguf: keep a GGUF file's Q4_0/Q4_1/Q8_0 weights; int8: per-channel at load
     logprobs_mode: str = "processed_logprobs"  # returned logprobs: after the sampler chain, or the model's
     max_logprobs: int = 20  # the largest `logprobs` / `prompt_logprobs` a request may ask for
 
@@ -51,6 +53,8 @@ class ModelConfig:
         _require(self.max_model_len is None or self.max_model_len >= 1,
                  f"max_model_len must be >= 1, got {self.max_model_len}")
         _require(self.cpu_linear in CPU_LINEARS, f"cpu_linear must be one of {CPU_LINEARS}, got {self.cpu_linear!r}")
+        _require(self.quantization in QUANTIZATIONS,
+                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         _require(self.logprobs_mode in LOGPROBS_MODES,
                  f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         _require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")

@@ -116,3 +116,24 @@ def test_engine_gives_the_same_tokens_with_and_without_the_kernel(tmp_path):
                 assert first - second < 1e-3, f"{request_id} diverged at {position} without a near-tie"
                 break
             assert abs(x.logprob - y.logprob) < 1e-4
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "block_size"),
+                         [(8, 2, 64, 16), (4, 1, 17, 5), (6, 3, 128, 8)])
+def test_kernel_reads_bfloat16_kv(num_heads, num_kv_heads, head_dim, block_size):
+    # bfloat16 K/V are widened to float32 as they are read: the result equals float32 attention
+    # over the same (bfloat16-rounded) values, to float32 accuracy, and comes back in q's dtype.
+    generator = torch.Generator().manual_seed(head_dim)
+    seq_lens = torch.tensor([1, 9, 16, 33, 70], dtype=torch.int32)
+    max_blocks = -(-int(seq_lens.max()) // block_size)
+    num_blocks = len(seq_lens) * max_blocks
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=generator).bfloat16()
+    block_tables = torch.randperm(num_blocks, generator=generator).to(torch.int32).reshape(len(seq_lens), -1)
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=generator).bfloat16()
+    scale = head_dim**-0.5
+    out = kernel(q, kv_cache, block_tables, seq_lens, int(seq_lens.max()), scale)
+    assert out.dtype == torch.bfloat16
+    expected = _reference(q.float(), kv_cache.float(), block_tables, seq_lens, scale)
+    torch.testing.assert_close(out.float(), expected.bfloat16().float(), atol=1e-2, rtol=1e-2)
+    exact = kernel(q.float(), kv_cache, block_tables, seq_lens, int(seq_lens.max()), scale)
+    torch.testing.assert_close(exact, expected, atol=2e-5, rtol=1e-5)

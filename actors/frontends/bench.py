@@ -5,19 +5,26 @@ token-id prompts, greedy, ignore_eos (every request generates exactly its output
 baseline is HF `generate` with static batching and left padding on the same weights: a batch
 runs until its longest request is done, so only each request's own output length counts as
 useful tokens on both sides. Model loading is outside both timings.
+
+When llama-cpp-python is installed (optional, not a dependency) and the model is a GGUF file, the
+same workload also runs through llama.cpp on that file, one request at a time (the library's only
+mode), and its ratio is printed beside HF's.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import structlog
 
 from actors.frontends.engine_args import engine_config_from_args
 from pipeline.engine import EngineStats, LLMEngine
+from pipeline.model_source import PACKAGED_MODELS, packaged_model_file
 from pipeline.sampling_params import SamplingParams
 
 log = structlog.get_logger(__name__)
@@ -79,6 +86,55 @@ def run_hf(model_dir: str, workload: Workload, batch_size: int) -> float:
     return time.perf_counter() - started
 
 
+def gguf_file_of(model: str) -> Path | None:
+    """The GGUF file `--model` names (a packaged model, a .gguf file, a directory holding one), else None."""
+    if model in PACKAGED_MODELS:
+        return packaged_model_file(model)
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    ggufs = sorted(path.glob("*.gguf")) if path.is_dir() and not (path / "config.json").exists() else []
+    return ggufs[0] if len(ggufs) == 1 else None
+
+
+def llama_cpp_available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def load_llama_cpp(gguf_path: Path, context: int, threads: int) -> object:
+    from llama_cpp import Llama
+
+    return Llama(model_path=str(gguf_path), n_ctx=context, n_threads=threads, n_threads_batch=threads,
+                 verbose=False)
+
+
+def run_llama_cpp(llama: object, workload: Workload) -> float:
+    """Seconds for the workload through llama.cpp, one request at a time, greedy, ignoring EOS."""
+    started = time.perf_counter()
+    for prompt, output_len in zip(workload.prompts, workload.output_lens, strict=True):
+        for count, _token in enumerate(llama.generate(prompt, temp=0.0, top_k=1, reset=True), start=1):
+            if count == output_len:
+                break
+    return time.perf_counter() - started
+
+
+def _print_peer(engine: LLMEngine, workload: Workload, ours_rate: float) -> None:
+    gguf_path = gguf_file_of(str(engine.config.model.model))
+    if not llama_cpp_available() or gguf_path is None:
+        reason = "llama-cpp-python not installed" if gguf_path is not None else "the model is not a GGUF file"
+        print(f"llama.cpp: skipped ({reason})")
+        return
+    import torch
+
+    context = max(len(p) for p in workload.prompts) + max(workload.output_lens) + 8
+    llama = load_llama_cpp(gguf_path, context, torch.get_num_threads())
+    run_llama_cpp(llama, make_workload(1, (8, 16), (4, 8), engine.vocab_size, seed=1))  # warm-up
+    seconds = run_llama_cpp(llama, workload)
+    rate = workload.useful_tokens / seconds
+    print(f"llama.cpp ({gguf_path.name}, one request at a time): {seconds:.2f} s, {rate:.1f} useful tokens/s")
+    print(f"ratio aqueduct / llama.cpp: {ours_rate / rate:.2f}x")
+
+
 def run_bench(args: argparse.Namespace) -> None:
     engine = LLMEngine(engine_config_from_args(args))
     workload = make_workload(args.num_requests, tuple(args.prompt_len), tuple(args.output_len),
@@ -92,6 +148,8 @@ def run_bench(args: argparse.Namespace) -> None:
     print(f"aqueduct: {ours_seconds:.2f} s, {ours_rate:.1f} useful tokens/s, "
           f"model forward {forward_share:.0%} of wall time, sampling {sample_share:.0%}, "
           f"{engine.stats.num_steps} steps, preemptions {engine.scheduler.num_preemptions}")
+    if not args.skip_peer:
+        _print_peer(engine, workload, ours_rate)
     if args.skip_hf:
         return
     batch_size = args.hf_batch_size or args.num_requests

@@ -188,7 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
     bench.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
     bench.add_argument("--hf-batch-size", type=int, default=None, help="HF static batch size (default: all)")
-    bench.add_argument("--skip-hf", action="store_true", help="measure this engine only")
+    bench.add_argument("--skip-hf", action="store_true", help="no HF transformers baseline")
+    bench.add_argument("--skip-peer", action="store_true",
+                       help="no llama.cpp column (run only when llama-cpp-python is installed and the model is GGUF)")
     bench.add_argument("--workload-seed", type=int, default=0)
     add_engine_args(bench)
     bench.set_defaults(handler=_bench)

@@ -8,6 +8,7 @@ from pipeline.config import (
     CPU_LINEARS,
     DTYPES,
     LOGPROBS_MODES,
+    QUANTIZATIONS,
     CacheConfig,
     EngineConfig,
     ModelConfig,
@@ -37,6 +38,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     group.add_argument("--cpu-linear", choices=CPU_LINEARS, default="onednn",
                        help="CPU matmuls: oneDNN with packed weights (faster), or torch's nn.Linear (HF's kernels)")
+    group.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+                       help="CPU weight-only quantization: gguf = keep a GGUF file's Q4_0/Q4_1 weights as they "
+                            "are (other quantized types as int8), int8 = quantize every linear per channel at "
+                            "load; both compute in bfloat16 (pair with --dtype bfloat16)")
     group.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="processed_logprobs",
                        help="returned logprobs: of the distribution after the sampler chain, or the model's own")
     group.add_argument("--max-logprobs", type=int, default=20,
@@ -52,7 +57,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model=model_from_args(args), dtype=args.dtype, device=args.device,
                           max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
-                          cpu_linear=args.cpu_linear, logprobs_mode=args.logprobs_mode,
+                          cpu_linear=args.cpu_linear, quantization=args.quantization,
+                          logprobs_mode=args.logprobs_mode,
                           max_logprobs=args.max_logprobs),
         cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory=parse_size(args.kv_cache_memory),

@@ -1,8 +1,9 @@
 """A GGUF file as an HF-style model directory in the cache, converted once per (file content, dtype).
 
 The directory holds config.json (HF field names), generation_config.json (EOS from the metadata),
-model.safetensors (HF tensor names, dequantized to the engine's dtype) and the tokenizer files, so
-the engine loads it exactly like any HF directory. It lives at
+model.safetensors (HF tensor names, dequantized to the engine's dtype), the tokenizer files, so
+the engine loads it exactly like any HF directory, and gguf_blocks.safetensors (the Q4_0/Q4_1
+weights as they are in the file, for `--quantization gguf`: pipeline/gguf/quant_blocks.py). It lives at
 `<cache>/gguf/<file stem>-<dtype>-<key>/`, the key covering the file's bytes, the dtype and the
 versions of this converter and of the libraries that shape its output.
 """
@@ -29,13 +30,14 @@ from pipeline.gguf.architectures import gguf_architecture
 from pipeline.gguf.file_hash import content_hash
 from pipeline.gguf.hf_config import generation_config, hf_config
 from pipeline.gguf.metadata import GgufMetadata
+from pipeline.gguf.quant_blocks import write_blocks
 from pipeline.gguf.tensors import iter_hf_tensors, rope_freqs
 from pipeline.gguf.tokenizer import has_tokenizer, write_tokenizer
 
 log = structlog.get_logger(__name__)
 
 # Bump when a change here changes the files a conversion writes, so stale conversions are not reused.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 
 
 def gguf_model_dir(gguf_path: str | Path, dtype: torch.dtype, cache_root: str | Path | None = None) -> Path:
@@ -77,6 +79,7 @@ def write_hf_directory(gguf_path: Path, out_dir: Path, dtype: torch.dtype) -> No
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "model.safetensors").chmod(0o644)  # written owner-only; a shared cache must stay readable
     del weights
+    write_blocks(reader, arch, config["num_attention_heads"], config["num_key_value_heads"], out_dir)
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", generation_config(metadata))
     if has_tokenizer(metadata):

@@ -175,7 +175,7 @@ class TorchPagedAttention:
         # Reused gather buffers (K, V): a fresh multi-MB tensor per layer costs page faults that
         # took longer than the gather itself on CPU. Grown on demand, never shrunk.
         self._workspace: list[torch.Tensor] = [torch.empty(0), torch.empty(0)]
-        # Native decode kernel (float32 on CPU only); the runner sets it when it applies.
+        # Native decode kernel (float32 or bfloat16 K/V, on CPU); the runner sets it when it applies.
         self.decode_kernel: DecodeKernel | None = None
 
     # ---- metadata, once per step -------------------------------------------------------------

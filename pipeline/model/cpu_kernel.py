@@ -31,29 +31,32 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 class DecodeKernel:
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._fn = library.paged_decode_attention_f32
+        self._fn = library.paged_decode_attention
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self._fn.argtypes = [p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64,
-                             ctypes.c_float, ctypes.c_int]
+                             ctypes.c_float, ctypes.c_int, ctypes.c_int]
         self._fn.restype = ctypes.c_int
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, max_seq_len: int, scale: float, window: int = 0,
                  softcap: float = 0.0) -> torch.Tensor:
-        """q [B, H, D] float32 -> out [B, H, D]; kv_cache [2, N, block_size, H_kv, D] float32;
-        block_tables [B, M] int32 and seq_lens [B] int32, all contiguous on the CPU.
+        """q [B, H, D] -> out [B, H, D] in q's dtype; kv_cache [2, N, block_size, H_kv, D] float32 or
+        bfloat16 (the kernel computes in float32 either way); block_tables [B, M] int32 and seq_lens
+        [B] int32, all contiguous on the CPU.
         window > 0: attend to the last `window` tokens only; softcap > 0: Gemma 2's soft-capping."""
-        q = q.contiguous()
-        out = torch.empty_like(q)
+        if kv_cache.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"the CPU decode kernel reads float32 or bfloat16 K/V, got {kv_cache.dtype}")
+        q_f32 = q.float().contiguous()
+        out = torch.empty_like(q_f32)
         num_seqs, num_heads, head_dim = q.shape
         _, _, block_size, num_kv_heads, _ = kv_cache.shape
-        failed = self._fn(out.data_ptr(), q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
+        failed = self._fn(out.data_ptr(), q_f32.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
                           block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(),
                           num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, max_seq_len,
-                          window, softcap, torch.get_num_threads())
+                          window, softcap, torch.get_num_threads(), int(kv_cache.dtype == torch.bfloat16))
         if failed:
             raise MemoryError("paged decode attention kernel could not allocate its scratch buffers")
-        return out
+        return out.to(q.dtype)
 
 
 def _compile(target: Path) -> None:

@@ -15,7 +15,10 @@ oneDNN builds and caches one primitive per input shape, ~0.6 MiB each whatever t
 grew the process by 0.9 GiB (5M model) and a sweep of row counts by several GiB, between the
 cached primitives and the heap fragmentation of their churn. So inputs are padded with zero rows
 to a few row counts (padded_row_count), which bounds the cache at 49 shapes per weight shape up
-to 2048 rows, for at most 7 extra rows (up to 128) or 1/8 more rows (above).
+to 2048 rows, for at most 7 extra rows (up to 128) or 1/8 more rows (above). Up to 8 rows the
+padding is a small per-layer buffer the rows are copied into (one copy, not F.pad's allocate, fill and
+copy for every layer of every decode step); what its spare rows hold is irrelevant, since each
+output row depends on its own input row only.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch import nn
 log = structlog.get_logger(__name__)
 
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+_BUFFERED_ROWS = 8  # inputs padded to at most this many rows (decode of 1-8 sequences) use the layer's buffer
 
 
 class PackedLinear(nn.Module):
@@ -39,12 +43,16 @@ class PackedLinear(nn.Module):
         # batch-size hint None: the layout suits every row count (measured: within noise of a hint).
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.bias = linear.bias
+        self._small_rows = torch.zeros(_BUFFERED_ROWS, self.in_features, dtype=linear.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         num_rows = rows.shape[0]
         padded = padded_row_count(num_rows)
-        if padded != num_rows:
+        if padded != num_rows and padded <= _BUFFERED_ROWS and rows.dtype == self._small_rows.dtype:
+            self._small_rows[:num_rows].copy_(rows)
+            rows = self._small_rows[:padded]
+        elif padded != num_rows:
             rows = F.pad(rows, (0, 0, 0, padded - num_rows))  # zero rows; their outputs are dropped
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
         return out[:num_rows].view(*x.shape[:-1], self.out_features)

@@ -24,7 +24,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Same op order as HF so float32 results agree to the last bits.
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # torch's fused kernel: one op instead of six (61 norms per step of a 30-layer model),
+            # the same arithmetic as below in float32.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # HF's op order in narrower dtypes: normalise in float32, round, then scale.
         x_f32 = x.float()
         variance = x_f32.pow(2).mean(-1, keepdim=True)
         return self.weight * (x_f32 * torch.rsqrt(variance + self.eps)).to(x.dtype)

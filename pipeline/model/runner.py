@@ -28,6 +28,8 @@ from pipeline.model.loader import (
     resolve_device,
     resolve_dtype,
 )
+from pipeline.model.quantize import quantize_linears
+from pipeline.model.quantized_linear import quantized_kernels_work
 from pipeline.step_inputs import StepInputs
 
 log = structlog.get_logger(__name__)
@@ -99,13 +101,22 @@ class ModelRunner:
         self.backend = TorchPagedAttention(shape.num_heads, shape.num_kv_heads, shape.head_dim, self.block_size,
                                            scale=shape.scale, windows=shape.windows,
                                            logit_softcap=shape.logit_softcap)
-        if self.device.type == "cpu" and self.dtype == torch.float32:
+        if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
             self.backend.decode_kernel = load_decode_kernel()
         model, info = load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
                                  max_positions=max(self.max_model_len, config["max_position_embeddings"]))
+        if model_config.quantization != "none":
+            self._check_quantization(model_config.quantization)
+            quantize_linears(model, model_config.quantization, model_dir)
         if self.device.type == "cpu" and model_config.cpu_linear == "onednn" and onednn_linear_works(self.dtype):
             log.info("linear layers packed for oneDNN", count=pack_linears(model))
         return model, info
+
+    def _check_quantization(self, mode: str) -> None:
+        if self.device.type != "cpu":
+            raise ValueError(f"quantization {mode!r} runs on the CPU only (device is {self.device})")
+        if not quantized_kernels_work():
+            raise ValueError(f"quantization {mode!r} needs torch's CPU int8/int4 kernels (torch >= 2.5)")
 
     # ---- KV cache sizing -----------------------------------------------------------------------
 

@@ -1,4 +1,6 @@
-/* Paged attention for decode tokens (one query token per sequence), float32, on the CPU.
+/* Paged attention for decode tokens (one query token per sequence) on the CPU: q and out float32,
+ * the K/V cache float32 or bfloat16 (kv_bf16 = 1; widened to float32 as it is read, so every
+ * product and sum is in float32 either way).
  *
  * Reads K/V straight from the paged cache through the block table, so no padded copy of the
  * context is ever made. One task = one sequence, in three passes:
@@ -21,7 +23,7 @@
  * read, so their block-table entries may be anything. Soft-capping (softcap > 0, Gemma 2):
  * scores become softcap * tanh(scores / softcap) before the softmax.
  *
- * Layouts (contiguous): q, out [num_seqs, num_heads, head_dim];
+ * Layouts (contiguous): q, out [num_seqs, num_heads, head_dim] float32;
  * key_cache, value_cache [num_blocks, block_size, num_kv_heads, head_dim];
  * block_tables [num_seqs, block_table_stride] int32; seq_lens [num_seqs] int32 (>= 1).
  */
@@ -48,6 +50,31 @@ static inline vec load(const float *p) {
     vec v;
     memcpy(&v, p, sizeof v); /* an unaligned load */
     return v;
+}
+
+/* 8 bfloat16 -> 8 float32: a bfloat16 is the high half of a float32's bits.
+ * Worked example: 0x3FC0 -> 0x3FC00000 = 1.5. */
+static inline vec load_bf16(const uint16_t *p) {
+    typedef uint16_t hvec __attribute__((vector_size(16)));
+    hvec h;
+    memcpy(&h, p, sizeof h);
+    return (vec)(__builtin_convertvector(h, ivec) << 16);
+}
+
+static inline float bf16_to_float(uint16_t x) {
+    const uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Lane loads and scalar reads of a K/V row, float32 or bfloat16 (kv_bf16 is a constant after inlining). */
+static inline __attribute__((always_inline)) vec load_kv(const void *row, int64_t d, const int kv_bf16) {
+    return kv_bf16 ? load_bf16((const uint16_t *)row + d) : load((const float *)row + d);
+}
+
+static inline __attribute__((always_inline)) float kv_at(const void *row, int64_t d, const int kv_bf16) {
+    return kv_bf16 ? bf16_to_float(((const uint16_t *)row)[d]) : ((const float *)row)[d];
 }
 
 static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
@@ -127,41 +154,48 @@ static void softcap_rows(float *scores, int64_t num_rows, int64_t len, int64_t s
 }
 
 /* q . k over head_dim, with two accumulators so consecutive FMAs do not wait on each other. */
-static inline __attribute__((always_inline)) float dot(const float *restrict q, const float *restrict k,
-                                                       const int64_t head_dim) {
+static inline __attribute__((always_inline)) float dot(const float *restrict q, const void *restrict k,
+                                                       const int64_t head_dim, const int kv_bf16) {
     vec acc0 = {0}, acc1 = {0};
     int64_t d = 0;
     for (; d + 2 * VL <= head_dim; d += 2 * VL) {
-        acc0 += load(q + d) * load(k + d);
-        acc1 += load(q + d + VL) * load(k + d + VL);
+        acc0 += load(q + d) * load_kv(k, d, kv_bf16);
+        acc1 += load(q + d + VL) * load_kv(k, d + VL, kv_bf16);
     }
-    for (; d + VL <= head_dim; d += VL) acc0 += load(q + d) * load(k + d);
+    for (; d + VL <= head_dim; d += VL) acc0 += load(q + d) * load_kv(k, d, kv_bf16);
     float sum = sum_lanes(acc0 + acc1);
-    for (; d < head_dim; ++d) sum += q[d] * k[d]; /* head_dim % VL tail */
+    for (; d < head_dim; ++d) sum += q[d] * kv_at(k, d, kv_bf16); /* head_dim % VL tail */
     return sum;
 }
 
 /* out[0, head_dim) += w * v. */
-static inline __attribute__((always_inline)) void add_scaled(float *restrict out, float w, const float *restrict v,
-                                                             const int64_t head_dim) {
+static inline __attribute__((always_inline)) void add_scaled(float *restrict out, float w, const void *restrict v,
+                                                             const int64_t head_dim, const int kv_bf16) {
     const vec wv = splat(w);
     int64_t d = 0;
-    for (; d + VL <= head_dim; d += VL) store(out + d, load(out + d) + wv * load(v + d));
-    for (; d < head_dim; ++d) out[d] += w * v[d];
+    for (; d + VL <= head_dim; d += VL) store(out + d, load(out + d) + wv * load_kv(v, d, kv_bf16));
+    for (; d < head_dim; ++d) out[d] += w * kv_at(v, d, kv_bf16);
+}
+
+/* Address of element `offset` of a float32 or bfloat16 cache. */
+static inline __attribute__((always_inline)) const void *kv_element(const void *cache, int64_t offset,
+                                                                    const int kv_bf16) {
+    return kv_bf16 ? (const void *)((const uint16_t *)cache + offset) : (const void *)((const float *)cache + offset);
 }
 
 /* One sequence: out, q [num_heads, head_dim]; scores [num_heads, stride]; offsets [len].
  * Query heads h = kv * group + g share KV head kv (as HF's repeat_kv). */
 static inline __attribute__((always_inline)) void attend_sequence(
-        float *restrict out, const float *restrict q, const float *restrict key_cache,
-        const float *restrict value_cache, const int64_t *restrict offsets, int64_t len, int64_t stride,
+        float *restrict out, const float *restrict q, const void *restrict key_cache,
+        const void *restrict value_cache, const int64_t *restrict offsets, int64_t len, int64_t stride,
         int64_t num_heads, int64_t num_kv_heads, const int64_t head_dim, float scale, float softcap,
-        float *restrict scores) {
+        float *restrict scores, const int kv_bf16) {
     const int64_t group = num_heads / num_kv_heads;
     for (int64_t t = 0; t < len; ++t) {
-        const float *k = key_cache + offsets[t];
+        const void *k = kv_element(key_cache, offsets[t], kv_bf16);
         for (int64_t h = 0; h < num_heads; ++h)
-            scores[h * stride + t] = scale * dot(q + h * head_dim, k + h / group * head_dim, head_dim);
+            scores[h * stride + t] = scale * dot(q + h * head_dim, kv_element(k, h / group * head_dim, kv_bf16),
+                                                 head_dim, kv_bf16);
     }
     if (softcap > 0.0f) softcap_rows(scores, num_heads, len, stride, softcap);
     for (int64_t h = 0; h < num_heads; ++h) /* pad to the vector width with the last score (max unchanged) */
@@ -169,17 +203,39 @@ static inline __attribute__((always_inline)) void attend_sequence(
     softmax_rows(scores, num_heads, len, stride);
     memset(out, 0, sizeof(float) * num_heads * head_dim);
     for (int64_t t = 0; t < len; ++t) {
-        const float *v = value_cache + offsets[t];
+        const void *v = kv_element(value_cache, offsets[t], kv_bf16);
         for (int64_t h = 0; h < num_heads; ++h)
-            add_scaled(out + h * head_dim, scores[h * stride + t], v + h / group * head_dim, head_dim);
+            add_scaled(out + h * head_dim, scores[h * stride + t], kv_element(v, h / group * head_dim, kv_bf16),
+                       head_dim, kv_bf16);
     }
 }
 
-int paged_decode_attention_f32(float *out, const float *q, const float *key_cache, const float *value_cache,
-                               const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
-                               int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                               int64_t block_size, float scale, int64_t max_seq_len, int64_t window,
-                               float softcap, int num_threads) {
+/* One sequence, with head_dim and the cache type as compile-time constants for the common cases
+ * (the compiler unrolls the head_dim loops and drops the other type's branches). */
+static void attend_dispatch(float *out, const float *q, const void *key_cache, const void *value_cache,
+                            const int64_t *offsets, int64_t len, int64_t stride, int64_t num_heads,
+                            int64_t num_kv_heads, int64_t head_dim, float scale, float softcap, float *scores,
+                            int kv_bf16) {
+#define ATTEND(HEAD_DIM, BF16)                                                                                \
+    attend_sequence(out, q, key_cache, value_cache, offsets, len, stride, num_heads, num_kv_heads, HEAD_DIM, \
+                    scale, softcap, scores, BF16)
+    if (kv_bf16) {
+        if (head_dim == 64) ATTEND(64, 1);
+        else if (head_dim == 128) ATTEND(128, 1);
+        else ATTEND(head_dim, 1);
+    } else {
+        if (head_dim == 64) ATTEND(64, 0);
+        else if (head_dim == 128) ATTEND(128, 0);
+        else ATTEND(head_dim, 0);
+    }
+#undef ATTEND
+}
+
+int paged_decode_attention(float *out, const float *q, const void *key_cache, const void *value_cache,
+                           const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
+                           int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                           int64_t block_size, float scale, int64_t max_seq_len, int64_t window, float softcap,
+                           int num_threads, int kv_bf16) {
     const int64_t row = num_kv_heads * head_dim;
     const int64_t max_stride = ((max_seq_len > 0 ? max_seq_len : 1) + VL - 1) / VL * VL;
     int failed = 0;
@@ -194,18 +250,9 @@ int paged_decode_attention_f32(float *out, const float *q, const float *key_cach
             const int64_t end = seq_lens[seq], first = window > 0 && end > window ? end - window : 0;
             const int64_t len = end - first, stride = (len + VL - 1) / VL * VL;
             offsets_of(offsets, block_tables + seq * block_table_stride, first, end, block_size, row);
-            float *o = out + seq * num_heads * head_dim;
-            const float *qs = q + seq * num_heads * head_dim;
-            /* Constant head_dim for the common sizes: the compiler unrolls the head_dim loops. */
-            if (head_dim == 64)
-                attend_sequence(o, qs, key_cache, value_cache, offsets, len, stride, num_heads, num_kv_heads, 64,
-                                scale, softcap, scores);
-            else if (head_dim == 128)
-                attend_sequence(o, qs, key_cache, value_cache, offsets, len, stride, num_heads, num_kv_heads, 128,
-                                scale, softcap, scores);
-            else
-                attend_sequence(o, qs, key_cache, value_cache, offsets, len, stride, num_heads, num_kv_heads,
-                                head_dim, scale, softcap, scores);
+            attend_dispatch(out + seq * num_heads * head_dim, q + seq * num_heads * head_dim, key_cache,
+                            value_cache, offsets, len, stride, num_heads, num_kv_heads, head_dim, scale, softcap,
+                            scores, kv_bf16);
         }
         free(scores);
         free(offsets);

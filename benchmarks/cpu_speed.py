@@ -1,0 +1,129 @@
+"""Single-stream decode speed on the CPU, side by side in one process: float32, bfloat16, GGUF's
+Q4 blocks kept quantized, int8 per channel, and llama.cpp on the same file when installed.
+
+    python benchmarks/cpu_speed.py --model smollm2 --output-len 128 --rounds 3
+
+Each round runs every configuration once, in turn (so load from other processes falls on all of
+them alike): one request, a fixed 16-token prompt, `--output-len` greedy tokens ignoring EOS,
+prefill included. Printed per configuration: the median tokens/s (wall clock), the median
+process CPU seconds per token, and the ratio to the bfloat16 memory floor = the tokens/s at
+which reading the bfloat16 weights once per token takes all of the box's measured read bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from safetensors import safe_open
+
+from actors.bench import gguf_file_of, llama_cpp_available, load_llama_cpp
+from pipeline.config import CacheConfig, EngineConfig, ModelConfig
+from pipeline.engine import LLMEngine
+from pipeline.model.loader import weight_files
+from pipeline.model_source import resolve_model
+from pipeline.sampling_params import SamplingParams
+
+CONFIGS = {  # name -> (dtype, quantization)
+    "float32": ("float32", "none"),
+    "bfloat16": ("bfloat16", "none"),
+    "gguf-q4 (bf16)": ("bfloat16", "gguf"),
+    "int8 (bf16)": ("bfloat16", "int8"),
+}
+PROMPT = list(range(100, 116))
+
+
+def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes/s of a multithreaded sum over a buffer far larger than the caches (best of `repeats`)."""
+    buffer = torch.ones(megabytes * 2**20 // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - started)
+    return buffer.numel() * 4 / best
+
+
+def engine_runner(model: str, dtype: str, quantization: str, output_len: int) -> Callable[[], None]:
+    engine = LLMEngine(EngineConfig(model=ModelConfig(model=model, dtype=dtype, quantization=quantization),
+                                    cache=CacheConfig(kv_cache_memory=64 * 2**20)))
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    counter = iter(range(10**9))
+
+    def run() -> None:
+        engine.add_request(f"speed-{next(counter)}", PROMPT, params)
+        while engine.has_unfinished:
+            engine.step()
+
+    return run
+
+
+def llama_cpp_runner(model: str, output_len: int) -> Callable[[], None] | None:
+    path = gguf_file_of(model)
+    if path is None or not llama_cpp_available():
+        return None
+    llama = load_llama_cpp(path, len(PROMPT) + output_len + 8, torch.get_num_threads())
+
+    def run() -> None:
+        for count, _token in enumerate(llama.generate(PROMPT, temp=0.0, top_k=1, reset=True), start=1):
+            if count == output_len:
+                break
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", nargs="*", default=None, help="configuration names to run (default: all)")
+    args = parser.parse_args()
+    runners = {name: engine_runner(args.model, dtype, quantization, args.output_len)
+               for name, (dtype, quantization) in CONFIGS.items() if args.only is None or name in args.only}
+    if args.only is None or "llama.cpp" in args.only:
+        peer = llama_cpp_runner(args.model, args.output_len)
+        if peer is not None:
+            runners["llama.cpp"] = peer
+        else:
+            print("llama.cpp: skipped (llama-cpp-python not installed, or the model is not a GGUF file)")
+    bf16_bytes = 2 * checkpoint_parameters(str(resolve_model(args.model, torch.bfloat16).path))
+    for run in runners.values():
+        run()  # warm-up
+    walls: dict[str, list[float]] = {name: [] for name in runners}
+    cpus: dict[str, list[float]] = {name: [] for name in runners}
+    bandwidths = []
+    for _ in range(args.rounds):
+        bandwidths.append(read_bandwidth())
+        for name, run in runners.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            run()
+            walls[name].append(time.perf_counter() - wall)
+            cpus[name].append(time.process_time() - cpu)
+    bandwidth = statistics.median(bandwidths)
+    floor_rate = bandwidth / bf16_bytes
+    print(f"{args.model}: {args.output_len} greedy tokens, one request, {torch.get_num_threads()} threads, "
+          f"{args.rounds} rounds; read bandwidth {bandwidth / 1e9:.1f} GB/s; bfloat16 weights "
+          f"{bf16_bytes / 1e6:.0f} MB -> floor {floor_rate:.1f} tokens/s")
+    print(f"{'configuration':<16} {'tokens/s':>9} {'CPU ms/token':>13} {'x floor':>8}")
+    for name in runners:
+        rate = args.output_len / statistics.median(walls[name])
+        cpu_ms = statistics.median(cpus[name]) / args.output_len * 1e3
+        print(f"{name:<16} {rate:>9.1f} {cpu_ms:>13.1f} {rate / floor_rate:>8.2f}")
+
+
+def checkpoint_parameters(model_dir: str) -> int:
+    """Weights in the model's (converted) checkpoint; a tied head is one tensor, read once a token."""
+    total = 0
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            total += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())  # noqa: SIM118
+    return total
+
+
+if __name__ == "__main__":
+    main()

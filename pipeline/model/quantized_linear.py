@@ -1,0 +1,106 @@
+"""Weight-only quantized linear layers for the CPU: int8 per output channel, int4 in groups of 32.
+
+Both run torch's CPU weight-packed kernels, which dequantize inside the matmul:
+- Int8Linear: `_weight_int8pack_mm(x, q [N, K] int8, scales [N])`, w = q * scale[n];
+- Int4Linear: `_weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros [K / group, N, 2])`,
+  w = (q - 8) * scale + zero for q in 0..15, one (scale, zero) per row and group of 32 columns.
+  GGUF's Q4_0 (w = d * (q - 8)) maps to scale d, zero 0; Q4_1 (w = d * q + m) to scale d, zero
+  m + 8d. Worked example: d = 0.1, m = -0.8, q = 3 -> Q4_1 0.3 - 0.8 = -0.5; here (3 - 8) * 0.1 +
+  (-0.8 + 0.8) = -0.5.
+Both kernels are fast only for bfloat16 activations (measured on the default model's shapes, one
+row: 3-15x slower with float32), so they compute in bfloat16 whatever the model's dtype, casting
+the input and output when it differs; their scales and zeros are bfloat16 for the same reason.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+GROUP_SIZE = 32  # GGUF's Q4_0/Q4_1/Q8_0 block length
+COMPUTE_DTYPE = torch.bfloat16
+
+
+def _rows_of(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    return x.reshape(-1, in_features).to(COMPUTE_DTYPE).contiguous()
+
+
+class Int8Linear(nn.Module):
+    """y = x (q * scale)^T + b, q int8 [N, K], one scale per output row."""
+
+    def __init__(self, weight_int8: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight_int8.shape
+        self.register_buffer("weight_int8", weight_int8.contiguous())
+        self.register_buffer("scales", scales.to(COMPUTE_DTYPE).contiguous())
+        self.bias = bias
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+        """Symmetric per-channel quantization: scale = max |w| of the row / 127."""
+        return cls(*quantize_per_channel(weight), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.aten._weight_int8pack_mm(_rows_of(x, self.in_features), self.weight_int8, self.scales)
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight this layer multiplies by (for tests and accuracy checks)."""
+        return self.weight_int8.float() * self.scales.float()[:, None]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float [N, K] -> (int8 [N, K], scales [N]); an all-zero row gets scale 1 (q = 0)."""
+    weight = weight.detach().float()
+    # Rounded to bfloat16 first, so q is computed against the scale the kernel will use.
+    scales = (weight.abs().amax(dim=1) / 127.0).to(COMPUTE_DTYPE).float()
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    weight_int8 = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return weight_int8, scales
+
+
+class Int4Linear(nn.Module):
+    """y = x W^T + b with W = (q - 8) * scale + zero per group of 32 columns, q in 0..15."""
+
+    def __init__(self, values: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 bias: torch.Tensor | None) -> None:
+        """values [N, K] integers 0..15; scales, zeros [N, K / 32] (float)."""
+        super().__init__()
+        self.out_features, self.in_features = values.shape
+        if self.in_features % GROUP_SIZE:
+            raise ValueError(f"int4 weights need in_features divisible by {GROUP_SIZE}, got {self.in_features}")
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            values.to(torch.int32).contiguous(), 1))
+        # [N, G] scales and zeros -> [G, N, 2], the kernel's layout.
+        pairs = torch.stack([scales.float().t(), zeros.float().t()], dim=-1)
+        self.register_buffer("scales_and_zeros", pairs.to(COMPUTE_DTYPE).contiguous())
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(_rows_of(x, self.in_features), self.packed, GROUP_SIZE,
+                                                         self.scales_and_zeros)
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight this layer multiplies by: the kernel applied to the identity."""
+        eye = torch.eye(self.in_features, dtype=COMPUTE_DTYPE)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP_SIZE,
+                                                          self.scales_and_zeros).float().t()
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={GROUP_SIZE}, "
+                f"bias={self.bias is not None}")
+
+
+def quantized_kernels_work() -> bool:
+    """Whether this torch build has the CPU int8/int4 weight-packed kernels (torch >= 2.5)."""
+    aten = torch.ops.aten
+    return all(hasattr(aten, name) for name in ("_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu",
+                                                 "_convert_weight_to_int4pack_for_cpu"))

@@ -1,0 +1,110 @@
+"""Weight-only quantized linears (int8 per channel, GGUF Q4_0/Q4_1 blocks as int4) against a
+dequantize-then-matmul reference, and greedy generation through them on tiny models."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from pipeline.engine import LLMEngine
+from pipeline.gguf.quant_blocks import decode_q4
+from pipeline.model.quantized_linear import Int4Linear, Int8Linear, quantized_kernels_work
+from pipeline.sampling_params import SamplingParams
+from tests.engine_helpers import run_requests
+from tests.gguf_files import write_gguf
+from tests.hf_models import make_tiny_hf_model
+
+pytestmark = pytest.mark.skipif(not quantized_kernels_work(), reason="torch lacks the CPU int8/int4 kernels")
+Q = gguf.GGMLQuantizationType
+
+
+def _bf16_matmul_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x W^T in float32 from bfloat16-rounded inputs (what the kernels see)."""
+    return x.bfloat16().float() @ weight.float().t()
+
+
+def test_int8_linear_equals_dequantize_then_matmul():
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(96, 64, generator=generator)
+    weight[3] = 0.0  # an all-zero row quantizes to zeros, not NaN
+    bias = torch.randn(96, generator=generator)
+    layer = Int8Linear.from_float(weight, bias)
+    x = torch.randn(5, 64, generator=generator)
+    out = layer(x)
+    assert out.dtype == torch.float32 and out.shape == (5, 96)
+    expected = _bf16_matmul_reference(x, layer.dequantized()) + bias
+    torch.testing.assert_close(out, expected, atol=0.1, rtol=2e-2)  # bfloat16 output rounding
+    # Per-channel int8 keeps each weight within half a step (max |w| of its row / 127, rounded to
+    # bfloat16: up to 2^-8 more) of the original.
+    step = weight.abs().amax(dim=1, keepdim=True) / 127
+    assert bool(((layer.dequantized() - weight).abs() <= step * 0.5 * (1 + 2**-7) + 1e-6).all())
+    assert torch.count_nonzero(layer.dequantized()[3]) == 0
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
+def test_gguf_q4_blocks_decode_exactly_and_multiply_as_dequantized(qtype):
+    rng = np.random.default_rng(int(qtype))
+    weight = rng.standard_normal((48, 128)).astype(np.float32)
+    raw = gguf.quants.quantize(weight, qtype)  # [48, blocks * block bytes] uint8, as in a file
+    reference = torch.from_numpy(gguf.quants.dequantize(raw, qtype).copy())
+    values, scales, zeros = decode_q4(raw, qtype.name)
+    assert values.shape == (48, 128) and int(values.max()) <= 15
+    ours = (values.float() - 8) * scales.repeat_interleave(32, dim=1) + zeros.repeat_interleave(32, dim=1)
+    torch.testing.assert_close(ours, reference, atol=1e-6, rtol=1e-6)
+    layer = Int4Linear(values, scales, zeros, bias=None)
+    # The kernel's scales and zeros are bfloat16: its weight is the reference to bfloat16 rounding.
+    torch.testing.assert_close(layer.dequantized(), reference, atol=0.02, rtol=0.01)
+    x = torch.from_numpy(rng.standard_normal((3, 128)).astype(np.float32))
+    torch.testing.assert_close(layer(x), _bf16_matmul_reference(x, layer.dequantized()), atol=0.15, rtol=2e-2)
+
+
+def _engine(model: str, dtype: str, quantization: str) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=ModelConfig(model=model, dtype=dtype, quantization=quantization),
+                                  cache=CacheConfig(num_kv_blocks=64),
+                                  scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8)))
+
+
+def _greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    results = run_requests(engine, {f"r{i}": (prompt, params) for i, prompt in enumerate(prompts)})
+    return [results[f"r{i}"]["choices"][0]["token_ids"] for i in range(len(prompts))]
+
+
+def _first_token_agreement(ours: list[list[int]], reference: list[list[int]]) -> float:
+    """Share of prompts whose first greedy token agrees: each a next-token choice from the same
+    context (later tokens follow the context each side generated, so one near-tie decides them all)."""
+    return sum(a[0] == b[0] for a, b in zip(ours, reference, strict=True)) / len(reference)
+
+
+PROMPTS = [np.random.default_rng(seed).integers(3, 512, 4 + seed % 13).tolist() for seed in range(24)]
+
+
+def test_int8_greedy_generation_mostly_agrees_with_float(tmp_path):
+    model_dir = make_tiny_hf_model("llama", tmp_path / "llama", seed=3)
+    reference = _greedy(_engine(str(model_dir), "float32", "none"), PROMPTS, 6)
+    engine = _engine(str(model_dir), "float32", "int8")
+    assert any(isinstance(module, Int8Linear) for module in engine.runner.model.modules())
+    ours = _greedy(engine, PROMPTS, 6)
+    assert all(len(tokens) == 6 for tokens in ours)
+    assert _first_token_agreement(ours, reference) >= 0.75, (ours, reference)
+
+
+def test_gguf_quantization_keeps_q4_blocks_and_agrees_with_the_dequantized_model(tmp_path):
+    model_dir = make_tiny_hf_model("llama", tmp_path / "llama", seed=4)
+    path = write_gguf(model_dir, tmp_path / "tiny-q4_1.gguf", Q.Q4_1)
+    reference = _greedy(_engine(str(path), "bfloat16", "none"), PROMPTS, 6)
+    engine = _engine(str(path), "bfloat16", "gguf")
+    kinds = {type(module).__name__ for module in engine.runner.model.modules()}
+    assert "Int4Linear" in kinds and "Linear" not in kinds, kinds
+    ours = _greedy(engine, PROMPTS, 6)
+    assert all(len(tokens) == 6 for tokens in ours)
+    assert _first_token_agreement(ours, reference) >= 0.75, (ours, reference)
+
+
+def test_gguf_quantization_of_an_hf_checkpoint_is_a_clear_error(tmp_path):
+    model_dir = make_tiny_hf_model("llama", tmp_path / "llama", seed=5)
+    with pytest.raises(ValueError, match="quantization 'gguf' needs a model converted from a GGUF file"):
+        _engine(str(model_dir), "float32", "gguf")
