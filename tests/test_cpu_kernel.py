@@ -137,3 +137,34 @@ def test_kernel_reads_bfloat16_kv(num_heads, num_kv_heads, head_dim, block_size)
     torch.testing.assert_close(out.float(), expected.bfloat16().float(), atol=1e-2, rtol=1e-2)
     exact = kernel(q.float(), kv_cache, block_tables, seq_lens, int(seq_lens.max()), scale)
     torch.testing.assert_close(exact, expected, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_kv_kernel_is_bit_identical_to_the_torch_path(dtype):
+    from pipeline.model.cpu_kernel import load_rope_kv_kernel
+    from pipeline.model.layers import RopeParams, RotaryEmbedding, apply_rotary
+
+    rope_kv = load_rope_kv_kernel()
+    assert rope_kv is not None
+    generator = torch.Generator().manual_seed(1)
+    num_heads, num_kv_heads, head_dim, num_tokens = 6, 2, 32, 5
+    rotary = RotaryEmbedding(head_dim, 64, RopeParams(theta=10000.0))
+    rotary.build("cpu")
+    cos, sin = rotary.lookup(torch.tensor([0, 3, 17, 40, 63]), dtype)
+    qkv = (torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, generator=generator) * 3).to(dtype)
+    kv_cache = torch.zeros(2, 4, 4, num_kv_heads, head_dim, dtype=dtype)
+    slots = torch.tensor([5, -1, 0, 15, 9])
+    heads = qkv[:, :(num_heads + num_kv_heads) * head_dim].view(num_tokens, -1, head_dim)
+    expected = apply_rotary(heads, cos, sin).reshape(num_tokens, -1)
+    values = qkv[:, (num_heads + num_kv_heads) * head_dim:].clone()
+    ours = qkv.clone()
+    assert rope_kv.applies(ours, cos, kv_cache, slots)
+    rope_kv(ours, cos, sin, kv_cache, slots, num_heads, num_kv_heads, head_dim)
+    assert torch.equal(ours[:, :(num_heads + num_kv_heads) * head_dim], expected)
+    assert torch.equal(ours[:, (num_heads + num_kv_heads) * head_dim:], values)  # v is not rotated
+    flat = kv_cache.view(2, -1, num_kv_heads * head_dim)
+    keys = expected[:, num_heads * head_dim:]
+    for row, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            assert torch.equal(flat[0, slot], keys[row]) and torch.equal(flat[1, slot], values[row])
+    assert int(torch.count_nonzero(flat.abs().sum(-1))) == 2 * 4  # only the four slots were written

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.model.cpu_kernel import DecodeKernel
+from pipeline.model.cpu_kernel import DecodeKernel, RopeKVKernel
 from pipeline.step_inputs import StepInputs
 
 # A prefill group may cost at most this many times its unpadded attention work.
@@ -177,6 +177,9 @@ class TorchPagedAttention:
         self._workspace: list[torch.Tensor] = [torch.empty(0), torch.empty(0)]
         # Native decode kernel (float32 or bfloat16 K/V, on CPU); the runner sets it when it applies.
         self.decode_kernel: DecodeKernel | None = None
+        # Rope fused with the KV write (CPU, float32/bfloat16); models that rotate q/k in the usual
+        # way use it when set (the runner sets it with the decode kernel).
+        self.rope_kv_kernel: RopeKVKernel | None = None
 
     # ---- metadata, once per step -------------------------------------------------------------
 
@@ -295,8 +298,11 @@ class TorchPagedAttention:
     # ---- per layer ---------------------------------------------------------------------------
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, metadata: TorchAttentionMetadata, window: int | None = None) -> torch.Tensor:
-        self._write_kv(k, v, kv_cache, metadata)
+                kv_cache: torch.Tensor, metadata: TorchAttentionMetadata, window: int | None = None,
+                kv_written: bool = False) -> torch.Tensor:
+        """kv_written: the caller already wrote this step's k, v into kv_cache (rope_kv_kernel)."""
+        if not kv_written:
+            self._write_kv(k, v, kv_cache, metadata)
         view = metadata.views[window]
         decodes = view.decodes
         if len(decodes) == 1 and decodes[0].all_rows:
@@ -307,6 +313,17 @@ class TorchPagedAttention:
         for group in view.prefills:
             self._prefill(q, k, v, kv_cache, group, out)
         return out
+
+    def rope_and_write_kv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                          metadata: TorchAttentionMetadata, num_heads: int) -> bool:
+        """Rotate q and k inside qkv and write k, v into the cache in one native call, when the kernel
+        is loaded and applies (every row has a slot entry); False: nothing done, use the torch path."""
+        kernel = self.rope_kv_kernel
+        if kernel is None or metadata.write_rows is not None or not kernel.applies(qkv, cos, kv_cache,
+                                                                                       metadata.slot_mapping):
+            return False
+        kernel(qkv, cos, sin, kv_cache, metadata.slot_mapping, num_heads, self.num_kv_heads, self.head_dim)
+        return True
 
     def _write_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                   metadata: TorchAttentionMetadata) -> None:

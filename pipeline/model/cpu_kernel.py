@@ -1,10 +1,11 @@
-"""The native CPU decode-attention kernel: compiled on first use with the system C compiler.
+"""Native CPU kernels, compiled on first use with the system C compiler: paged decode attention
+(csrc/paged_decode_attention.c) and the rotary embedding fused with the KV cache write
+(csrc/rope_kv_write.c).
 
-The kernel (csrc/paged_decode_attention.c) is plain C with OpenMP, loaded through ctypes, so
-building it takes about a second and needs no torch headers. The shared object is cached by
-source hash under $AQUEDUCT_CACHE_DIR/kernels. When no compiler is available, or
-AQUEDUCT_CPU_KERNEL=0, `load_decode_kernel()` returns None and attention stays on the portable
-torch path.
+They are plain C (the first with OpenMP), loaded through ctypes, so building takes about a second
+and needs no torch headers. Each shared object is cached by source and flags hash under
+$AQUEDUCT_CACHE_DIR/kernels. When no compiler is available, or AQUEDUCT_CPU_KERNEL=0, the loaders
+return None and the model stays on the portable torch path.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from pipeline.cache_dir import cache_dir
 
 log = structlog.get_logger(__name__)
 
-_SOURCE = Path(__file__).parent / "csrc" / "paged_decode_attention.c"
+_CSRC = Path(__file__).parent / "csrc"
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+# Rope must round as torch does, product by product: no fused multiply-adds.
+_ROPE_FLAGS = ["-O2", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=c11"]
 
 
 class DecodeKernel:
@@ -59,30 +62,65 @@ class DecodeKernel:
         return out.to(q.dtype)
 
 
-def _compile(target: Path) -> None:
+class RopeKVKernel:
+    """Rotate q and k in place in a step's qkv rows and write k, v into the cache (csrc/rope_kv_write.c)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._fn = library.rope_kv_write
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        self._fn.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64]
+        self._fn.restype = None
+
+    def __call__(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                 slots: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        """qkv [T, (H + 2 H_kv) D] contiguous; cos, sin [T, 1, D / 2] contiguous, qkv's dtype (float32 or
+        bfloat16, the cache's too); slots [T] int64 (< 0: not written)."""
+        self._fn(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
+                 slots.data_ptr(), qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.element_size())
+
+    @staticmethod
+    def applies(qkv: torch.Tensor, cos: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> bool:
+        return (qkv.dtype in (torch.float32, torch.bfloat16) and qkv.dtype == cos.dtype == kv_cache.dtype
+                and qkv.is_contiguous() and cos.is_contiguous() and kv_cache.is_contiguous()
+                and slots.dtype == torch.int64 and slots.shape[0] == qkv.shape[0] and qkv.device.type == "cpu")
+
+
+def _compile(source: Path, flags: list[str], target: Path) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise FileNotFoundError("no C compiler (cc/gcc) on PATH")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
         built = Path(staging) / target.name
-        subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(built), "-lm"],
+        subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"],
                        check=True, capture_output=True, text=True)
         os.replace(built, target)  # atomic: concurrent processes never load a half-written file
 
 
-@functools.cache
-def load_decode_kernel() -> DecodeKernel | None:
+def _load_library(name: str, flags: list[str]) -> ctypes.CDLL | None:
     if os.environ.get("AQUEDUCT_CPU_KERNEL", "1") == "0":
         return None
-    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"paged_decode_attention-{digest}.so"
+    source = _CSRC / f"{name}.c"
+    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"{name}-{digest}.so"
     try:
         if not target.exists():
-            _compile(target)
-            log.info("compiled CPU attention kernel", path=str(target))
-        return DecodeKernel(ctypes.CDLL(str(target)))
+            _compile(source, flags, target)
+            log.info("compiled CPU kernel", path=str(target))
+        return ctypes.CDLL(str(target))
     except (OSError, subprocess.CalledProcessError) as error:
         detail = getattr(error, "stderr", "") or str(error)
-        log.warning("CPU attention kernel unavailable; using the torch path", error=detail[-500:])
+        log.warning("CPU kernel unavailable; using the torch path", kernel=name, error=detail[-500:])
         return None
+
+
+@functools.cache
+def load_decode_kernel() -> DecodeKernel | None:
+    library = _load_library("paged_decode_attention", _FLAGS)
+    return DecodeKernel(library) if library is not None else None
+
+
+@functools.cache
+def load_rope_kv_kernel() -> RopeKVKernel | None:
+    library = _load_library("rope_kv_write", _ROPE_FLAGS)
+    return RopeKVKernel(library) if library is not None else None

@@ -17,7 +17,7 @@ import torch
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
 from pipeline.model.attention import TorchPagedAttention
-from pipeline.model.cpu_kernel import load_decode_kernel
+from pipeline.model.cpu_kernel import load_decode_kernel, load_rope_kv_kernel
 from pipeline.model.cpu_linear import onednn_linear_works, pack_linears
 from pipeline.model.graphs import CUDAGraphRunner
 from pipeline.model.loader import (
@@ -103,6 +103,7 @@ class ModelRunner:
                                            logit_softcap=shape.logit_softcap)
         if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
             self.backend.decode_kernel = load_decode_kernel()
+            self.backend.rope_kv_kernel = load_rope_kv_kernel()
         model, info = load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
                                  max_positions=max(self.max_model_len, config["max_position_embeddings"]))
         if model_config.quantization != "none":

@@ -109,6 +109,11 @@ class Attention(nn.Module):
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None and self._rope_and_write_kv(qkv, cos, sin, kv_cache, metadata):
+            q = qkv[:, :self.q_size].view(num_tokens, self.num_heads, self.head_dim)
+            k = qkv[:, self.q_size:self.q_size + self.kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
+            out = self.backend.forward(q, k, v, kv_cache, metadata, window=self.window, kv_written=True)
+            return self.o_proj(out.reshape(num_tokens, self.q_size))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = qkv[:, :self.q_size + self.kv_size].split([self.q_size, self.kv_size], dim=-1)
             q = apply_rotary(self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim)), cos, sin)
@@ -120,6 +125,13 @@ class Attention(nn.Module):
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         out = self.backend.forward(q, k, v, kv_cache, metadata, window=self.window)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+    def _rope_and_write_kv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                           metadata: object) -> bool:
+        """The native rope + KV write (one call instead of ~16 small ops), when the backend has it."""
+        fused = getattr(self.backend, "rope_and_write_kv", None)
+        return fused is not None and fused(qkv, cos, sin, kv_cache, metadata, self.num_heads)
 
 
 class DecoderLayer(nn.Module):
