@@ -1,7 +1,7 @@
 """Single-stream decode speed on the CPU, side by side in one process: float32, bfloat16, GGUF's
 Q4 blocks kept quantized, int8 per channel, and llama.cpp on the same file when installed.
 
-    python benchmarks/cpu_speed.py --model smollm2 --output-len 128 --rounds 3
+    python benchmarks/cpu_speed.py --model smollm2 --output-len 128 --rounds 3 [--threads N]
 
 Each round runs every configuration once, in turn (so load from other processes falls on all of
 them alike): one request, a fixed 16-token prompt, `--output-len` greedy tokens ignoring EOS,
@@ -48,13 +48,13 @@ def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
     return buffer.numel() * 4 / best
 
 
-def engine_runner(model: str, dtype: str, quantization: str, output_len: int) -> Callable[[], None]:
+def engine_runner(model: str, dtype: str, quantization: str) -> Callable[[int], None]:
     engine = LLMEngine(EngineConfig(model=ModelConfig(model=model, dtype=dtype, quantization=quantization),
                                     cache=CacheConfig(kv_cache_memory=64 * 2**20)))
-    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     counter = iter(range(10**9))
 
-    def run() -> None:
+    def run(output_len: int) -> None:
+        params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
         engine.add_request(f"speed-{next(counter)}", PROMPT, params)
         while engine.has_unfinished:
             engine.step()
@@ -62,13 +62,13 @@ def engine_runner(model: str, dtype: str, quantization: str, output_len: int) ->
     return run
 
 
-def llama_cpp_runner(model: str, output_len: int) -> Callable[[], None] | None:
+def llama_cpp_runner(model: str, max_output_len: int) -> Callable[[int], None] | None:
     path = gguf_file_of(model)
     if path is None or not llama_cpp_available():
         return None
-    llama = load_llama_cpp(path, len(PROMPT) + output_len + 8, torch.get_num_threads())
+    llama = load_llama_cpp(path, len(PROMPT) + max_output_len + 8, torch.get_num_threads())
 
-    def run() -> None:
+    def run(output_len: int) -> None:
         for count, _token in enumerate(llama.generate(PROMPT, temp=0.0, top_k=1, reset=True), start=1):
             if count == output_len:
                 break
@@ -82,8 +82,12 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", nargs="*", default=None, help="configuration names to run (default: all)")
+    parser.add_argument("--threads", type=int, default=None, help="compute threads for every configuration "
+                        "(default: torch's); llama.cpp gets the same number")
     args = parser.parse_args()
-    runners = {name: engine_runner(args.model, dtype, quantization, args.output_len)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    runners = {name: engine_runner(args.model, dtype, quantization)
                for name, (dtype, quantization) in CONFIGS.items() if args.only is None or name in args.only}
     if args.only is None or "llama.cpp" in args.only:
         peer = llama_cpp_runner(args.model, args.output_len)
@@ -93,7 +97,7 @@ def main() -> None:
             print("llama.cpp: skipped (llama-cpp-python not installed, or the model is not a GGUF file)")
     bf16_bytes = 2 * checkpoint_parameters(str(resolve_model(args.model, torch.bfloat16).path))
     for run in runners.values():
-        run()  # warm-up
+        run(8)  # warm-up
     walls: dict[str, list[float]] = {name: [] for name in runners}
     cpus: dict[str, list[float]] = {name: [] for name in runners}
     bandwidths = []
@@ -101,7 +105,7 @@ def main() -> None:
         bandwidths.append(read_bandwidth())
         for name, run in runners.items():
             wall, cpu = time.perf_counter(), time.process_time()
-            run()
+            run(args.output_len)
             walls[name].append(time.perf_counter() - wall)
             cpus[name].append(time.process_time() - cpu)
     bandwidth = statistics.median(bandwidths)
