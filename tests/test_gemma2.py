@@ -148,6 +148,11 @@ def test_bfloat16_logits_match_hf_bfloat16(gemma: Reference) -> None:
     0.5; a Llama-order norm by up to 1.4); allowed: 1/16, one bfloat16 step at |logits| 8-10."""
     runner = ModelRunner(ModelConfig(device="cpu", dtype="bfloat16"),
                          CacheConfig(block_size=4, num_kv_blocks=NUM_BLOCKS), SchedulerConfig(), str(gemma.path))
+    # The native decode kernel attends in float32 over bfloat16 K/V (HF rounds scores and weights to
+    # bfloat16): here it lands as far from HF float32 as HF bfloat16 does (0.22-0.28 vs 0.14-0.32)
+    # but not on HF bfloat16's bits, so this check of the rounding order pins the torch path; the
+    # kernel's bfloat16 reads are checked in test_cpu_kernel.py.
+    runner.backend.decode_kernel = None
     hf_bf16 = Reference(gemma.path, AutoModelForCausalLM.from_pretrained(gemma.path, dtype=torch.bfloat16).eval())
     seqs = Seqs(runner.block_size, seed=6)
     seq = seqs.add(30)
