@@ -1,4 +1,4 @@
-"""`aqueduct bench`'s llama.cpp column: which GGUF file it runs, and that it is skipped cleanly."""
+"""`aqueduct bench`'s llama.cpp column: which GGUF file it runs, and how it runs the workload."""
 
 from __future__ import annotations
 
