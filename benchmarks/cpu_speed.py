@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from safetensors import safe_open
 
-from actors.bench import gguf_file_of, llama_cpp_available, load_llama_cpp
+from actors.frontends.bench import gguf_file_of, llama_cpp_available, load_llama_cpp
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig
 from pipeline.engine import LLMEngine
 from pipeline.model.loader import weight_files
