@@ -49,17 +49,18 @@ class DecodeKernel:
         window > 0: attend to the last `window` tokens only; softcap > 0: Gemma 2's soft-capping."""
         if kv_cache.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the CPU decode kernel reads float32 or bfloat16 K/V, got {kv_cache.dtype}")
-        q_f32 = q.float().contiguous()
+        q_f32 = (q if q.dtype == torch.float32 else q.float()).contiguous()
         out = torch.empty_like(q_f32)
         num_seqs, num_heads, head_dim = q.shape
         _, _, block_size, num_kv_heads, _ = kv_cache.shape
-        failed = self._fn(out.data_ptr(), q_f32.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
+        key_ptr, value_ptr = _halves(kv_cache)
+        failed = self._fn(out.data_ptr(), q_f32.data_ptr(), key_ptr, value_ptr,
                           block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(),
                           num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, max_seq_len,
                           window, softcap, torch.get_num_threads(), int(kv_cache.dtype == torch.bfloat16))
         if failed:
             raise MemoryError("paged decode attention kernel could not allocate its scratch buffers")
-        return out.to(q.dtype)
+        return out if q.dtype == torch.float32 else out.to(q.dtype)
 
 
 class RopeKVKernel:
@@ -75,14 +76,21 @@ class RopeKVKernel:
                  slots: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         """qkv [T, (H + 2 H_kv) D] contiguous; cos, sin [T, 1, D / 2] contiguous, qkv's dtype (float32 or
         bfloat16, the cache's too); slots [T] int64 (< 0: not written)."""
-        self._fn(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
-                 slots.data_ptr(), qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.element_size())
+        key_ptr, value_ptr = _halves(kv_cache)
+        self._fn(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), key_ptr, value_ptr, slots.data_ptr(),
+                 qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.element_size())
 
     @staticmethod
     def applies(qkv: torch.Tensor, cos: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> bool:
         return (qkv.dtype in (torch.float32, torch.bfloat16) and qkv.dtype == cos.dtype == kv_cache.dtype
                 and qkv.is_contiguous() and cos.is_contiguous() and kv_cache.is_contiguous()
                 and slots.dtype == torch.int64 and slots.shape[0] == qkv.shape[0] and qkv.device.type == "cpu")
+
+
+def _halves(kv_cache: torch.Tensor) -> tuple[int, int]:
+    """Addresses of kv_cache[0] (K) and kv_cache[1] (V), without two indexing ops per layer."""
+    start = kv_cache.data_ptr()
+    return start, start + kv_cache.stride(0) * kv_cache.element_size()
 
 
 def _compile(source: Path, flags: list[str], target: Path) -> None:

@@ -31,7 +31,7 @@ from torch import nn
 log = structlog.get_logger(__name__)
 
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
-_BUFFERED_ROWS = 8  # inputs padded to at most this many rows (decode of 1-8 sequences) use the layer's buffer
+_BUFFERED_ROWS = 8  # inputs padded to this many rows (decode of 1-7 sequences) use the layer's buffer
 
 
 class PackedLinear(nn.Module):
@@ -49,9 +49,9 @@ class PackedLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         num_rows = rows.shape[0]
         padded = padded_row_count(num_rows)
-        if padded != num_rows and padded <= _BUFFERED_ROWS and rows.dtype == self._small_rows.dtype:
+        if padded != num_rows and padded == _BUFFERED_ROWS and rows.dtype == self._small_rows.dtype:
             self._small_rows[:num_rows].copy_(rows)
-            rows = self._small_rows[:padded]
+            rows = self._small_rows
         elif padded != num_rows:
             rows = F.pad(rows, (0, 0, 0, padded - num_rows))  # zero rows; their outputs are dropped
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
