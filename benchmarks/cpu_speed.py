@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from safetensors import safe_open
 
-from actors.frontends.bench import gguf_file_of, llama_cpp_available, load_llama_cpp
+from actors.frontends.bench import Workload, gguf_file_of, llama_cpp_available, time_llama_cpp
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig
 from pipeline.engine import LLMEngine
 from pipeline.model.loader import weight_files
@@ -48,12 +48,12 @@ def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
     return buffer.numel() * 4 / best
 
 
-def engine_runner(model: str, dtype: str, quantization: str) -> Callable[[int], None]:
+def engine_runner(model: str, dtype: str, quantization: str) -> Callable[[int], float | None]:
     engine = LLMEngine(EngineConfig(model=ModelConfig(model=model, dtype=dtype, quantization=quantization),
                                     cache=CacheConfig(kv_cache_memory=64 * 2**20)))
     counter = iter(range(10**9))
 
-    def run(output_len: int) -> None:
+    def run(output_len: int) -> float | None:
         params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
         engine.add_request(f"speed-{next(counter)}", PROMPT, params)
         while engine.has_unfinished:
@@ -62,16 +62,16 @@ def engine_runner(model: str, dtype: str, quantization: str) -> Callable[[int], 
     return run
 
 
-def llama_cpp_runner(model: str, max_output_len: int) -> Callable[[int], None] | None:
+def llama_cpp_runner(model: str) -> Callable[[int], float | None] | None:
+    """llama.cpp on the model's GGUF file, timed in a child process (actors/frontends/bench.py says why)."""
     path = gguf_file_of(model)
     if path is None or not llama_cpp_available():
         return None
-    llama = load_llama_cpp(path, len(PROMPT) + max_output_len + 8, torch.get_num_threads())
+    threads = torch.get_num_threads()
 
-    def run(output_len: int) -> None:
-        for count, _token in enumerate(llama.generate(PROMPT, temp=0.0, top_k=1, reset=True), start=1):
-            if count == output_len:
-                break
+    def run(output_len: int) -> float | None:
+        workload = Workload([PROMPT], [output_len])
+        return time_llama_cpp(path, workload, threads)
 
     return run
 
@@ -90,14 +90,15 @@ def main() -> None:
     runners = {name: engine_runner(args.model, dtype, quantization)
                for name, (dtype, quantization) in CONFIGS.items() if args.only is None or name in args.only}
     if args.only is None or "llama.cpp" in args.only:
-        peer = llama_cpp_runner(args.model, args.output_len)
+        peer = llama_cpp_runner(args.model)
         if peer is not None:
             runners["llama.cpp"] = peer
         else:
             print("llama.cpp: skipped (llama-cpp-python not installed, or the model is not a GGUF file)")
     bf16_bytes = 2 * checkpoint_parameters(str(resolve_model(args.model, torch.bfloat16).path))
-    for run in runners.values():
-        run(8)  # warm-up
+    for name, run in list(runners.items()):
+        if name != "llama.cpp":  # llama.cpp warms up in its own process, each time
+            run(8)
     walls: dict[str, list[float]] = {name: [] for name in runners}
     cpus: dict[str, list[float]] = {name: [] for name in runners}
     bandwidths = []
@@ -105,9 +106,14 @@ def main() -> None:
         bandwidths.append(read_bandwidth())
         for name, run in runners.items():
             wall, cpu = time.perf_counter(), time.process_time()
-            run(args.output_len)
-            walls[name].append(time.perf_counter() - wall)
-            cpus[name].append(time.process_time() - cpu)
+            seconds = run(args.output_len)  # llama.cpp: its own timing, taken in its process
+            if seconds is not None:
+                walls[name].append(seconds)
+            elif name == "llama.cpp":
+                continue  # it crashed; reported below
+            else:
+                walls[name].append(time.perf_counter() - wall)
+                cpus[name].append(time.process_time() - cpu)
     bandwidth = statistics.median(bandwidths)
     floor_rate = bandwidth / bf16_bytes
     print(f"{args.model}: {args.output_len} greedy tokens, one request, {torch.get_num_threads()} threads, "
@@ -115,9 +121,12 @@ def main() -> None:
           f"{bf16_bytes / 1e6:.0f} MB -> floor {floor_rate:.1f} tokens/s")
     print(f"{'configuration':<16} {'tokens/s':>9} {'CPU ms/token':>13} {'x floor':>8}")
     for name in runners:
+        if not walls[name]:
+            print(f"{name:<16} crashed (a native fault in its process)")
+            continue
         rate = args.output_len / statistics.median(walls[name])
-        cpu_ms = statistics.median(cpus[name]) / args.output_len * 1e3
-        print(f"{name:<16} {rate:>9.1f} {cpu_ms:>13.1f} {rate / floor_rate:>8.2f}")
+        cpu_ms = f"{statistics.median(cpus[name]) / args.output_len * 1e3:.1f}" if cpus[name] else "-"
+        print(f"{name:<16} {rate:>9.1f} {cpu_ms:>13} {rate / floor_rate:>8.2f}")
 
 
 def checkpoint_parameters(model_dir: str) -> int:

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +121,24 @@ def run_llama_cpp(llama: object, workload: Workload) -> float:
     return time.perf_counter() - started
 
 
+def _peer_seconds(gguf_path: Path, workload: Workload, context: int, threads: int) -> float:
+    """In a child process: load llama.cpp, warm up, time the workload."""
+    llama = load_llama_cpp(gguf_path, context, threads)
+    run_llama_cpp(llama, Workload([[1, 2, 3, 4, 5, 6, 7, 8]], [4]))
+    return run_llama_cpp(llama, workload)
+
+
+def time_llama_cpp(gguf_path: Path, workload: Workload, threads: int) -> float | None:
+    """Seconds for the workload through llama.cpp, in a child process: a native crash there (seen with
+    a build whose AMX path segfaults in a VM) ends the child, not the benchmark. None if it crashed."""
+    context = max(len(p) for p in workload.prompts) + max(workload.output_lens) + 8
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(_peer_seconds, gguf_path, workload, context, threads).result()
+        except BrokenProcessPool:
+            return None
+
+
 def _print_peer(engine: LLMEngine, workload: Workload, ours_rate: float) -> None:
     gguf_path = gguf_file_of(str(engine.config.model.model))
     if not llama_cpp_available() or gguf_path is None:
@@ -126,10 +147,10 @@ def _print_peer(engine: LLMEngine, workload: Workload, ours_rate: float) -> None
         return
     import torch
 
-    context = max(len(p) for p in workload.prompts) + max(workload.output_lens) + 8
-    llama = load_llama_cpp(gguf_path, context, torch.get_num_threads())
-    run_llama_cpp(llama, make_workload(1, (8, 16), (4, 8), engine.vocab_size, seed=1))  # warm-up
-    seconds = run_llama_cpp(llama, workload)
+    seconds = time_llama_cpp(gguf_path, workload, torch.get_num_threads())
+    if seconds is None:
+        print("llama.cpp: its process crashed (a native fault in llama-cpp-python); no peer figures")
+        return
     rate = workload.useful_tokens / seconds
     print(f"llama.cpp ({gguf_path.name}, one request at a time): {seconds:.2f} s, {rate:.1f} useful tokens/s")
     print(f"ratio aqueduct / llama.cpp: {ours_rate / rate:.2f}x")
