@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.image_input import overlapping
 from pipeline.persistent_batch import PersistentBatch
 from pipeline.sampling_batch import SamplingBatch
-from pipeline.image_input import overlapping
 from pipeline.step_inputs import ImageSlice, StepInputs
 from pipeline.step_plan import StepPlan
 
