@@ -117,5 +117,5 @@ def build_request(builder: RequestBuilder, message: WireRequest) -> Request:
         raise ValueError(f"lora: unknown adapter {message.lora!r} (this worker has no LoRA adapters loaded)")
     return builder.build(message.id, message.sampling_params(), prompt=message.prompt,
                          prompt_token_ids=message.prompt_token_ids,
-                         messages=[{"role": m.role, "content": m.content} for m in message.messages]
-                         if message.messages is not None else None)
+                         messages=[m.as_dict() for m in message.messages] if message.messages is not None else None,
+                         images=message.images)

@@ -56,10 +56,8 @@ def expand_placeholders(token_ids: Sequence[int], pixel_values: Sequence[np.ndar
                         info: VisionInfo) -> tuple[list[int], list[ImageInput]]:
     """Each image token of token_ids becomes info.num_image_tokens of them, one image each in order;
     ValueError when the counts differ."""
+    check_image_count(token_ids, len(pixel_values), info)
     positions = [index for index, token in enumerate(token_ids) if token == info.image_token_id]
-    if len(positions) != len(pixel_values):
-        raise ValueError(f"images: the prompt has {len(positions)} <image> placeholder(s) but "
-                         f"{len(pixel_values)} image(s) were sent; send one image per placeholder")
     expanded: list[int] = []
     images: list[ImageInput] = []
     start = 0
@@ -70,6 +68,14 @@ def expand_placeholders(token_ids: Sequence[int], pixel_values: Sequence[np.ndar
         start = position + 1
     expanded.extend(token_ids[start:])
     return expanded, images
+
+
+def check_image_count(token_ids: Sequence[int], num_images: int, info: VisionInfo) -> None:
+    """ValueError unless the prompt has one placeholder per image."""
+    num_placeholders = sum(1 for token in token_ids if token == info.image_token_id)
+    if num_placeholders != num_images:
+        raise ValueError(f"images: the prompt has {num_placeholders} <image> placeholder(s) but "
+                         f"{num_images} image(s) were sent; send one image per placeholder")
 
 
 def overlapping(images: Sequence[ImageInput], start: int, end: int) -> list[ImageInput]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.image_input import ImageInput, VisionInfo, expand_placeholders
+from pipeline.image_input import ImageInput, VisionInfo, check_image_count, expand_placeholders
 from pipeline.image_processor import ImageProcessor
 from pipeline.request import Request
 from pipeline.rng import request_seed
@@ -66,6 +66,7 @@ class RequestBuilder:
         assert self.vision is not None and self.image_processor is not None
         if images and params.truncate_prompt_tokens is not None:
             raise ValueError("truncate_prompt_tokens cannot be used with images (it could cut an image in two)")
+        check_image_count(ids, len(images), self.vision)  # before the work of decoding them
         pixels = [self.image_processor(data, f"images[{index}]") for index, data in enumerate(images)]
         return expand_placeholders(ids, pixels, self.vision)
 

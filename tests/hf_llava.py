@@ -97,3 +97,12 @@ def random_image_bytes(seed: int, width: int = 48, height: int = 40, fmt: str = 
     buffer = io.BytesIO()
     image.save(buffer, format=fmt)
     return buffer.getvalue()
+
+
+def solid_image_bytes(width: int, height: int, color: tuple[int, int, int] = (200, 30, 90)) -> bytes:
+    """A one-colour PNG: many pixels in few bytes."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(buffer, format="PNG")
+    return buffer.getvalue()
