@@ -111,8 +111,10 @@ class ImageProcessor:
                     raise ValueError(f"{field} is {width}x{height} pixels; the limit is {self.limits.max_pixels} "
                                      "pixels (--max-image-pixels)")
                 image.load()
-        except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError,
-                Image.DecompressionBombWarning) as error:
+        except UnidentifiedImageError:
+            raise ValueError(f"{field} is not a decodable image (PNG, JPEG, ...): its format is not recognised") \
+                from None
+        except (OSError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
             raise ValueError(f"{field} is not a decodable image (PNG, JPEG, ...): {error}") from None
         return _to_rgb(image)
 

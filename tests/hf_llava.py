@@ -22,6 +22,7 @@ IMAGE_TOKEN_ID = 3
 VOCAB_SIZE = 512
 IMAGE_SIZE = 32
 NUM_IMAGE_TOKENS = (IMAGE_SIZE // 8) ** 2  # "default" strategy: patches only
+MAX_TOKENS = 10  # greedy tokens compared per request
 # Content parts (LLaVA's convention) and plain strings both render.
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -106,3 +107,28 @@ def solid_image_bytes(width: int, height: int, color: tuple[int, int, int] = (20
     buffer = io.BytesIO()
     Image.new("RGB", (width, height), color).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+class HFReference:
+    """HF LlavaProcessor + LlavaForConditionalGeneration.generate, greedy."""
+
+    def __init__(self, model_dir: Path, strategy: str = "default") -> None:
+        from transformers import AutoTokenizer, LlavaForConditionalGeneration, LlavaProcessor
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.processor = LlavaProcessor(image_processor=image_processor(), tokenizer=self.tokenizer, patch_size=8,
+                                        vision_feature_select_strategy=strategy, num_additional_image_tokens=1,
+                                        image_token=IMAGE_TOKEN)
+        self.model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def generate(self, prompt: str, images: list[bytes]) -> tuple[list[int], list[int], torch.Tensor]:
+        """(prompt ids, greedy output ids, logits per output position)."""
+        from PIL import Image
+
+        pictures = [Image.open(io.BytesIO(data)) for data in images] or None
+        inputs = self.processor(text=prompt, images=pictures, return_tensors="pt")
+        with torch.inference_mode():
+            out = self.model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None,
+                                      pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        prompt_ids = inputs["input_ids"][0].tolist()
+        return prompt_ids, out.sequences[0, len(prompt_ids):].tolist(), torch.cat(out.logits).float()

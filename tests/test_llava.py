@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
@@ -18,16 +17,16 @@ from pipeline.image_processor import ImageProcessor
 from pipeline.sampling_params import SamplingParams
 from tests.engine_helpers import assert_greedy_equal
 from tests.hf_llava import (
-    IMAGE_TOKEN,
     IMAGE_TOKEN_ID,
+    MAX_TOKENS,
     NUM_IMAGE_TOKENS,
+    HFReference,
     image_processor,
     make_tiny_llava,
     random_image_bytes,
     solid_image_bytes,
 )
 
-MAX_TOKENS = 10
 PROMPTS = {  # prompt -> how many images it takes
     "The river <image> bends toward the": 1,
     "<image>": 1,
@@ -45,31 +44,6 @@ def llava_full_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The class token kept ("full") and two feature layers concatenated."""
     return make_tiny_llava(tmp_path_factory.mktemp("llava-full") / "tiny-llava-full", seed=1, strategy="full",
                            feature_layer=[-3, -1])
-
-
-class HFReference:
-    """HF LlavaProcessor + LlavaForConditionalGeneration.generate, greedy."""
-
-    def __init__(self, model_dir: Path, strategy: str = "default") -> None:
-        from transformers import AutoTokenizer, LlavaForConditionalGeneration, LlavaProcessor
-
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.processor = LlavaProcessor(image_processor=image_processor(), tokenizer=self.tokenizer, patch_size=8,
-                                        vision_feature_select_strategy=strategy, num_additional_image_tokens=1,
-                                        image_token=IMAGE_TOKEN)
-        self.model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-    def generate(self, prompt: str, images: list[bytes]) -> tuple[list[int], list[int], torch.Tensor]:
-        """(prompt ids, greedy output ids, logits per output position)."""
-        from PIL import Image
-
-        pictures = [Image.open(io.BytesIO(data)) for data in images] or None
-        inputs = self.processor(text=prompt, images=pictures, return_tensors="pt")
-        with torch.inference_mode():
-            out = self.model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None,
-                                      pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-        prompt_ids = inputs["input_ids"][0].tolist()
-        return prompt_ids, out.sequences[0, len(prompt_ids):].tolist(), torch.cat(out.logits).float()
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +211,7 @@ def small_limits_engine(llava_dir: Path) -> LLMEngine:
 
 @pytest.mark.parametrize(("prompt", "images", "message"), [
     ("<image> text", [b"not an image at all"], "images[0] is not a decodable image"),
+    ("<image> text", [random_image_bytes(9, fmt="PNG")[:300]], "images[0] is not a decodable image"),
     ("<image> text", [solid_image_bytes(80, 80)], "images[0] is 80x80 pixels; the limit is 4096"),
     ("<image> text", [random_image_bytes(2, 64, 64, fmt="BMP")], "images[0] is 12342 bytes; the limit is 4000"),
     ("<image> text", [random_image_bytes(3), random_image_bytes(4)], "1 <image> placeholder(s) but 2 image(s)"),
@@ -268,3 +243,25 @@ def test_images_for_a_text_only_model_are_refused(default_model_path: Path) -> N
     text_parts = [{"type": "text", "text": "hello"}, {"type": "text", "text": "there"}]
     assert builder.build("ok", greedy(), messages=[{"role": "user", "content": text_parts}]).prompt_token_ids == \
         builder.build("ok", greedy(), messages=[{"role": "user", "content": "hello\nthere"}]).prompt_token_ids
+
+
+def test_a_request_resumed_after_a_crash_keeps_its_images(llava_dir: Path, hf: HFReference) -> None:
+    """Another worker rebuilds the request from its wire entry (images included) and continues from
+    the tokens the client already has; the output is the uninterrupted one."""
+    from actors.intake import build_request
+    from pipeline.request import ResumeState
+    from queue_adapters.codec import WireRequest
+
+    prompt = "The river <image> bends toward the"
+    images = images_for(prompt, 8)
+    wire = WireRequest(id="resumed", prompt=prompt, images=images,
+                       params={"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True})
+    _, theirs, logits = hf.generate(prompt, images)
+    engine = make_engine(llava_dir)
+    request = build_request(engine.builder, wire)
+    request.resume_from(ResumeState(next_seq=4, output_token_ids=[theirs[:4]], finish_reasons=[None],
+                                    stop_reasons=[None]))
+    engine.add(request)
+    while engine.has_unfinished:
+        engine.step()
+    assert_greedy_equal(request.sequences[0].output_token_ids, theirs, logits, "resumed")
