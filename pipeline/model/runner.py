@@ -145,6 +145,7 @@ class ModelRunner:
         inputs = dummy_prefill_inputs(sched.max_num_batched_tokens, sched.max_num_seqs, self.max_model_len)
         with torch.inference_mode():
             self._forward(inputs, self._allocate_kv_caches(1))
+            self._profile_vision_tower(sched.max_num_batched_tokens)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         total = torch.cuda.get_device_properties(self.device).total_memory
@@ -157,6 +158,13 @@ class ModelRunner:
                              "raise gpu_memory_utilization or lower max_num_batched_tokens")
         torch.cuda.empty_cache()
         return num_blocks
+
+    def _profile_vision_tower(self, max_num_batched_tokens: int) -> None:
+        """A vision model encodes up to a step's worth of images at once: count that peak too."""
+        if self.vision is None:
+            return
+        num_images = max(1, max_num_batched_tokens // self.vision.num_image_tokens)
+        self.model.encode_images(torch.zeros(num_images, 3, *self.vision.image_size, device=self.device))
 
     def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
         info = self.info

@@ -75,11 +75,14 @@ def vision_config(config: dict[str, Any]) -> VisionConfig:
     if config["image_size"] % config["patch_size"]:
         raise ValueError(f"vision_config.image_size {config['image_size']} must be a multiple of "
                          f"patch_size {config['patch_size']}")
+    if config.get("num_channels", 3) != 3:
+        raise ValueError(f"vision_config.num_channels must be 3 (images are decoded as RGB), "
+                         f"got {config['num_channels']}")
     activation(config["hidden_act"])  # fail at load time, naming the activation
     return VisionConfig(hidden_size=config["hidden_size"], intermediate_size=config["intermediate_size"],
                         num_layers=config["num_hidden_layers"], num_heads=config["num_attention_heads"],
                         image_size=config["image_size"], patch_size=config["patch_size"],
-                        num_channels=config.get("num_channels", 3),
+                        num_channels=3,
                         layer_norm_eps=float(config.get("layer_norm_eps", 1e-5)), hidden_act=config["hidden_act"])
 
 
