@@ -195,6 +195,19 @@ def test_a_repeated_image_hits_the_prefix_cache_and_another_image_does_not(llava
     assert different["tokens"] != baseline["tokens"]
 
 
+def test_a_prefix_hit_ending_inside_an_image_computes_the_rest_of_it(llava_dir: Path, hf: HFReference) -> None:
+    image = random_image_bytes(200)
+    first, second = "Opening words then <image> and one ending", "Opening words then <image> but another"
+    engine = make_engine(llava_dir, block_size=8)
+    placeholder = engine.builder.build("probe", greedy(), prompt=second, images=[image]).images[0]
+    run(engine, {"a": (first, [image])})
+    result = run(engine, {"b": (second, [image])})["b"]
+    # The prompts part right after the image, so the hit ends in the block holding its last placeholders.
+    cached = result["usage"].cached_tokens
+    assert placeholder.offset < cached < placeholder.end
+    assert_matches_hf(hf, result, second, [image], "hit inside the image")
+
+
 def test_the_same_image_hits_the_encoder_cache(llava_dir: Path) -> None:
     engine = make_engine(llava_dir, prefix_caching=False)
     image = random_image_bytes(7)
