@@ -41,9 +41,9 @@ def llava_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def llava_full_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The class token kept ("full") and two feature layers concatenated."""
+    """The class token kept ("full"), two feature layers concatenated, a Qwen2 text model (qkv biases)."""
     return make_tiny_llava(tmp_path_factory.mktemp("llava-full") / "tiny-llava-full", seed=1, strategy="full",
-                           feature_layer=[-3, -1])
+                           feature_layer=[-3, -1], text_model_type="qwen2")
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def test_mixed_batch_of_text_and_image_requests_equals_hf_one_by_one(llava_dir: 
         assert_matches_hf(hf, results[request_id], prompt, images, request_id)
 
 
-def test_full_strategy_and_several_feature_layers_equal_hf(llava_full_dir: Path) -> None:
+def test_full_strategy_several_feature_layers_and_qwen2_text_equal_hf(llava_full_dir: Path) -> None:
     reference = HFReference(llava_full_dir, strategy="full")
     engine = make_engine(llava_full_dir)
     prompt = "The river <image> bends toward the"
