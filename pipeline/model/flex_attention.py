@@ -38,7 +38,7 @@ _DECODE_BLOCK_M = 16
 
 
 @functools.cache
-def compiled_flex_attention(device_type: str):  # noqa: ANN201 (a torch.compile'd callable)
+def compiled_flex_attention(device_type: str):
     """flex_attention compiled once per process and device type.
 
     CUDA: dynamic shapes, so tile counts do not recompile. CPU: static shapes (torch 2.13's CPU
@@ -55,7 +55,7 @@ def _to(array: np.ndarray, device: torch.device, dtype: torch.dtype = torch.int3
 
 
 def tile_mask(block_positions: torch.Tensor, query_starts: torch.Tensor, block_size: int,
-              window: int | None, per_row: bool):  # noqa: ANN201 (a mask_mod)
+              window: int | None, per_row: bool):
     """mask_mod: the key at logical position k is visible to row q of tile b when
     p - window < k <= p, p the row's position (per_row: query_starts[b] + q; else query_starts[b]).
 
@@ -72,7 +72,7 @@ def tile_mask(block_positions: torch.Tensor, query_starts: torch.Tensor, block_s
     return mask
 
 
-def softcap_score(cap: float):  # noqa: ANN201 (a score_mod)
+def softcap_score(cap: float):
     def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor,
                   kv: torch.Tensor) -> torch.Tensor:
         return torch.tanh(score / cap) * cap
@@ -84,7 +84,7 @@ def softcap_score(cap: float):  # noqa: ANN201 (a score_mod)
 class FlexPass:
     """One flex_attention call: a TilePlan moved to the device, its BlockMask built on first use."""
 
-    plan: TilePlan
+    plan: TilePlan | None  # None in the CUDA-graph buffers (flex_graphs.py)
     token_rows: torch.Tensor  # decode: [B]; prefill: [tiles * tile] token row of each query row
     out_src: torch.Tensor | None  # prefill: real rows of the flattened tiles
     out_dst: torch.Tensor | None  # prefill: their token rows
@@ -253,8 +253,9 @@ class FlexPagedAttention:
                 enable_gqa: bool, block_m: int) -> torch.Tensor:
         # On CUDA the kernel's KV tile must divide the sparse block (one cache block).
         options = {"BLOCK_M": block_m, "BLOCK_N": self.block_size} if queries.is_cuda else None
-        return compiled_flex_attention(queries.device.type)(queries, keys, values, score_mod=self.score_mod, block_mask=block_mask,
-                                         scale=self.scale, enable_gqa=enable_gqa, kernel_options=options)
+        attend = compiled_flex_attention(queries.device.type)
+        return attend(queries, keys, values, score_mod=self.score_mod, block_mask=block_mask, scale=self.scale,
+                      enable_gqa=enable_gqa, kernel_options=options)
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,

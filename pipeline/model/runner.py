@@ -16,8 +16,7 @@ import structlog
 import torch
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
-from pipeline.model.attention import TorchPagedAttention
-from pipeline.model.cpu_kernel import load_decode_kernel
+from pipeline.model.backends import make_backend
 from pipeline.model.cpu_linear import onednn_linear_works, pack_linears
 from pipeline.model.graphs import CUDAGraphRunner
 from pipeline.model.loader import (
@@ -96,11 +95,7 @@ class ModelRunner:
     def _load(self, model_config: ModelConfig, model_dir: str) -> tuple[torch.nn.Module, ModelInfo]:
         config = read_config(model_dir)
         shape = attention_shape(config)
-        self.backend = TorchPagedAttention(shape.num_heads, shape.num_kv_heads, shape.head_dim, self.block_size,
-                                           scale=shape.scale, windows=shape.windows,
-                                           logit_softcap=shape.logit_softcap)
-        if self.device.type == "cpu" and self.dtype == torch.float32:
-            self.backend.decode_kernel = load_decode_kernel()
+        self.backend = make_backend(model_config.attention_backend, shape, self.block_size, self.device, self.dtype)
         model, info = load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
                                  max_positions=max(self.max_model_len, config["max_position_embeddings"]))
         if self.device.type == "cpu" and model_config.cpu_linear == "onednn" and onednn_linear_works(self.dtype):
