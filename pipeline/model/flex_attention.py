@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from pipeline.host_to_device import to_device
 from pipeline.model.flex_plan import TilePlan, decode_plan, pad_tiles, prefill_plan
 from pipeline.step_inputs import StepInputs
 
@@ -51,7 +52,7 @@ def compiled_flex_attention(device_type: str):
 
 
 def _to(array: np.ndarray, device: torch.device, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype, non_blocking=True)
+    return to_device(array, device, dtype)
 
 
 def tile_mask(block_positions: torch.Tensor, query_starts: torch.Tensor, block_size: int,

@@ -23,6 +23,7 @@ import numpy as np
 import structlog
 import torch
 
+from pipeline.host_to_device import to_device
 from pipeline.model.attention import TorchAttentionMetadata, TorchPagedAttention
 from pipeline.model.flex_attention import FlexPagedAttention
 from pipeline.model.flex_graphs import FlexDecodeBuffers
@@ -75,7 +76,7 @@ class TorchDecodeBuffers:
 
 
 def _copy(dst: torch.Tensor, src: np.ndarray, size: int, pad: int) -> None:
-    dst[: len(src)].copy_(torch.from_numpy(np.ascontiguousarray(src)))
+    dst[: len(src)].copy_(to_device(src, dst.device, dst.dtype))
     dst[len(src):size].fill_(pad)
 
 
