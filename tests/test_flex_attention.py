@@ -158,7 +158,7 @@ def test_flex_runner_logits_match_hf(arch: str, tmp_path: Path) -> None:
 
 
 @slow
-def test_flex_engine_greedy_matches_hf_with_window_prefix_hits_and_preemption(tmp_path: Path) -> None:
+def test_flex_engine_greedy_matches_hf_with_window_chunks_and_prefix_hits(tmp_path: Path) -> None:
     path = make_tiny_hf_model("mistral", tmp_path / "mistral", seed=5, sliding_window=21)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     engine = LLMEngine(EngineConfig(

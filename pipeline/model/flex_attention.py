@@ -45,8 +45,9 @@ def compiled_flex_attention(device_type: str):
     CUDA: dynamic shapes, so tile counts do not recompile. CPU: static shapes (torch 2.13's CPU
     template miscompiles dynamic ones next to the mask's table lookups); tile counts are padded to
     powers of two (flex_plan.pad_tiles), so a few sizes compile, each once."""
+    # One compiled entry per (decode | prefill, window, padded tile count on CPU): more than the default 8.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     if device_type == "cpu":
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         return torch.compile(flex_attention, dynamic=False)
     return torch.compile(flex_attention, dynamic=True)
 
