@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,9 @@ from tests.test_model_forward import ATOL, Reference, Seqs, run_and_check
 
 NUM_BLOCKS = 48
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# torch.compile builds CPU kernels with a C++ compiler (inductor's default: g++, or $CXX).
+needs_cxx = pytest.mark.skipif(DEVICE == "cpu" and not (os.environ.get("CXX") or shutil.which("g++")),
+                               reason="FlexAttention on CPU needs a C++ compiler for torch.compile")
 slow = pytest.mark.skipif(os.environ.get("AQUEDUCT_SLOW_TESTS") != "1" and DEVICE == "cpu",
                           reason="compiles many CPU kernels (minutes); set AQUEDUCT_SLOW_TESTS=1")
 
@@ -113,11 +117,13 @@ def _compare_backends(heads: tuple[int, int], windows: frozenset[int | None], so
             torch.testing.assert_close(flex_cache, reference_cache)
 
 
+@needs_cxx
 def test_flex_matches_torch_backend_on_a_mixed_windowed_softcapped_gqa_step() -> None:
     _compare_backends((4, 2), frozenset({7}), 10.0, (MIXED_STEP,))
 
 
 @slow
+@needs_cxx
 @pytest.mark.parametrize(("heads", "window", "softcap"), [((4, 2), None, None), ((4, 1), 7, None),
                                                           ((2, 2), 5, 10.0)])
 def test_flex_matches_torch_backend_on_every_step_kind(heads: tuple[int, int], window: int | None,
@@ -131,6 +137,7 @@ def _flex_runner(path: Path, block_size: int) -> ModelRunner:
 
 
 @slow
+@needs_cxx
 @pytest.mark.parametrize("arch", ["gemma2", "qwen3", "mistral"])
 def test_flex_runner_logits_match_hf(arch: str, tmp_path: Path) -> None:
     """Chunked prefill over cached context, decodes, a mixed step, then decodes through the
@@ -158,6 +165,7 @@ def test_flex_runner_logits_match_hf(arch: str, tmp_path: Path) -> None:
 
 
 @slow
+@needs_cxx
 def test_flex_engine_greedy_matches_hf_with_window_chunks_and_prefix_hits(tmp_path: Path) -> None:
     path = make_tiny_hf_model("mistral", tmp_path / "mistral", seed=5, sliding_window=21)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
