@@ -151,8 +151,10 @@ def test_flex_runner_logits_match_hf(arch: str, tmp_path: Path) -> None:
     seqs.append_token(second)
     run_and_check(runner, seqs, ref, [(first, 28), (second, 1)], num_padding=3)
     runner.kv_caches = [torch.cat([c, torch.zeros_like(c[:, :1])], dim=1) for c in runner.kv_caches]
-    graphs = CUDAGraphRunner(runner.model, runner.backend, runner.kv_caches, max_num_seqs=4, max_blocks_per_seq=32,
-                             scratch_slot=256 * 4, device=runner.device, capture=DEVICE == "cuda")
+    with torch.inference_mode():  # as the runner captures
+        graphs = CUDAGraphRunner(runner.model, runner.backend, runner.kv_caches, max_num_seqs=4,
+                                 max_blocks_per_seq=32, scratch_slot=256 * 4, device=runner.device,
+                                 capture=DEVICE == "cuda")
     for _ in range(3):
         for seq in (first, second):
             seqs.append_token(seq)

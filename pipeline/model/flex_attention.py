@@ -22,6 +22,7 @@ listed, so the KV manager may have freed them. Gemma 2's soft-capping is a score
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,9 @@ from pipeline.step_inputs import StepInputs
 
 # Query rows per prefill tile: also the sparse Q block size and the kernel's BLOCK_M on CUDA.
 PREFILL_TILE = 64
+# The transposed (backward-pass) indices are not needed; torch versions without the switch build them.
+_NO_Q_BLOCKS = ({"compute_q_blocks": False}
+                if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters else {})
 # The decode kernel tile (rows = G query heads per KV head, padded by the kernel).
 _DECODE_BLOCK_M = 16
 
@@ -46,7 +50,9 @@ def compiled_flex_attention(device_type: str):
     template miscompiles dynamic ones next to the mask's table lookups); tile counts are padded to
     powers of two (flex_plan.pad_tiles), so a few sizes compile, each once."""
     # One compiled entry per (decode | prefill, window, padded tile count on CPU): more than the default 8.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # older torch
+    setattr(config, name, max(getattr(config, name), 64))
     if device_type == "cpu":
         return torch.compile(flex_attention, dynamic=False)
     return torch.compile(flex_attention, dynamic=True)
@@ -205,7 +211,7 @@ class FlexPagedAttention:
             kv_num_blocks.view(num_tiles, 1, 1), kv_indices.view(num_tiles, 1, 1, -1),
             BLOCK_SIZE=(q_block, self.block_size),
             mask_mod=tile_mask(self.block_positions, query_starts, self.block_size, window, per_row),
-            seq_lengths=(q_len, num_cache_blocks * self.block_size), compute_q_blocks=False)
+            seq_lengths=(q_len, num_cache_blocks * self.block_size), **_NO_Q_BLOCKS)
 
     # ---- per layer -----------------------------------------------------------------------------
 
