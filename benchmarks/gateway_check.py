@@ -4,7 +4,8 @@
         [--ttft-requests 50] [--concurrent 256] [--kill-clients 64]
 
 1. Time to first token, sequential requests interleaved: through the gateway (SSE over HTTP) and through the
-   Redis client (queue_adapters/client.py), p50/p90 and the gateway's added p50.
+   Redis client (queue_adapters/client.py), p50/p90 and the gateway's added p50; then the gateway alone
+   (benchmarks/gateway_floor.py: its HTTP path over a backend that answers at once).
 2. N concurrent streaming clients on one gateway: errors, and whether each stream's tokens are exactly the
    clean run's (none lost, none twice: concatenated chunk token ids == the clean token ids, and their count ==
    usage.completion_tokens).
@@ -27,6 +28,7 @@ from typing import Any
 
 import httpx
 from gateway_deployment import Deployment, Process
+from gateway_floor import first_token_ms
 
 from queue_adapters.client import AqueductClient
 
@@ -112,6 +114,9 @@ async def check_ttft(http: httpx.AsyncClient, client: AqueductClient, gateway_pr
     added = percentile(gateway, 50) - percentile(direct, 50)
     print(f"   gateway added p50: {added:+.2f} ms (target <= 2 ms): {'met' if added <= 2 else 'NOT met'}")
     print(f"   gateway process CPU per streamed request (4 tokens, idle ticks subtracted): {cpu_ms:.2f} ms")
+    floor_p50, floor_p90 = await first_token_ms()
+    print(f"   the gateway alone (in-process app, instant backend, raw-socket client): first token p50 "
+          f"{floor_p50:.2f}   p90 {floor_p90:.2f}")
 
 
 async def idle_cpu_rate(process: Process, seconds: float = 3.0) -> float:
