@@ -12,6 +12,7 @@ _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**1
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 CPU_LINEARS = ("onednn", "torch")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")  # auto: the model's dtype (pipeline/model/kv_quant.py)
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's flag values (SAMPLING.md, stage 14)
 
 
@@ -65,8 +66,14 @@ class CacheConfig:
     kv_cache_memory: int = 2 * 2**30  # bytes; the CPU sizing rule
     gpu_memory_utilization: float = 0.9  # the CUDA sizing rule (after profiling)
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"  # auto: the model's dtype; fp8_e4m3 / fp8_e5m2: one byte per element
+    calculate_kv_scales: bool = False  # fp8: per-layer scales from the first prefill, not the checkpoint
 
     def __post_init__(self) -> None:
+        _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
+                 f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        _require(not self.calculate_kv_scales or self.kv_cache_dtype != "auto",
+                 "calculate_kv_scales needs kv_cache_dtype fp8_e4m3 or fp8_e5m2 (scales only apply to an fp8 cache)")
         _require(self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0,
                  f"block_size must be a power of two >= 1, got {self.block_size}")
         _require(self.num_kv_blocks is None or self.num_kv_blocks >= 1,

@@ -1,6 +1,7 @@
 """ModelRunner: owns the weights and the paged KV cache; turns StepInputs into logits.
 
-KV cache: one tensor per layer, [2, blocks, block_size, num_kv_heads, head_dim]. When CUDA
+KV cache: one tensor per layer, [2, blocks, block_size, num_kv_heads, head_dim], in the model's
+dtype, or fp8 bytes wrapped with the layer's scales (kv_quant.Fp8KVCache). When CUDA
 graphs are used, one extra block past num_kv_blocks is a scratch block that graph padding rows
 write into; the scheduler never sees it.
 """
@@ -20,6 +21,7 @@ from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.cpu_kernel import load_decode_kernel
 from pipeline.model.cpu_linear import onednn_linear_works, pack_linears
 from pipeline.model.graphs import CUDAGraphRunner
+from pipeline.model.kv_quant import FP8_DTYPES, Fp8KVCache, allocate_fp8_caches
 from pipeline.model.loader import (
     ModelInfo,
     attention_shape,
@@ -82,6 +84,10 @@ class ModelRunner:
         self.block_size = cache_config.block_size
         self.max_model_len = model_config.max_model_len or read_config(model_dir)["max_position_embeddings"]
         self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        # fp8: the cache's storage dtype and the checkpoint's per-layer scales; None = the model's dtype.
+        self.kv_dtype = FP8_DTYPES.get(cache_config.kv_cache_dtype)
+        self.kv_scales: dict[int, dict[str, float]] = {}
         self.model, self.info = self._load(model_config, model_dir)
         self.vocab_size = self.info.vocab_size
         self.eos_token_ids = self.info.eos_token_ids
@@ -91,7 +97,8 @@ class ModelRunner:
         self.graph_runner = self._capture_graphs() if use_graphs else None
         log.info("model runner ready", device=str(self.device), dtype=str(self.dtype),
                  num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
-                 max_model_len=self.max_model_len, cuda_graphs=use_graphs)
+                 max_model_len=self.max_model_len, cuda_graphs=use_graphs,
+                 kv_cache_dtype=cache_config.kv_cache_dtype, checkpoint_kv_scales=len(self.kv_scales))
 
     def _load(self, model_config: ModelConfig, model_dir: str) -> tuple[torch.nn.Module, ModelInfo]:
         config = read_config(model_dir)
@@ -102,7 +109,8 @@ class ModelRunner:
         if self.device.type == "cpu" and self.dtype == torch.float32:
             self.backend.decode_kernel = load_decode_kernel()
         model, info = load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
-                                 max_positions=max(self.max_model_len, config["max_position_embeddings"]))
+                                 max_positions=max(self.max_model_len, config["max_position_embeddings"]),
+                                 kv_scales=self.kv_scales)
         if self.device.type == "cpu" and model_config.cpu_linear == "onednn" and onednn_linear_works(self.dtype):
             log.info("linear layers packed for oneDNN", count=pack_linears(model))
         return model, info
@@ -112,7 +120,7 @@ class ModelRunner:
     @property
     def bytes_per_block(self) -> int:
         info = self.info
-        elem = torch.empty(0, dtype=self.dtype).element_size()
+        elem = torch.empty(0, dtype=self.kv_dtype or self.dtype).element_size()
         return 2 * self.block_size * info.num_kv_heads * info.head_dim * elem * info.num_layers
 
     def _decide_num_blocks(self, cache_config: CacheConfig) -> int:
@@ -143,14 +151,19 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return num_blocks
 
-    def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+    def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor] | list[Fp8KVCache]:
         info = self.info
         shape = (2, num_blocks, self.block_size, info.num_kv_heads, info.head_dim)
+        dtype = self.kv_dtype or self.dtype
         # Zeroed, not empty: masked (unwritten) slots get zero attention weight, but 0 * NaN from
         # recycled memory would still poison the output.
         if self.device.type == "cpu":
-            return [lazy_zeros(shape, self.dtype) for _ in range(info.num_layers)]
-        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(info.num_layers)]
+            caches = [lazy_zeros(shape, dtype) for _ in range(info.num_layers)]
+        else:
+            caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(info.num_layers)]
+        if self.kv_dtype is None:
+            return caches
+        return allocate_fp8_caches(caches, self.kv_scales, self.cache_config.calculate_kv_scales)
 
     def _capture_graphs(self) -> CUDAGraphRunner:
         start = time.perf_counter()
