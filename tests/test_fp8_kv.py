@@ -12,12 +12,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from actors.engine_args import add_engine_args, engine_config_from_args
-from pipeline.config import CacheConfig
+from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from pipeline.engine import LLMEngine
 from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.cpu_kernel import load_decode_kernel
 from pipeline.model.kv_quant import FP8_DTYPES, Fp8KVCache, fp8_max, kv_scale_of
 from pipeline.model_source import packaged_model_file
+from pipeline.sampling_params import SamplingParams
 from pipeline.step_inputs import StepInputs
+from tests.engine_helpers import run_requests
 from tests.fp8_agreement import fixed_prompts, make_cache_engine, measure_agreement
 from tests.hf_models import make_tiny_hf_model
 
@@ -216,3 +219,36 @@ def test_agreement_with_float32_cache_on_smollm2() -> None:
     assert agreement.identical_share >= 0.6, agreement
     assert agreement.mean_kl < 0.05, agreement
 
+
+
+def test_chunked_prefill_preemption_prefix_hits_and_window_with_fp8(tmp_path) -> None:
+    """A sliding-window model on a crowded fp8 cache (chunked prefill, preemption, prefix hits on a
+    shared prefix) finishes every request, frees every block, and stays close to the float32 cache."""
+    path = make_tiny_hf_model("mistral", tmp_path / "mistral")
+    rng = np.random.default_rng(4)
+    shared = rng.integers(3, 512, size=24).tolist()
+    prompts = [shared + rng.integers(3, 512, size=int(n)).tolist() for n in rng.integers(1, 60, size=8)]
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    requests = {f"r{i}": (prompt, params) for i, prompt in enumerate(prompts)}
+
+    def engine(kv_cache_dtype: str, num_kv_blocks: int, budget: int) -> LLMEngine:
+        return LLMEngine(EngineConfig(model=ModelConfig(model=str(path)),
+                                      cache=CacheConfig(block_size=4, num_kv_blocks=num_kv_blocks,
+                                                        kv_cache_dtype=kv_cache_dtype,
+                                                        calculate_kv_scales=kv_cache_dtype != "auto"),
+                                      scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=6)))
+
+    crowded = engine("fp8_e4m3", 36, 20)
+    results = run_requests(crowded, requests)
+    reference = run_requests(engine("auto", 512, 512), requests)
+    assert crowded.scheduler.num_preemptions > 0
+    assert any(result["usage"].cached_tokens > 0 for result in results.values())
+    assert crowded.scheduler.kv_cache.num_free_blocks == 36
+    identical = total = 0
+    for request_id in requests:
+        ours = results[request_id]["choices"][0]["token_ids"]
+        theirs = reference[request_id]["choices"][0]["token_ids"]
+        assert len(ours) == 20
+        identical += sum(a == b for a, b in zip(ours, theirs, strict=True))
+        total += len(theirs)
+    assert identical / total >= 0.25, f"{identical} of {total} tokens identical"
