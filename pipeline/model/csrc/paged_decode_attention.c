@@ -195,21 +195,23 @@ typedef struct {
     float *scratch;
 } RowSource;
 
-static inline __attribute__((always_inline)) const float *row_at(const RowSource *src, int64_t offset) {
-    if (src->kv_format == 0) return (const float *)src->cache + offset;
+static inline __attribute__((always_inline)) const float *row_at(const RowSource *src, int64_t offset,
+                                                                 const int fp8) {
+    if (!fp8) return (const float *)src->cache + offset;
     decode_fp8_row(src->scratch, (const uint8_t *)src->cache + offset, src->row, src->kv_format, src->scale);
     return src->scratch;
 }
 
 /* One sequence: out, q [num_heads, head_dim]; scores [num_heads, stride]; offsets [len].
+ * fp8 is a constant at each call, so the float32 instance has no per-row branch.
  * Query heads h = kv * group + g share KV head kv (as HF's repeat_kv). */
 static inline __attribute__((always_inline)) void attend_sequence(
         float *restrict out, const float *restrict q, const RowSource *keys, const RowSource *values,
         const int64_t *restrict offsets, int64_t len, int64_t stride, int64_t num_heads, int64_t num_kv_heads,
-        const int64_t head_dim, float scale, float softcap, float *restrict scores) {
+        const int64_t head_dim, float scale, float softcap, float *restrict scores, const int fp8) {
     const int64_t group = num_heads / num_kv_heads;
     for (int64_t t = 0; t < len; ++t) {
-        const float *k = row_at(keys, offsets[t]);
+        const float *k = row_at(keys, offsets[t], fp8);
         for (int64_t h = 0; h < num_heads; ++h)
             scores[h * stride + t] = scale * dot(q + h * head_dim, k + h / group * head_dim, head_dim);
     }
@@ -219,9 +221,29 @@ static inline __attribute__((always_inline)) void attend_sequence(
     softmax_rows(scores, num_heads, len, stride);
     memset(out, 0, sizeof(float) * num_heads * head_dim);
     for (int64_t t = 0; t < len; ++t) {
-        const float *v = row_at(values, offsets[t]);
+        const float *v = row_at(values, offsets[t], fp8);
         for (int64_t h = 0; h < num_heads; ++h)
             add_scaled(out + h * head_dim, scores[h * stride + t], v + h / group * head_dim, head_dim);
+    }
+}
+
+/* Constant head_dim for the common sizes (the compiler unrolls the head_dim loops), constant fp8. */
+static void attend_dispatch(float *restrict out, const float *restrict q, const RowSource *keys,
+                            const RowSource *values, const int64_t *restrict offsets, int64_t len, int64_t stride,
+                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, float softcap,
+                            float *restrict scores, int fp8) {
+    if (fp8) {
+        attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, head_dim, scale,
+                        softcap, scores, 1);
+    } else if (head_dim == 64) {
+        attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, 64, scale, softcap,
+                        scores, 0);
+    } else if (head_dim == 128) {
+        attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, 128, scale, softcap,
+                        scores, 0);
+    } else {
+        attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, head_dim, scale,
+                        softcap, scores, 0);
     }
 }
 
@@ -249,16 +271,8 @@ int paged_decode_attention_f32(float *out, const float *q, const void *key_cache
             offsets_of(offsets, block_tables + seq * block_table_stride, first, end, block_size, row);
             float *o = out + seq * num_heads * head_dim;
             const float *qs = q + seq * num_heads * head_dim;
-            /* Constant head_dim for the common sizes: the compiler unrolls the head_dim loops. */
-            if (head_dim == 64)
-                attend_sequence(o, qs, &keys, &values, offsets, len, stride, num_heads, num_kv_heads, 64, scale,
-                                softcap, scores);
-            else if (head_dim == 128)
-                attend_sequence(o, qs, &keys, &values, offsets, len, stride, num_heads, num_kv_heads, 128, scale,
-                                softcap, scores);
-            else
-                attend_sequence(o, qs, &keys, &values, offsets, len, stride, num_heads, num_kv_heads, head_dim,
-                                scale, softcap, scores);
+            attend_dispatch(o, qs, &keys, &values, offsets, len, stride, num_heads, num_kv_heads, head_dim, scale,
+                            softcap, scores, kv_format != 0);
         }
         free(scores);
         free(offsets);
