@@ -30,6 +30,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     group.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV cache size in blocks")
     group.add_argument("--kv-cache-memory", default="2GiB", help="KV cache size on CPU, e.g. 2GiB")
+    group.add_argument("--tensor-parallel-size", type=int, default=1,
+                       help="split the model over N ranks (processes joined by torch.distributed, gloo on CPU)")
     group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                        help="KV cache storage: auto = the model's dtype; fp8_e4m3 / fp8_e5m2 = one byte per element "
                             "with per-layer scales (4x the float32 tokens in the same --kv-cache-memory)")
@@ -59,7 +61,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         model=ModelConfig(model=model_from_args(args), dtype=args.dtype, device=args.device,
                           max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                           cpu_linear=args.cpu_linear, logprobs_mode=args.logprobs_mode,
-                          max_logprobs=args.max_logprobs),
+                          max_logprobs=args.max_logprobs, tensor_parallel_size=args.tensor_parallel_size),
         cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory=parse_size(args.kv_cache_memory),
                           gpu_memory_utilization=args.gpu_memory_utilization,

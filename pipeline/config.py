@@ -44,6 +44,7 @@ class ModelConfig:
     cpu_linear: str = "onednn"  # CPU matmuls: oneDNN with packed weights, or torch's nn.Linear (model/cpu_linear.py)
     logprobs_mode: str = "processed_logprobs"  # returned logprobs: after the sampler chain, or the model's
     max_logprobs: int = 20  # the largest `logprobs` / `prompt_logprobs` a request may ask for
+    tensor_parallel_size: int = 1  # ranks one model is split over (model/parallel.py, model/tp_group.py)
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
@@ -55,6 +56,8 @@ class ModelConfig:
         _require(self.logprobs_mode in LOGPROBS_MODES,
                  f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         _require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        _require(self.tensor_parallel_size >= 1,
+                 f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import mmap
 import time
+from dataclasses import replace
 
 import numpy as np
 import structlog
@@ -30,6 +31,8 @@ from pipeline.model.loader import (
     resolve_device,
     resolve_dtype,
 )
+from pipeline.model.parallel import check_tensor_parallel, local_heads, shard_model
+from pipeline.model.tp_group import DriverGroup, check_world, receive_steps
 from pipeline.step_inputs import StepInputs
 
 log = structlog.get_logger(__name__)
@@ -74,10 +77,27 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)
 
 
+def _rank_main(rank: int, world: int, model_config: ModelConfig, cache_config: CacheConfig,
+               scheduler_config: SchedulerConfig, model_dir: str) -> None:
+    """A tensor-parallel rank process (tp_group.py): its own shard of the model and KV cache."""
+    runner = ModelRunner(model_config, cache_config, scheduler_config, model_dir, tp_rank=rank)
+    receive_steps(runner.execute)
+
+
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig,
-                 scheduler_config: SchedulerConfig, model_dir: str) -> None:
+                 scheduler_config: SchedulerConfig, model_dir: str, tp_rank: int = 0) -> None:
+        """tp_rank: this process's rank with tensor_parallel_size > 1 (0 = the driver, which starts
+        the other ranks and broadcasts each step's inputs to them)."""
         self.device = resolve_device(model_config.device)
+        self.tp_rank, self.tp_world = tp_rank, model_config.tensor_parallel_size
+        self.tp_group: DriverGroup | None = None
+        if self.tp_world > 1 and tp_rank == 0:
+            check_world(self.tp_world, self.device)
+            config = read_config(model_dir)
+            check_tensor_parallel(config, attention_shape(config), self.tp_world)  # errors before any rank starts
+            self.tp_group = DriverGroup(self.tp_world, _rank_main,
+                                        (model_config, cache_config, scheduler_config, model_dir))
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # graph capture and profiling use the current device
@@ -103,7 +123,8 @@ class ModelRunner:
     def _load(self, model_config: ModelConfig, model_dir: str) -> tuple[torch.nn.Module, ModelInfo]:
         config = read_config(model_dir)
         shape = attention_shape(config)
-        self.backend = TorchPagedAttention(shape.num_heads, shape.num_kv_heads, shape.head_dim, self.block_size,
+        heads = local_heads(shape, self.tp_rank, self.tp_world)
+        self.backend = TorchPagedAttention(heads.num_heads, heads.num_kv_heads, shape.head_dim, self.block_size,
                                            scale=shape.scale, windows=shape.windows,
                                            logit_softcap=shape.logit_softcap)
         if self.device.type == "cpu" and self.dtype == torch.float32:
@@ -111,6 +132,9 @@ class ModelRunner:
         model, info = load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
                                  max_positions=max(self.max_model_len, config["max_position_embeddings"]),
                                  kv_scales=self.kv_scales)
+        if self.tp_world > 1:
+            shard_model(model, shape, self.tp_rank, self.tp_world)
+            info = replace(info, num_heads=heads.num_heads, num_kv_heads=heads.num_kv_heads)
         if self.device.type == "cpu" and model_config.cpu_linear == "onednn" and onednn_linear_works(self.dtype):
             log.info("linear layers packed for oneDNN", count=pack_linears(model))
         return model, info
@@ -185,6 +209,8 @@ class ModelRunner:
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Float32 logits [len(logits_indices), vocab_size] on self.device."""
+        if self.tp_group is not None:
+            self.tp_group.broadcast(inputs)
         with torch.inference_mode():
             if self.graph_runner is not None and self.graph_runner.can_run(inputs):
                 hidden = self.graph_runner.run(inputs)
@@ -192,3 +218,8 @@ class ModelRunner:
                 hidden = self._forward(inputs, self.kv_caches)
             logits_indices = torch.from_numpy(inputs.logits_indices.astype(np.int64, copy=False))
             return self.model.compute_logits(hidden[logits_indices.to(self.device)])
+
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks (a no-op without them)."""
+        if self.tp_group is not None:
+            self.tp_group.close()
