@@ -93,9 +93,9 @@ class ModelRunner:
         self.tp_rank, self.tp_world = tp_rank, model_config.tensor_parallel_size
         self.tp_group: DriverGroup | None = None
         if self.tp_world > 1 and tp_rank == 0:
-            check_world(self.tp_world, self.device)
             config = read_config(model_dir)
             check_tensor_parallel(config, attention_shape(config), self.tp_world)  # errors before any rank starts
+            check_world(self.tp_world, self.device)
             self.tp_group = DriverGroup(self.tp_world, _rank_main,
                                         (model_config, cache_config, scheduler_config, model_dir))
         self.dtype = resolve_dtype(model_config.dtype, self.device)
