@@ -28,7 +28,7 @@ from tests.engine_helpers import assert_greedy_equal, hf_greedy, run_requests
 from tests.hf_models import make_tiny_hf_model
 
 
-def _engine(path: Path, tp: int, num_kv_blocks: int = 40, budget: int = 24, **model: object) -> LLMEngine:
+def _engine(path: Path, tp: int, num_kv_blocks: int = 24, budget: int = 24, **model: object) -> LLMEngine:
     return LLMEngine(EngineConfig(model=ModelConfig(model=str(path), tensor_parallel_size=tp, **model),
                                   cache=CacheConfig(block_size=4, num_kv_blocks=num_kv_blocks),
                                   scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=6)))
@@ -52,7 +52,7 @@ def test_two_ranks_match_one_rank_and_hf(tmp_path, arch: str, overrides: dict) -
     parallel = _engine(path, tp=2)
     try:
         results = run_requests(parallel, requests)
-        assert parallel.scheduler.num_preemptions > 0  # 40 blocks of 4 tokens cannot hold all six
+        assert parallel.scheduler.num_preemptions > 0  # 24 blocks of 4 tokens cannot hold all six
         assert any(result["usage"].cached_tokens > 0 for result in results.values())
     finally:
         parallel.runner.close()
@@ -170,3 +170,16 @@ def test_ranks_exit_when_the_driver_dies_or_closes(tmp_path) -> None:
         assert _gone(rank_pid, 30), "rank still running after the driver closed the group"
     finally:
         driver.kill()
+
+
+def test_flag_reaches_the_config() -> None:
+    import argparse
+
+    from actors.engine_args import add_engine_args, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["--tensor-parallel-size", "2", "--model", "builtin"])
+    assert engine_config_from_args(args).model.tensor_parallel_size == 2
+    with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
+        engine_config_from_args(parser.parse_args(["--tensor-parallel-size", "0", "--model", "builtin"]))
