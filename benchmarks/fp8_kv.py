@@ -136,11 +136,13 @@ def main() -> None:
     parser.add_argument("--kernel-len", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--skip-agreement", action="store_true")
+    parser.add_argument("--skip-kernel", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_agreement:
             agreement_rows(_model_path(args.model, Path(tmp)), args)
-    kernel_rows(args)
+    if not args.skip_kernel:
+        kernel_rows(args)
 
 
 if __name__ == "__main__":
