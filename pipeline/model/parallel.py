@@ -60,6 +60,9 @@ def local_heads(shape: AttentionShape, rank: int, world: int) -> LocalHeads:
 
 def check_tensor_parallel(config: dict[str, Any], shape: AttentionShape, world: int) -> None:
     """Every rule `shard_model` needs, checked on config.json before any rank process starts."""
+    if "vision_config" in config:
+        raise ValueError("tensor parallelism does not support vision-language models yet "
+                         "(run them with tensor_parallel_size 1)")
     if config.get("num_local_experts"):
         raise ValueError("tensor parallelism does not support mixture-of-experts models yet "
                          "(run them with tensor_parallel_size 1)")
