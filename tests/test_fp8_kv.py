@@ -252,3 +252,12 @@ def test_chunked_prefill_preemption_prefix_hits_and_window_with_fp8(tmp_path) ->
         identical += sum(a == b for a, b in zip(ours, theirs, strict=True))
         total += len(theirs)
     assert identical / total >= 0.25, f"{identical} of {total} tokens identical"
+
+
+def test_fp8_with_flex_attention_is_a_clear_error(tmp_path) -> None:
+    """FlexAttention (the CUDA default) does not read an fp8 cache yet: asked for on CPU, a clear error."""
+    path = make_tiny_hf_model("llama", tmp_path / "llama")
+    config = EngineConfig(model=ModelConfig(model=str(path), attention_backend="flex"),
+                          cache=CacheConfig(num_kv_blocks=8, kv_cache_dtype="fp8_e4m3"))
+    with pytest.raises(ValueError, match="kv_cache_dtype fp8_e4m3 needs attention_backend 'torch'"):
+        LLMEngine(config)
