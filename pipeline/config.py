@@ -12,6 +12,7 @@ _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**1
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 CPU_LINEARS = ("onednn", "torch")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")  # auto: the model's dtype (pipeline/model/kv_quant.py)
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's flag values (SAMPLING.md, stage 14)
 
 
@@ -46,6 +47,7 @@ class ModelConfig:
     cpu_linear: str = "onednn"  # CPU matmuls: oneDNN with packed weights, or torch's nn.Linear (model/cpu_linear.py)
     logprobs_mode: str = "processed_logprobs"  # returned logprobs: after the sampler chain, or the model's
     max_logprobs: int = 20  # the largest `logprobs` / `prompt_logprobs` a request may ask for
+    tensor_parallel_size: int = 1  # ranks one model is split over (model/parallel.py, model/tp_group.py)
     attention_backend: str = "auto"  # auto: flex on CUDA, torch (+ native decode kernel) on CPU (model/backends.py)
     max_image_bytes: int = 20 * 2**20  # vision models: the largest encoded image a request may send
     max_image_pixels: int = 6000 * 6000  # vision models: the largest image (width x height) a request may send
@@ -60,6 +62,8 @@ class ModelConfig:
         _require(self.logprobs_mode in LOGPROBS_MODES,
                  f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         _require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        _require(self.tensor_parallel_size >= 1,
+                 f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         _require(self.attention_backend in ATTENTION_BACKENDS,
                  f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         _require(self.max_image_bytes >= 1, f"max_image_bytes must be >= 1, got {self.max_image_bytes}")
@@ -75,8 +79,14 @@ class CacheConfig:
     kv_cache_memory: int = 2 * 2**30  # bytes; the CPU sizing rule
     gpu_memory_utilization: float = 0.9  # the CUDA sizing rule (after profiling)
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"  # auto: the model's dtype; fp8_e4m3 / fp8_e5m2: one byte per element
+    calculate_kv_scales: bool = False  # fp8: per-layer scales from the first prefill, not the checkpoint
 
     def __post_init__(self) -> None:
+        _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
+                 f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        _require(not self.calculate_kv_scales or self.kv_cache_dtype != "auto",
+                 "calculate_kv_scales needs kv_cache_dtype fp8_e4m3 or fp8_e5m2 (scales only apply to an fp8 cache)")
         _require(self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0,
                  f"block_size must be a power of two >= 1, got {self.block_size}")
         _require(self.num_kv_blocks is None or self.num_kv_blocks >= 1,

@@ -8,6 +8,7 @@ from pipeline.config import (
     ATTENTION_BACKENDS,
     CPU_LINEARS,
     DTYPES,
+    KV_CACHE_DTYPES,
     LOGPROBS_MODES,
     CacheConfig,
     EngineConfig,
@@ -30,6 +31,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     group.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV cache size in blocks")
     group.add_argument("--kv-cache-memory", default="2GiB", help="KV cache size on CPU, e.g. 2GiB")
+    group.add_argument("--tensor-parallel-size", type=int, default=1,
+                       help="split the model over N ranks (processes joined by torch.distributed, gloo on CPU)")
+    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                       help="KV cache storage: auto = the model's dtype; fp8_e4m3 / fp8_e5m2 = one byte per element "
+                            "with per-layer scales (4x the float32 tokens in the same --kv-cache-memory)")
+    group.add_argument("--calculate-kv-scales", action="store_true",
+                       help="fp8 KV cache: set each layer's scales from the first prefill instead of the checkpoint")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                        help="share of GPU memory for weights + activations + KV cache")
     group.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
@@ -62,11 +70,13 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                           max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                           cpu_linear=args.cpu_linear, logprobs_mode=args.logprobs_mode,
                           max_logprobs=args.max_logprobs, max_image_bytes=parse_size(args.max_image_bytes),
-                          max_image_pixels=args.max_image_pixels, attention_backend=args.attention_backend),
+                          max_image_pixels=args.max_image_pixels, attention_backend=args.attention_backend,
+                          tensor_parallel_size=args.tensor_parallel_size),
         cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory=parse_size(args.kv_cache_memory),
                           gpu_memory_utilization=args.gpu_memory_utilization,
-                          enable_prefix_caching=not args.no_prefix_caching),
+                          enable_prefix_caching=not args.no_prefix_caching,
+                          kv_cache_dtype=args.kv_cache_dtype, calculate_kv_scales=args.calculate_kv_scales),
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_num_seqs=args.max_num_seqs),
     )

@@ -34,13 +34,15 @@ class DecodeKernel:
         self._fn = library.paged_decode_attention_f32
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self._fn.argtypes = [p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64,
-                             ctypes.c_float, ctypes.c_int]
+                             ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_float, ctypes.c_int]
         self._fn.restype = ctypes.c_int
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, max_seq_len: int, scale: float, window: int = 0,
-                 softcap: float = 0.0) -> torch.Tensor:
-        """q [B, H, D] float32 -> out [B, H, D]; kv_cache [2, N, block_size, H_kv, D] float32;
+                 softcap: float = 0.0, kv_format: int = 0, k_scale: float = 1.0,
+                 v_scale: float = 1.0) -> torch.Tensor:
+        """q [B, H, D] float32 -> out [B, H, D]; kv_cache [2, N, block_size, H_kv, D] float32, or fp8
+        bytes (kv_format 1 = e4m3, 2 = e5m2) whose values are byte * k_scale / v_scale;
         block_tables [B, M] int32 and seq_lens [B] int32, all contiguous on the CPU.
         window > 0: attend to the last `window` tokens only; softcap > 0: Gemma 2's soft-capping."""
         q = q.contiguous()
@@ -50,7 +52,7 @@ class DecodeKernel:
         failed = self._fn(out.data_ptr(), q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
                           block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(),
                           num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, max_seq_len,
-                          window, softcap, torch.get_num_threads())
+                          window, softcap, kv_format, k_scale, v_scale, torch.get_num_threads())
         if failed:
             raise MemoryError("paged decode attention kernel could not allocate its scratch buffers")
         return out

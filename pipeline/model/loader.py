@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from pipeline.model.attention import AttentionBackend
 from pipeline.model.attention_shape import AttentionShape
+from pipeline.model.kv_quant import split_kv_scales
 from pipeline.model.models import family_of
 
 log = structlog.get_logger(__name__)
@@ -149,15 +150,19 @@ def materialize(model: torch.nn.Module, dtype: torch.dtype, device: torch.device
 
 
 def load_model(model_dir: str | Path, backend: AttentionBackend, *, dtype: torch.dtype,
-               device: torch.device, max_positions: int) -> tuple[torch.nn.Module, ModelInfo]:
-    """Build the model without initialising weights (meta device), then copy the checkpoint in."""
+               device: torch.device, max_positions: int,
+               kv_scales: dict[int, dict[str, float]] | None = None) -> tuple[torch.nn.Module, ModelInfo]:
+    """Build the model without initialising weights (meta device), then copy the checkpoint in.
+
+    The checkpoint's KV-cache scales (`k_scale`, `v_scale`, `kv_scale` per layer) are no model
+    weights: they go into `kv_scales` by layer (kv_quant.py), and are dropped when it is None."""
     info = read_model_info(model_dir, dtype)
     config = read_config(model_dir)
     with torch.device("meta"):
         model = family_of(info.architecture).build_model(config, backend, max_positions)
     materialize(model, dtype, device)
     model.tie_weights()  # materialize gives a shared Parameter two separate tensors (no-op if untied)
-    model.load_weights(iter_weights(model_dir))
+    model.load_weights(split_kv_scales(iter_weights(model_dir), {} if kv_scales is None else kv_scales))
     model.build_buffers(device)
     log.info("model loaded", architecture=info.architecture, dtype=str(dtype), device=str(device),
              num_params=sum(p.numel() for p in model.parameters()))

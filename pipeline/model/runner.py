@@ -1,6 +1,7 @@
 """ModelRunner: owns the weights and the paged KV cache; turns StepInputs into logits.
 
-KV cache: one tensor per layer, [2, blocks, block_size, num_kv_heads, head_dim]. When CUDA
+KV cache: one tensor per layer, [2, blocks, block_size, num_kv_heads, head_dim], in the model's
+dtype, or fp8 bytes wrapped with the layer's scales (kv_quant.Fp8KVCache). When CUDA
 graphs are used, one extra block past num_kv_blocks is a scratch block that graph padding rows
 write into; the scheduler never sees it.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 import mmap
 import time
+from dataclasses import replace
 
 import numpy as np
 import structlog
@@ -18,10 +20,12 @@ import torch
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
 from pipeline.host_to_device import to_device
 from pipeline.image_input import VisionInfo
+from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.backends import make_backend
 from pipeline.model.cpu_linear import onednn_linear_works, pack_linears
 from pipeline.model.encoder_cache import EncoderCache
 from pipeline.model.graphs import CUDAGraphRunner
+from pipeline.model.kv_quant import FP8_DTYPES, Fp8KVCache, allocate_fp8_caches
 from pipeline.model.loader import (
     ModelInfo,
     attention_shape,
@@ -32,6 +36,8 @@ from pipeline.model.loader import (
     resolve_dtype,
 )
 from pipeline.model.memory_profile import profile_memory
+from pipeline.model.parallel import check_tensor_parallel, local_heads, shard_model
+from pipeline.model.tp_group import DriverGroup, check_world, receive_steps
 from pipeline.step_inputs import StepInputs
 
 log = structlog.get_logger(__name__)
@@ -76,10 +82,27 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)
 
 
+def _rank_main(rank: int, world: int, model_config: ModelConfig, cache_config: CacheConfig,
+               scheduler_config: SchedulerConfig, model_dir: str) -> None:
+    """A tensor-parallel rank process (tp_group.py): its own shard of the model and KV cache."""
+    runner = ModelRunner(model_config, cache_config, scheduler_config, model_dir, tp_rank=rank)
+    receive_steps(runner.execute)
+
+
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig,
-                 scheduler_config: SchedulerConfig, model_dir: str) -> None:
+                 scheduler_config: SchedulerConfig, model_dir: str, tp_rank: int = 0) -> None:
+        """tp_rank: this process's rank with tensor_parallel_size > 1 (0 = the driver, which starts
+        the other ranks and broadcasts each step's inputs to them)."""
         self.device = resolve_device(model_config.device)
+        self.tp_rank, self.tp_world = tp_rank, model_config.tensor_parallel_size
+        self.tp_group: DriverGroup | None = None
+        if self.tp_world > 1 and tp_rank == 0:
+            config = read_config(model_dir)
+            check_tensor_parallel(config, attention_shape(config), self.tp_world)  # errors before any rank starts
+            check_world(self.tp_world, self.device)
+            self.tp_group = DriverGroup(self.tp_world, _rank_main,
+                                        (model_config, cache_config, scheduler_config, model_dir))
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # graph capture and profiling use the current device
@@ -87,6 +110,10 @@ class ModelRunner:
         max_positions = language_config(read_config(model_dir))["max_position_embeddings"]
         self.max_model_len = model_config.max_model_len or max_positions
         self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        # fp8: the cache's storage dtype and the checkpoint's per-layer scales; None = the model's dtype.
+        self.kv_dtype = FP8_DTYPES.get(cache_config.kv_cache_dtype)
+        self.kv_scales: dict[int, dict[str, float]] = {}
         self.model, self.info = self._load(model_config, model_dir)
         self.vision, self.encoder_cache = self._vision_parts()
         self.vocab_size = self.info.vocab_size
@@ -98,15 +125,26 @@ class ModelRunner:
         log.info("model runner ready", device=str(self.device), dtype=str(self.dtype),
                  num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
                  max_model_len=self.max_model_len, cuda_graphs=self.use_graphs,
-                 attention_backend=type(self.backend).__name__)
+                 attention_backend=type(self.backend).__name__, kv_cache_dtype=cache_config.kv_cache_dtype,
+                 checkpoint_kv_scales=len(self.kv_scales))
 
     def _load(self, model_config: ModelConfig, model_dir: str) -> tuple[torch.nn.Module, ModelInfo]:
         config = read_config(model_dir)
         shape = attention_shape(config)
-        self.backend = make_backend(model_config.attention_backend, shape, self.block_size, self.device, self.dtype)
+        heads = local_heads(shape, self.tp_rank, self.tp_world)
+        local_shape = replace(shape, num_heads=heads.num_heads, num_kv_heads=heads.num_kv_heads)
+        self.backend = make_backend(model_config.attention_backend, local_shape, self.block_size, self.device,
+                                    self.dtype)
+        if self.kv_dtype is not None and not isinstance(self.backend, TorchPagedAttention):
+            raise ValueError(f"kv_cache_dtype {self.cache_config.kv_cache_dtype} needs attention_backend 'torch'; "
+                             f"{type(self.backend).__name__} does not read an fp8 cache yet")
         model, info = load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
                                  max_positions=max(self.max_model_len,
-                                                   language_config(config)["max_position_embeddings"]))
+                                                   language_config(config)["max_position_embeddings"]),
+                                 kv_scales=self.kv_scales)
+        if self.tp_world > 1:
+            shard_model(model, shape, self.tp_rank, self.tp_world)
+            info = replace(info, num_heads=heads.num_heads, num_kv_heads=heads.num_kv_heads)
         if self.device.type == "cpu" and model_config.cpu_linear == "onednn" and onednn_linear_works(self.dtype):
             log.info("linear layers packed for oneDNN", count=pack_linears(model))
         return model, info
@@ -125,7 +163,7 @@ class ModelRunner:
     @property
     def bytes_per_block(self) -> int:
         info = self.info
-        elem = torch.empty(0, dtype=self.dtype).element_size()
+        elem = torch.empty(0, dtype=self.kv_dtype or self.dtype).element_size()
         return 2 * self.block_size * info.num_kv_heads * info.head_dim * elem * info.num_layers
 
     def _decide_num_blocks(self, cache_config: CacheConfig) -> int:
@@ -166,14 +204,19 @@ class ModelRunner:
         num_images = max(1, max_num_batched_tokens // self.vision.num_image_tokens)
         self.model.encode_images(torch.zeros(num_images, 3, *self.vision.image_size, device=self.device))
 
-    def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+    def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor] | list[Fp8KVCache]:
         info = self.info
         shape = (2, num_blocks, self.block_size, info.num_kv_heads, info.head_dim)
+        dtype = self.kv_dtype or self.dtype
         # Zeroed, not empty: masked (unwritten) slots get zero attention weight, but 0 * NaN from
         # recycled memory would still poison the output.
         if self.device.type == "cpu":
-            return [lazy_zeros(shape, self.dtype) for _ in range(info.num_layers)]
-        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(info.num_layers)]
+            caches = [lazy_zeros(shape, dtype) for _ in range(info.num_layers)]
+        else:
+            caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(info.num_layers)]
+        if self.kv_dtype is None:
+            return caches
+        return allocate_fp8_caches(caches, self.kv_scales, self.cache_config.calculate_kv_scales)
 
     def _capture_graphs(self) -> CUDAGraphRunner:
         start = time.perf_counter()
@@ -198,6 +241,8 @@ class ModelRunner:
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Float32 logits [len(logits_indices), vocab_size] on self.device."""
+        if self.tp_group is not None:
+            self.tp_group.broadcast(inputs)
         with torch.inference_mode():
             if self.graph_runner is not None and not inputs.images and self.graph_runner.can_run(inputs):
                 hidden = self.graph_runner.run(inputs)
@@ -205,3 +250,8 @@ class ModelRunner:
                 hidden = self._forward(inputs, self.kv_caches)
             logits_indices = to_device(inputs.logits_indices, self.device, torch.long)
             return self.model.compute_logits(hidden[logits_indices])
+
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks (a no-op without them)."""
+        if self.tp_group is not None:
+            self.tp_group.close()

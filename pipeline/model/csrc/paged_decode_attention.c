@@ -21,8 +21,12 @@
  * read, so their block-table entries may be anything. Soft-capping (softcap > 0, Gemma 2):
  * scores become softcap * tanh(scores / softcap) before the softmax.
  *
+ * fp8 cache (kv_format 1 = e4m3, 2 = e5m2): the cache holds one byte per element, and value =
+ * decoded byte * k_scale (or v_scale). Each token's K (or V) row is decoded into a small float
+ * buffer just before use (decode_fp8_row); the passes are otherwise the float32 ones.
+ *
  * Layouts (contiguous): q, out [num_seqs, num_heads, head_dim];
- * key_cache, value_cache [num_blocks, block_size, num_kv_heads, head_dim];
+ * key_cache, value_cache [num_blocks, block_size, num_kv_heads, head_dim] (float32, or bytes for fp8);
  * block_tables [num_seqs, block_table_stride] int32; seq_lens [num_seqs] int32 (>= 1).
  */
 #include <math.h>
@@ -150,16 +154,64 @@ static inline __attribute__((always_inline)) void add_scaled(float *restrict out
     for (; d < head_dim; ++d) out[d] += w * v[d];
 }
 
+/* fp8 -> float32 by bit placement, 8 lanes at a time. The byte's exponent and mantissa bits, shifted
+ * so the mantissa's top bit lands at float bit 22, read as a float32 whose exponent is too small by
+ * 127 - bias (e4m3: bias 7, shift 20, factor 2^120; e5m2: bias 15, shift 21, factor 2^112); one
+ * multiply fixes it, and fp8 subnormals land on float32 subnormals, so they come out right too.
+ * Worked example (e4m3): 0x4C = 0 1001 100 -> bits 0x04C00000 = 1.5 * 2^-118, times 2^120 = 6.0,
+ * and 6.0 = 1.5 * 2^(9 - 7). NaN/inf bytes never occur: writes saturate. */
+typedef uint8_t bytes8 __attribute__((vector_size(8)));
+
+static inline vec fp8_lanes(const uint8_t *p, int shift, float factor) {
+    bytes8 b;
+    memcpy(&b, p, sizeof b);
+    const ivec x = __builtin_convertvector(b, ivec);
+    const vec magnitude = (vec)((x & 0x7F) << shift) * factor;
+    return (vec)((ivec)magnitude | ((x & 0x80) << 24));
+}
+
+/* row[0, n) = decoded bytes * scale. */
+static void decode_fp8_row(float *restrict row, const uint8_t *restrict bytes, int64_t n, int kv_format,
+                           float scale) {
+    const int shift = kv_format == 1 ? 20 : 21;
+    const float factor = kv_format == 1 ? 0x1p120f : 0x1p112f;
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) store(row + i, fp8_lanes(bytes + i, shift, factor) * scale);
+    for (; i < n; ++i) {
+        const int32_t x = bytes[i], bits = (x & 0x7F) << shift;
+        float magnitude;
+        memcpy(&magnitude, &bits, sizeof magnitude);
+        row[i] = (x & 0x80 ? -magnitude : magnitude) * factor * scale;
+    }
+}
+
+/* Where a token's K or V row is read from: the cache itself (float32), or `scratch` after
+ * decoding its bytes (fp8). `offset` is in elements, which are bytes for fp8. */
+typedef struct {
+    const void *cache;
+    int kv_format;
+    float scale;
+    int64_t row;
+    float *scratch;
+} RowSource;
+
+static inline __attribute__((always_inline)) const float *row_at(const RowSource *src, int64_t offset,
+                                                                 const int fp8) {
+    if (!fp8) return (const float *)src->cache + offset;
+    decode_fp8_row(src->scratch, (const uint8_t *)src->cache + offset, src->row, src->kv_format, src->scale);
+    return src->scratch;
+}
+
 /* One sequence: out, q [num_heads, head_dim]; scores [num_heads, stride]; offsets [len].
+ * fp8 is a constant at each call, so the float32 instance has no per-row branch.
  * Query heads h = kv * group + g share KV head kv (as HF's repeat_kv). */
 static inline __attribute__((always_inline)) void attend_sequence(
-        float *restrict out, const float *restrict q, const float *restrict key_cache,
-        const float *restrict value_cache, const int64_t *restrict offsets, int64_t len, int64_t stride,
-        int64_t num_heads, int64_t num_kv_heads, const int64_t head_dim, float scale, float softcap,
-        float *restrict scores) {
+        float *restrict out, const float *restrict q, const RowSource *keys, const RowSource *values,
+        const int64_t *restrict offsets, int64_t len, int64_t stride, int64_t num_heads, int64_t num_kv_heads,
+        const int64_t head_dim, float scale, float softcap, float *restrict scores, const int fp8) {
     const int64_t group = num_heads / num_kv_heads;
     for (int64_t t = 0; t < len; ++t) {
-        const float *k = key_cache + offsets[t];
+        const float *k = row_at(keys, offsets[t], fp8);
         for (int64_t h = 0; h < num_heads; ++h)
             scores[h * stride + t] = scale * dot(q + h * head_dim, k + h / group * head_dim, head_dim);
     }
@@ -169,17 +221,37 @@ static inline __attribute__((always_inline)) void attend_sequence(
     softmax_rows(scores, num_heads, len, stride);
     memset(out, 0, sizeof(float) * num_heads * head_dim);
     for (int64_t t = 0; t < len; ++t) {
-        const float *v = value_cache + offsets[t];
+        const float *v = row_at(values, offsets[t], fp8);
         for (int64_t h = 0; h < num_heads; ++h)
             add_scaled(out + h * head_dim, scores[h * stride + t], v + h / group * head_dim, head_dim);
     }
 }
 
-int paged_decode_attention_f32(float *out, const float *q, const float *key_cache, const float *value_cache,
+/* Constant head_dim for the common sizes (the compiler unrolls the head_dim loops), constant fp8. */
+static void attend_dispatch(float *restrict out, const float *restrict q, const RowSource *keys,
+                            const RowSource *values, const int64_t *restrict offsets, int64_t len, int64_t stride,
+                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, float softcap,
+                            float *restrict scores, int fp8) {
+    if (fp8) {
+        attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, head_dim, scale,
+                        softcap, scores, 1);
+    } else if (head_dim == 64) {
+        attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, 64, scale, softcap,
+                        scores, 0);
+    } else if (head_dim == 128) {
+        attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, 128, scale, softcap,
+                        scores, 0);
+    } else {
+        attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, head_dim, scale,
+                        softcap, scores, 0);
+    }
+}
+
+int paged_decode_attention_f32(float *out, const float *q, const void *key_cache, const void *value_cache,
                                const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                                int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                int64_t block_size, float scale, int64_t max_seq_len, int64_t window,
-                               float softcap, int num_threads) {
+                               float softcap, int kv_format, float k_scale, float v_scale, int num_threads) {
     const int64_t row = num_kv_heads * head_dim;
     const int64_t max_stride = ((max_seq_len > 0 ? max_seq_len : 1) + VL - 1) / VL * VL;
     int failed = 0;
@@ -187,7 +259,10 @@ int paged_decode_attention_f32(float *out, const float *q, const float *key_cach
     {
         float *scores = malloc(sizeof(float) * num_heads * max_stride);
         int64_t *offsets = malloc(sizeof(int64_t) * max_stride);
-        if (scores == NULL || offsets == NULL) failed = 1;
+        float *rows = malloc(sizeof(float) * 2 * row); /* decoded K and V rows (fp8 only) */
+        if (scores == NULL || offsets == NULL || rows == NULL) failed = 1;
+        const RowSource keys = {key_cache, kv_format, k_scale, row, rows};
+        const RowSource values = {value_cache, kv_format, v_scale, row, rows + row};
 #pragma omp for schedule(dynamic, 1)
         for (int64_t seq = 0; seq < num_seqs; ++seq) {
             if (failed) continue;
@@ -196,19 +271,12 @@ int paged_decode_attention_f32(float *out, const float *q, const float *key_cach
             offsets_of(offsets, block_tables + seq * block_table_stride, first, end, block_size, row);
             float *o = out + seq * num_heads * head_dim;
             const float *qs = q + seq * num_heads * head_dim;
-            /* Constant head_dim for the common sizes: the compiler unrolls the head_dim loops. */
-            if (head_dim == 64)
-                attend_sequence(o, qs, key_cache, value_cache, offsets, len, stride, num_heads, num_kv_heads, 64,
-                                scale, softcap, scores);
-            else if (head_dim == 128)
-                attend_sequence(o, qs, key_cache, value_cache, offsets, len, stride, num_heads, num_kv_heads, 128,
-                                scale, softcap, scores);
-            else
-                attend_sequence(o, qs, key_cache, value_cache, offsets, len, stride, num_heads, num_kv_heads,
-                                head_dim, scale, softcap, scores);
+            attend_dispatch(o, qs, &keys, &values, offsets, len, stride, num_heads, num_kv_heads, head_dim, scale,
+                            softcap, scores, kv_format != 0);
         }
         free(scores);
         free(offsets);
+        free(rows);
     }
     return failed;
 }
