@@ -47,7 +47,7 @@ STAGES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "dry": st.fixed_dictionaries({"dry_multiplier": _rounded(0.1, 3), "dry_base": _rounded(1.01, 3),
                                   "dry_allowed_length": st.integers(1, 4), "dry_range": st.integers(0, 40),
                                   "dry_sequence_breakers": st.sampled_from([["\n"], ["\n", ":"], []])}),
-    "top_p_k_min": st.fixed_dictionaries({"top_p": _rounded(0.05, 1), "top_k": st.integers(-1, 40),
+    "top_p_k_min": st.fixed_dictionaries({"top_p": _rounded(0.05, 1), "top_k": st.one_of(st.just(-1), st.integers(1, 40)),
                                           "min_p": _rounded(0, 0.5)}),
     "top_a": st.fixed_dictionaries({"top_a": _rounded(0, 3)}),
     "tfs": st.fixed_dictionaries({"tfs": _rounded(0.05, 1)}),
