@@ -200,6 +200,9 @@ class SamplingParams:
                  + (" with dynatemp" if self.uses_dynatemp else ""))
         if self.best_of < 2:
             fail(f"best_of (the beam width) must be > 1 with use_beam_search, got {self.best_of}")
+        if self.logprobs is not None:
+            fail(f"logprobs is not supported with use_beam_search (a hypothesis keeps its tokens and score, "
+                 f"not per-token logprobs), got {self.logprobs}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
