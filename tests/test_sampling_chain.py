@@ -192,3 +192,21 @@ def test_xtc_coin_is_its_own_stream_so_the_token_draw_is_unchanged() -> None:
         batch.seeds = np.arange(2000, dtype=np.uint64)
         tokens.append(sampler(torch.from_numpy(np.tile(LOGITS_8, (2000, 1))), batch).token_ids)
     np.testing.assert_array_equal(tokens[0], tokens[1])
+
+
+def test_min_p_and_top_a_without_a_sort_drop_what_the_sorted_path_drops() -> None:
+    """Stage 4 skips its sort when no row uses top-p or top-k; with ties at the top and top_a
+    large enough to drop every token but one, it keeps the lowest id, as the sorted path does."""
+    from pipeline.truncation import apply_top_p_k_min_a
+
+    generator = np.random.default_rng(11)
+    logits = torch.from_numpy(generator.normal(0, 2, (6, 40)).astype(np.float32))
+    logits[0, [3, 17]] = logits[0].max() + 1  # a tie at the top
+    min_p = np.array([0.0, 0.1, 0.3, 0.0, 0.05, 0.9], np.float32)
+    top_a = np.array([50.0, 0.0, 0.0, 0.5, 0.2, 0.0], np.float32)
+    ones, offs = np.ones(6, np.float32), np.zeros(6, np.int32)
+    sort_free = apply_top_p_k_min_a(logits.clone(), ones, offs, min_p, top_a)
+    nearly_one = np.full(6, np.nextafter(np.float32(1), np.float32(0)))  # forces the sorted path, drops nothing more
+    sorted_path = apply_top_p_k_min_a(logits.clone(), nearly_one, offs, min_p, top_a)
+    np.testing.assert_array_equal(sort_free.numpy(), sorted_path.numpy())
+    assert np.isfinite(sort_free[0].numpy()).tolist() == [i == 3 for i in range(40)]
