@@ -45,7 +45,9 @@ from tests.sampling_reference import reference_row
 TOP = 20
 ATOL, RTOL = 1e-4, 1e-5  # float32 engine vs float64 reference on logits that differ by ~1e-6
 PERTURBATION, PERTURBATION_DRAWS = 1e-4, 16
-MODELS = (("llama", 0, 4096, True), ("qwen2", 1, 512, False), ("gemma2", 2, 512, False))
+# (arch, seed offset, vocab, with the built-in tokenizer). Not qwen2: its tied embeddings make
+# these random weights repeat the input token with p ~ 1, which leaves the samplers nothing to cut.
+MODELS = (("llama", 0, 4096, True), ("mistral", 1, 512, False), ("gemma2", 2, 512, False))
 
 
 def build_model(arch: str, offset: int, vocab: int, with_tokenizer: bool, seed: int, root: Path) -> Path:
@@ -213,10 +215,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seed", type=int, default=7000, help="model seeds are seed, seed+1, seed+2")
     parser.add_argument("--tokens", type=int, default=24, help="output tokens per choice (mirostat: 72)")
+    parser.add_argument("--archs", default=",".join(m[0] for m in MODELS), help="comma-separated subset")
     args = parser.parse_args()
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for arch, offset, vocab, with_tokenizer in MODELS:
+            if arch not in args.archs.split(","):
+                continue
             path = build_model(arch, offset, vocab, with_tokenizer, args.seed, Path(tmp))
             hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
             engine = make_engine(path)

@@ -30,8 +30,11 @@ NEW_TREE = Path(__file__).resolve().parents[1]
 SAMPLERS = {"temperature": 1.0, "min_p": 0.05, "smoothing_factor": 0.3, "dry_multiplier": 0.8}
 
 
+THREADS: dict[str, str] = {}  # OMP_NUM_THREADS for every run, when --threads is given
+
+
 def run_python(tree: Path, cache: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(tree), "AQUEDUCT_CACHE_DIR": str(cache)}
+    env = {**os.environ, "PYTHONPATH": str(tree), "AQUEDUCT_CACHE_DIR": str(cache), **THREADS}
     return subprocess.run([sys.executable, *args], cwd=tree, env=env, capture_output=True, text=True, check=True)
 
 
@@ -75,7 +78,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("-n", "--num-requests", type=int, default=128)
     parser.add_argument("--cache-root", type=Path, default=Path("/tmp/aq-sampler-throughput"))
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of every run (OMP_NUM_THREADS); on a crowded box 1 keeps CPU time "
+                             "free of spin-waiting")
     args = parser.parse_args()
+    if args.threads is not None:
+        THREADS["OMP_NUM_THREADS"] = str(args.threads)
     caches = {"old": args.cache_root / "old", "new": args.cache_root / "new"}
     trees = {"old": args.old_tree.resolve(), "new": NEW_TREE}
     work = args.cache_root / "work"
