@@ -157,7 +157,7 @@ def near_cut(raw: np.ndarray, inputs: dict, ref: Any) -> bool:
 def check_chain(name: str, engine: LLMEngine, hf: Any, prompts: list[list[int]], tokens: int) -> bool:
     cases = settings(prompts, engine.sampler.breakers, tokens)
     results = run_requests(engine, {label: (prompt, params) for label, (prompt, params) in cases.items()})
-    print(f"\n## {name}\n{'setting':28s} {'positions':>9s} {'max |diff|':>10s} {'mismatch':>8s} {'near-cut':>8s}"
+    print(f"\n## {name}\n{'setting':34s} {'positions':>9s} {'max |diff|':>10s} {'mismatch':>8s} {'near-cut':>8s}"
           f" {'max |mu diff|':>13s}")
     ok = True
     for label, result in results.items():
@@ -165,7 +165,7 @@ def check_chain(name: str, engine: LLMEngine, hf: Any, prompts: list[list[int]],
         for index, choice in sorted(result["choices"].items()):
             compare_choice(engine, hf, result["request"], index, choice, tally)
         mu = f"{tally.max_mu_diff:13.2e}" if cases[label][1].uses_mirostat else f"{'-':>13s}"
-        print(f"{label:28s} {tally.positions:9d} {tally.max_abs_diff:10.2e} {tally.mismatches:8d} "
+        print(f"{label:34s} {tally.positions:9d} {tally.max_abs_diff:10.2e} {tally.mismatches:8d} "
               f"{tally.near_cut:8d} {mu}")
         if tally.first_real is not None:
             ok = False

@@ -210,3 +210,18 @@ def test_min_p_and_top_a_without_a_sort_drop_what_the_sorted_path_drops() -> Non
     sorted_path = apply_top_p_k_min_a(logits.clone(), nearly_one, offs, min_p, top_a)
     np.testing.assert_array_equal(sort_free.numpy(), sorted_path.numpy())
     assert np.isfinite(sort_free[0].numpy()).tolist() == [i == 3 for i in range(40)]
+
+
+def test_smoothing_with_curve_one_keeps_masked_tokens_masked_and_matches_the_reference() -> None:
+    """Curve 1 (the default) takes a shorter path: top - f * d^2, with no finiteness mask."""
+    from pipeline.reshaping import apply_smoothing
+    from tests.sampling_reference import smoothing
+
+    logits = np.random.default_rng(4).normal(0, 3, (3, 30)).astype(np.float32)
+    logits[1, [0, 7]] = -np.inf
+    factors = np.array([0.3, 1.7, 0.01], np.float32)
+    ours = apply_smoothing(torch.from_numpy(logits.copy()), factors, np.ones(3, np.float32)).numpy()
+    for row in range(3):
+        np.testing.assert_allclose(ours[row], smoothing(logits[row].astype(np.float64), float(factors[row]), 1.0),
+                                   rtol=1e-5, atol=1e-5)
+    assert np.isneginf(ours[1, [0, 7]]).all() and np.isfinite(np.delete(ours[1], [0, 7])).all()
