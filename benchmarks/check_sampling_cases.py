@@ -69,8 +69,10 @@ def dry_settings(prompts: list[list[int]], breakers: SequenceBreakers, common: d
     breaker_ids = np.flatnonzero(breakers.mask(DEFAULT_DRY_SEQUENCE_BREAKERS))
     phrase = prompts[3][:7] if len(prompts[3]) >= 7 else [5, 6, 7, 8, 9, 10, 11]
     dry = {"dry_multiplier": 1.5, "dry_base": 1.6, "dry_allowed_length": 2}
+    # The prompts end on phrase[3]: DRY penalises phrase[4] (a bias makes it likely enough to sit
+    # in the top 20, where the comparison looks); the breaker that would continue a repeat gets one too.
     cases = {
-        "dry": ((phrase * 4)[:-3], {**dry}),
+        "dry": ((phrase * 4)[:-3], {**dry, "logit_bias": {phrase[4]: 6.0}}),
         "dry range 12 + rep penalty": ((phrase * 5)[:-2], {**dry, "dry_range": 12, "repetition_penalty": 1.2}),
         "dry greedy": ((phrase * 3)[:-4], {**dry, "temperature": 0.0}),
         "dry + min_p + smoothing": ((phrase * 4)[:-3], {**dry, "min_p": 0.05, "smoothing_factor": 0.3}),
@@ -79,7 +81,8 @@ def dry_settings(prompts: list[list[int]], breakers: SequenceBreakers, common: d
         inside = [*phrase[:3], int(breaker_ids[0]), *phrase[3:]]
         ending = [*phrase[:4], int(breaker_ids[-1])]
         cases["dry breaker inside repeat"] = ((inside * 4)[:-2], {**dry})
-        cases["dry breaker continues repeat"] = ((ending * 4)[:-1], {**dry, "temperature": 0.0})
+        cases["dry breaker continues repeat"] = ((ending * 4)[:-1], {**dry, "temperature": 0.0,
+                                                                     "logit_bias": {int(breaker_ids[-1]): 6.0}})
     return {label: (prompt, SamplingParams(**{**common, "seed": 50 + i, **knobs}))
             for i, (label, (prompt, knobs)) in enumerate(cases.items())}
 
