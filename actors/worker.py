@@ -25,17 +25,17 @@ import structlog
 from redis.exceptions import RedisError
 
 from actors.admission import Admission
-from actors.claimer import Claimer
 from actors.control import ControlActor
 from actors.device import device_thread
 from actors.edges import Edges
 from actors.intake import DeadLetter, IntakeActor, ReplyReader
-from actors.liveness import Heartbeat, heartbeat_key
 from actors.metrics import WorkerMetrics
 from actors.output import OutputActor
-from actors.ownership import Ownership
+from actors.recovery.claimer import Claimer
+from actors.recovery.liveness import Heartbeat, heartbeat_key
+from actors.recovery.ownership import Ownership
+from actors.recovery.resume import read_reply_stream
 from actors.replies import RedisReplySink, ReplySink
-from actors.resume import read_reply_stream
 from actors.runtime import ActorRuntime, Runnable
 from actors.scheduler import SchedulerActor
 from actors.stages import GPUActor, SamplingActor, TensorPrepActor
@@ -157,7 +157,7 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
 async def _start_health(options: WorkerOptions, metrics: WorkerMetrics, redis: aioredis.Redis) -> Any:
     if options.health_port is None:
         return None
-    from actors.health import HealthServer
+    from actors.http.health import HealthServer
 
     async def ready() -> bool:
         return bool(await redis.ping())  # the model is loaded before the event loop starts

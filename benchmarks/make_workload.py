@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from actors.bench import make_workload
+from actors.frontends.bench import make_workload
 
 
 def main() -> None:

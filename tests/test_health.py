@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 from structlog.testing import capture_logs
 
-from actors.health import HealthServer
+from actors.http.health import HealthServer
 from actors.metrics import METRICS_CONTENT_TYPE, WorkerMetrics
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from actors.recovery.resume import resume_state
 from actors.replies import to_wire
-from actors.resume import resume_state
 from pipeline.request import ResumeState
 from pipeline.sampler import Sampler
 from pipeline.sampling_params import SamplingParams

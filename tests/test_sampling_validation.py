@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from actors.batch import read_batch_file
-from actors.cli import build_parser
-from actors.engine_args import engine_config_from_args
+from actors.frontends.batch import read_batch_file
+from actors.frontends.cli import build_parser
+from actors.frontends.engine_args import engine_config_from_args
 from actors.message_codec import decode_message, encode_message
 from actors.messages import Admit
 from pipeline import rng

@@ -142,7 +142,7 @@ async def test_every_plain_data_edge_over_redis_gives_the_same_tokens(model_dir,
 async def test_batch_file_through_a_deployment_matches_the_embedded_run(model_dir, prefix, tmp_path):
     from tqdm import tqdm
 
-    from actors.batch import read_batch_file, run_embedded, run_remote, write_results
+    from actors.frontends.batch import read_batch_file, run_embedded, run_remote, write_results
 
     rng = random.Random(4)
     lines = [json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",

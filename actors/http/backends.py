@@ -16,9 +16,9 @@ from typing import Any, Protocol
 import structlog
 from redis.exceptions import RedisError
 
-from actors.liveness import heartbeat_key
 from actors.messages import Cancel
 from actors.metrics import WorkerMetrics
+from actors.recovery.liveness import heartbeat_key
 from actors.replies import MemoryReplySink
 from actors.runtime import ActorRuntime
 from pipeline.engine import LLMEngine
@@ -90,7 +90,7 @@ class RemoteBackend:
             return False
 
     async def workers_alive(self) -> bool:
-        """A live worker refreshes its heartbeat key (actors/liveness.py); any one will do."""
+        """A live worker refreshes its heartbeat key (actors/recovery/liveness.py); any one will do."""
         try:
             async for _ in self._client().redis.scan_iter(match=heartbeat_key(self.prefix, "*"), count=100):
                 return True

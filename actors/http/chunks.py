@@ -13,10 +13,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from actors.chat_request import chat_logprobs
 from actors.http.bodies import GatewayRequest
+from actors.http.chat_request import chat_logprobs
 from actors.http.errors import from_engine_error
-from actors.openai_shapes import completion_logprobs, usage_object
+from actors.http.openai_shapes import completion_logprobs, usage_object
 from queue_adapters.codec import WireChoice, WireReply
 
 DONE_EVENT = "data: [DONE]\n\n"

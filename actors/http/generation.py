@@ -25,8 +25,8 @@ from actors.http.chunks import ChunkWriter
 from actors.http.errors import ApiError, from_engine_error, invalid
 from actors.http.gateway_metrics import GatewayMetrics
 from actors.http.limits import PendingLimit, check_api_key, read_body_limited
+from actors.http.openai_shapes import completion_body
 from actors.http.options import GatewayOptions
-from actors.openai_shapes import completion_body
 from queue_adapters.client import assemble
 from queue_adapters.codec import WireReply
 

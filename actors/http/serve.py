@@ -22,7 +22,7 @@ def build_backend(args: argparse.Namespace, engine_config: Any) -> Backend:
     """Embedded: load the engine now, before serving anything. Gateway: only the tokenizer of --model
     (for /tokenize, /detokenize and logprob token strings); the workers must serve that model."""
     if args.redis_url:
-        from actors.cli import _remote_tokenizer
+        from actors.frontends.cli import _remote_tokenizer
 
         tokenizer, model_name = _remote_tokenizer(args)
         return RemoteBackend(args.redis_url, args.prefix, model_name, tokenizer, args.max_model_len)

@@ -16,18 +16,22 @@ import structlog
 import torch
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
-from pipeline.model.attention import TorchPagedAttention
-from pipeline.model.cpu_kernel import load_decode_kernel
+from pipeline.host_to_device import to_device
+from pipeline.image_input import VisionInfo
+from pipeline.model.backends import make_backend
 from pipeline.model.cpu_linear import onednn_linear_works, pack_linears
+from pipeline.model.encoder_cache import EncoderCache
 from pipeline.model.graphs import CUDAGraphRunner
 from pipeline.model.loader import (
     ModelInfo,
     attention_shape,
+    language_config,
     load_model,
     read_config,
     resolve_device,
     resolve_dtype,
 )
+from pipeline.model.memory_profile import profile_memory
 from pipeline.step_inputs import StepInputs
 
 log = structlog.get_logger(__name__)
@@ -80,32 +84,41 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # graph capture and profiling use the current device
         self.block_size = cache_config.block_size
-        self.max_model_len = model_config.max_model_len or read_config(model_dir)["max_position_embeddings"]
+        max_positions = language_config(read_config(model_dir))["max_position_embeddings"]
+        self.max_model_len = model_config.max_model_len or max_positions
         self.scheduler_config = scheduler_config
         self.model, self.info = self._load(model_config, model_dir)
+        self.vision, self.encoder_cache = self._vision_parts()
         self.vocab_size = self.info.vocab_size
         self.eos_token_ids = self.info.eos_token_ids
+        self.use_graphs = self.device.type == "cuda" and not model_config.enforce_eager
         self.num_kv_blocks = self._decide_num_blocks(cache_config)
-        use_graphs = self.device.type == "cuda" and not model_config.enforce_eager
-        self.kv_caches = self._allocate_kv_caches(self.num_kv_blocks + int(use_graphs))
-        self.graph_runner = self._capture_graphs() if use_graphs else None
+        self.kv_caches = self._allocate_kv_caches(self.num_kv_blocks + int(self.use_graphs))
+        self.graph_runner = self._capture_graphs() if self.use_graphs else None
         log.info("model runner ready", device=str(self.device), dtype=str(self.dtype),
                  num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
-                 max_model_len=self.max_model_len, cuda_graphs=use_graphs)
+                 max_model_len=self.max_model_len, cuda_graphs=self.use_graphs,
+                 attention_backend=type(self.backend).__name__)
 
     def _load(self, model_config: ModelConfig, model_dir: str) -> tuple[torch.nn.Module, ModelInfo]:
         config = read_config(model_dir)
         shape = attention_shape(config)
-        self.backend = TorchPagedAttention(shape.num_heads, shape.num_kv_heads, shape.head_dim, self.block_size,
-                                           scale=shape.scale, windows=shape.windows,
-                                           logit_softcap=shape.logit_softcap)
-        if self.device.type == "cpu" and self.dtype == torch.float32:
-            self.backend.decode_kernel = load_decode_kernel()
+        self.backend = make_backend(model_config.attention_backend, shape, self.block_size, self.device, self.dtype)
         model, info = load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
-                                 max_positions=max(self.max_model_len, config["max_position_embeddings"]))
+                                 max_positions=max(self.max_model_len,
+                                                   language_config(config)["max_position_embeddings"]))
         if self.device.type == "cpu" and model_config.cpu_linear == "onednn" and onednn_linear_works(self.dtype):
             log.info("linear layers packed for oneDNN", count=pack_linears(model))
         return model, info
+
+    def _vision_parts(self) -> tuple[VisionInfo | None, EncoderCache | None]:
+        """What intake needs to know of a vision-language model, and its encoder's cache (None, None: text only)."""
+        spec = getattr(self.model, "spec", None)
+        if spec is None:
+            return None, None
+        size = spec.vision.image_size
+        info = VisionInfo(spec.image_token_id, spec.num_image_tokens, (size, size))
+        return info, EncoderCache(self.model.encode_images, self.device)
 
     # ---- KV cache sizing -----------------------------------------------------------------------
 
@@ -123,25 +136,35 @@ class ModelRunner:
         return self._profile_num_blocks(cache_config.gpu_memory_utilization)
 
     def _profile_num_blocks(self, gpu_memory_utilization: float) -> int:
-        """Run a max-size step without a cache; whatever memory it leaves under the limit holds KV."""
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
+        """Measure a max-size step (and a max-batch decode when graphs are on) without a KV cache;
+        whatever stays under the utilization limit holds KV (model/memory_profile.py)."""
         sched = self.scheduler_config
-        inputs = dummy_prefill_inputs(sched.max_num_batched_tokens, sched.max_num_seqs, self.max_model_len)
-        with torch.inference_mode():
-            self._forward(inputs, self._allocate_kv_caches(1))
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        available = int(gpu_memory_utilization * total) - peak
-        num_blocks = available // self.bytes_per_block
-        log.info("profiled memory", peak_bytes=peak, total_bytes=total, kv_bytes=available,
-                 num_blocks=num_blocks)
+        scratch = self._allocate_kv_caches(1)
+
+        def run(inputs: StepInputs, with_images: bool) -> None:
+            with torch.inference_mode():
+                hidden = self._forward(inputs, scratch)
+                self.model.compute_logits(hidden[to_device(inputs.logits_indices, self.device, torch.long)])
+                if with_images:
+                    self._profile_vision_tower(sched.max_num_batched_tokens)
+
+        prefill = dummy_prefill_inputs(sched.max_num_batched_tokens, sched.max_num_seqs, self.max_model_len)
+        decode = dummy_prefill_inputs(sched.max_num_seqs, sched.max_num_seqs, 1)  # one token per sequence
+        profile = profile_memory(self.device, lambda: run(prefill, True), lambda: run(decode, False),
+                                 sched.max_num_seqs, self.vocab_size, self.use_graphs)
+        num_blocks = profile.kv_cache_bytes(gpu_memory_utilization) // self.bytes_per_block
+        log.info("kv cache sized", num_blocks=num_blocks, bytes_per_block=self.bytes_per_block)
         if num_blocks < 1:
-            raise ValueError(f"no memory left for the KV cache: peak {peak} bytes of {total}; "
-                             "raise gpu_memory_utilization or lower max_num_batched_tokens")
-        torch.cuda.empty_cache()
+            raise ValueError(f"no memory left for the KV cache: {profile}; "
+                             "raise gpu_memory_utilization or lower max_num_batched_tokens / max_num_seqs")
         return num_blocks
+
+    def _profile_vision_tower(self, max_num_batched_tokens: int) -> None:
+        """A vision model encodes up to a step's worth of images at once: count that peak too."""
+        if self.vision is None:
+            return
+        num_images = max(1, max_num_batched_tokens // self.vision.num_image_tokens)
+        self.model.encode_images(torch.zeros(num_images, 3, *self.vision.image_size, device=self.device))
 
     def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
         info = self.info
@@ -165,17 +188,20 @@ class ModelRunner:
     # ---- the step ------------------------------------------------------------------------------
 
     def _forward(self, inputs: StepInputs, kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        input_ids = torch.from_numpy(inputs.input_ids.astype(np.int64, copy=False)).to(self.device)
-        positions = torch.from_numpy(inputs.positions.astype(np.int64, copy=False)).to(self.device)
+        input_ids = to_device(inputs.input_ids, self.device, torch.long)
+        positions = to_device(inputs.positions, self.device, torch.long)
         metadata = self.backend.build_metadata(inputs, self.device)
+        if inputs.images and self.encoder_cache is not None:
+            images = self.encoder_cache.embeddings(inputs.images)
+            return self.model(input_ids, positions, metadata, kv_caches, images=images)
         return self.model(input_ids, positions, metadata, kv_caches)
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Float32 logits [len(logits_indices), vocab_size] on self.device."""
         with torch.inference_mode():
-            if self.graph_runner is not None and self.graph_runner.can_run(inputs):
+            if self.graph_runner is not None and not inputs.images and self.graph_runner.can_run(inputs):
                 hidden = self.graph_runner.run(inputs)
             else:
                 hidden = self._forward(inputs, self.kv_caches)
-            logits_indices = torch.from_numpy(inputs.logits_indices.astype(np.int64, copy=False))
-            return self.model.compute_logits(hidden[logits_indices.to(self.device)])
+            logits_indices = to_device(inputs.logits_indices, self.device, torch.long)
+            return self.model.compute_logits(hidden[logits_indices])

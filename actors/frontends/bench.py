@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
-from actors.engine_args import engine_config_from_args
+from actors.frontends.engine_args import engine_config_from_args
 from pipeline.engine import EngineStats, LLMEngine
 from pipeline.sampling_params import SamplingParams
 

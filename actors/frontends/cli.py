@@ -10,8 +10,8 @@ from typing import Any
 
 import structlog
 
-from actors.engine_args import add_engine_args, engine_config_from_args
-from actors.logging_setup import configure_logging
+from actors.frontends.engine_args import add_engine_args, engine_config_from_args
+from actors.frontends.logging_setup import configure_logging
 from actors.process_tuning import startup_collector_paused, tune_glibc_malloc
 
 log = structlog.get_logger(__name__)
@@ -21,7 +21,7 @@ def _batch(args: argparse.Namespace) -> int:
     import asyncio
 
     with startup_collector_paused():
-        from actors.batch import read_batch_file, run_embedded, run_remote, write_results
+        from actors.frontends.batch import read_batch_file, run_embedded, run_remote, write_results
 
         lines = read_batch_file(Path(args.input))
         if not args.redis_url:
@@ -51,7 +51,7 @@ def _batch(args: argparse.Namespace) -> int:
 def _remote_tokenizer(args: argparse.Namespace) -> tuple[Any, str]:
     """The tokenizer of the model the deployment is assumed to serve (--model, else the CLI default),
     for the token strings of logprobs; the text itself comes from the workers."""
-    from actors.engine_args import model_from_args
+    from actors.frontends.engine_args import model_from_args
     from pipeline.model.loader import resolve_device, resolve_dtype
     from pipeline.model_source import resolve_model
     from pipeline.tokenizer import load_tokenizer
@@ -65,7 +65,7 @@ def _run_offline_interruptibly(device: Any, engine: Any, requests: list[Any], pr
     (the device thread would otherwise run the whole file before the process could exit)."""
     import threading
 
-    from actors.batch import run_offline
+    from actors.frontends.batch import run_offline
 
     stop = threading.Event()
     future = device.submit(run_offline, engine, requests, progress, stop=stop)
@@ -78,21 +78,21 @@ def _run_offline_interruptibly(device: Any, engine: Any, requests: list[Any], pr
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from actors.bench import run_bench
+    from actors.frontends.bench import run_bench
 
     run_bench(args)
     return 0
 
 
 def _bench_redis(args: argparse.Namespace) -> int:
-    from actors.bench_redis import run_bench_redis
+    from actors.frontends.bench_redis import run_bench_redis
 
     run_bench_redis(args)
     return 0
 
 
 def _loadtest(args: argparse.Namespace) -> int:
-    from actors.loadtest import run_loadtest
+    from actors.frontends.loadtest import run_loadtest
 
     return run_loadtest(args)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from actors.liveness import heartbeat_key
+from actors.recovery.liveness import heartbeat_key
 
 
 class Ownership:

@@ -1,4 +1,4 @@
-"""Crash resume: a worker takes over the pending requests of dead ones (see actors/liveness.py).
+"""Crash resume: a worker takes over the pending requests of dead ones (see actors/recovery/liveness.py).
 
 Every so often, list request entries unacked for at least claim_idle_ms; those whose consumer has no
 heartbeat are claimed (XCLAIM) and go through Intake, which resumes them from what their reply
@@ -16,7 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from actors.admission import Admission
 from actors.intake import IntakeActor
-from actors.liveness import heartbeat_key
+from actors.recovery.liveness import heartbeat_key
 from queue_adapters.codec import Malformed, WireRequest
 from queue_adapters.redis_streams import RedisStreamConsumer
 

@@ -20,8 +20,8 @@ import msgspec
 import redis.asyncio as aioredis
 import structlog
 
-from actors.bench import make_workload
-from actors.engine_args import engine_config_from_args
+from actors.frontends.bench import make_workload
+from actors.frontends.engine_args import engine_config_from_args
 from actors.replies import MemoryReplySink
 from actors.runtime import ActorRuntime
 from actors.worker import WorkerOptions, build_graph, run_worker

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from actors.bench import make_workload
+from actors.frontends.bench import make_workload
 from queue_adapters.codec import WireRequest, decode_reply, encode
 from queue_adapters.redis_streams import DATA_FIELD
 

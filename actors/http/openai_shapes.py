@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from actors.chat_request import chat_choice
+from actors.http.chat_request import chat_choice
 
 
 def completion_body(response_id: str, result: dict[str, Any], model_name: str, tokenizer: Any | None,

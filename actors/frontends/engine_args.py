@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pipeline.config import (
+    ATTENTION_BACKENDS,
     CPU_LINEARS,
     DTYPES,
     LOGPROBS_MODES,
@@ -37,10 +38,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     group.add_argument("--cpu-linear", choices=CPU_LINEARS, default="onednn",
                        help="CPU matmuls: oneDNN with packed weights (faster), or torch's nn.Linear (HF's kernels)")
+    group.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                       help="auto = flex (torch FlexAttention over the paged cache) on CUDA, torch (SDPA + the "
+                            "native decode kernel) on CPU")
     group.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="processed_logprobs",
                        help="returned logprobs: of the distribution after the sampler chain, or the model's own")
     group.add_argument("--max-logprobs", type=int, default=20,
                        help="the largest logprobs / prompt_logprobs a request may ask for")
+    group.add_argument("--max-image-bytes", default="20MiB",
+                       help="vision models: the largest encoded image a request may send, e.g. 20MiB")
+    group.add_argument("--max-image-pixels", type=int, default=6000 * 6000,
+                       help="vision models: the largest image (width x height) a request may send")
 
 
 def model_from_args(args: argparse.Namespace) -> str:
@@ -53,7 +61,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         model=ModelConfig(model=model_from_args(args), dtype=args.dtype, device=args.device,
                           max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                           cpu_linear=args.cpu_linear, logprobs_mode=args.logprobs_mode,
-                          max_logprobs=args.max_logprobs),
+                          max_logprobs=args.max_logprobs, max_image_bytes=parse_size(args.max_image_bytes),
+                          max_image_pixels=args.max_image_pixels, attention_backend=args.attention_backend),
         cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory=parse_size(args.kv_cache_memory),
                           gpu_memory_utilization=args.gpu_memory_utilization,

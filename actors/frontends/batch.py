@@ -22,10 +22,10 @@ from typing import Any
 import structlog
 from tqdm import tqdm
 
-from actors.chat_request import CHAT_URL, parse_chat_body
-from actors.completion_request import parse_completion_body
+from actors.http.chat_request import CHAT_URL, parse_chat_body
+from actors.http.completion_request import parse_completion_body
+from actors.http.openai_shapes import completion_body
 from actors.intake import build_request
-from actors.openai_shapes import completion_body
 from actors.replies import MemoryReplySink, to_wire
 from actors.runtime import ActorRuntime
 from pipeline.engine import LLMEngine
@@ -68,8 +68,8 @@ def _parse_line(text: str, number: int, seen: set[str]) -> BatchLine:
         seen.add(custom_id)
         chat = item["url"] == CHAT_URL
         if chat:
-            messages, params = parse_chat_body(item["body"])  # validates the sampling fields
-            prompt_fields: dict[str, Any] = {"messages": messages}
+            messages, params, images = parse_chat_body(item["body"])  # validates the sampling fields
+            prompt_fields: dict[str, Any] = {"messages": messages, "images": images or None}
         else:
             prompt, _ = parse_completion_body(item["body"])  # validates the sampling fields
             params = {k: v for k, v in item["body"].items() if k not in ("prompt", "model", "user", "stream")}
