@@ -37,6 +37,7 @@ class PersistentBatch:
         self.seeds = np.zeros(max_num_seqs, np.uint64)
         self.choice_index = np.zeros(max_num_seqs, np.int64)
         self.num_logprobs = np.full(max_num_seqs, -1, np.int32)
+        self.beam = np.zeros(max_num_seqs, np.bool_)
         self.prompt_logprobs = np.full(max_num_seqs, -1, np.int32)
         self.min_tokens = np.zeros(max_num_seqs, np.int32)
         self.stop_token_ids: list[np.ndarray] = [_EMPTY] * max_num_seqs
@@ -84,6 +85,7 @@ class PersistentBatch:
         self.seeds[row] = new.seed
         self.choice_index[row] = new.choice_index
         self.num_logprobs[row] = values.num_logprobs
+        self.beam[row] = new.params.use_beam_search
         if new.params.use_beam_search:  # a beam's best W + #stop-token continuations (pipeline/beam_search.py)
             self.num_logprobs[row] = max(values.num_logprobs, new.params.best_of + len(new.stop_token_ids))
         prompt_logprobs = new.params.prompt_logprobs
@@ -127,6 +129,7 @@ class PersistentBatch:
             banned_rows=banned_rows,
             banned_tokens=banned_tokens,
             advanced=self.advanced.batch_columns(rows, self.token_ids, self.num_tokens),
+            beam=self.beam[rows] if self.beam[rows].any() else None,
         )
 
     def _bans(self, rows: np.ndarray, output_position: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

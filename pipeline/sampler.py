@@ -65,6 +65,10 @@ class Sampler:
             output.mirostat_mu = self._next_mirostat_mu(processed, token_ids, batch.advanced)
         if (batch.num_logprobs >= 0).any():
             scored = processed if self.logprobs_mode == "processed_logprobs" else logits.float()
+            if batch.beam is not None and self.logprobs_mode != "processed_logprobs":
+                beam_rows = torch.from_numpy(np.flatnonzero(batch.beam)).to(processed.device)
+                scored = scored.clone()
+                scored[beam_rows] = processed[beam_rows]  # beams rank by the processed scores in every mode
             self._fill_logprobs(output, scored, token_ids, batch)
         return output
 
@@ -72,8 +76,10 @@ class Sampler:
         """Stages 1-12 of SAMPLING.md; a new float32 tensor (the caller's is never written)."""
         logits = self._trim(logits).float()
         advanced = batch.advanced
-        if advanced is not None or len(batch.banned_rows) > 0:
+        if advanced is not None or len(batch.banned_rows) > 0 or batch.beam is not None:
             logits = logits.clone()  # the stages below write in place
+        if batch.beam is not None:
+            logits = on_rows(logits, np.flatnonzero(batch.beam), lambda sub, rows: torch.log_softmax(sub, dim=-1))
         if advanced is not None and len(advanced.bias_rows) > 0:
             logits = apply_logit_bias(logits, advanced)
         if len(batch.banned_rows) > 0:
@@ -154,6 +160,9 @@ class Sampler:
         rows_np = np.flatnonzero(batch.num_logprobs >= 0)
         rows = torch.from_numpy(rows_np).to(scored.device)
         logprobs = torch.log_softmax(scored[rows], dim=-1)
+        if batch.beam is not None:  # a beam's scores are already log-probs, processed after (HF's order)
+            beam_among_rows = torch.from_numpy(np.flatnonzero(batch.beam[rows_np])).to(scored.device)
+            logprobs[beam_among_rows] = scored[rows[beam_among_rows]]
         chosen, ranks, top_ids, top_values = top_logprobs(logprobs, token_ids[rows], num_alternatives)
         # Rows that did not ask keep zeros (the contract allows junk there).
         output.chosen_logprobs = np.zeros(num_rows, dtype=np.float32)
