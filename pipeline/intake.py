@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.lora.registry import LoRARegistry
 from pipeline.request import Request
 from pipeline.rng import request_seed
 from pipeline.sampling_params import SamplingParams
@@ -18,16 +19,17 @@ from pipeline.sampling_params import SamplingParams
 
 class RequestBuilder:
     def __init__(self, tokenizer: Any | None, vocab_size: int, eos_token_ids: frozenset[int],
-                 max_model_len: int, *, max_logprobs: int = 20) -> None:
+                 max_model_len: int, *, max_logprobs: int = 20, loras: LoRARegistry | None = None) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
+        self.loras = loras
 
     def build(self, request_id: str, params: SamplingParams, *, prompt: str | None = None,
               prompt_token_ids: Sequence[int] | None = None,
-              messages: list[dict[str, str]] | None = None) -> Request:
+              messages: list[dict[str, str]] | None = None, lora: str | None = None) -> Request:
         given = [name for name, value in (("prompt", prompt), ("prompt_token_ids", prompt_token_ids),
                                           ("messages", messages)) if value is not None]
         if len(given) != 1:
@@ -48,7 +50,15 @@ class RequestBuilder:
         self._check_params(params, len(ids))
         return Request(request_id=request_id, prompt_token_ids=ids, params=params,
                        seed=request_seed(params.seed, request_id), eos_token_ids=self.eos_token_ids,
-                       prompt=prompt)
+                       prompt=prompt, lora_name=lora, lora_id=self._lora_id(lora))
+
+    def _lora_id(self, name: str | None) -> int | None:
+        if name is None:
+            return None
+        if self.loras is None:
+            raise ValueError(f"lora: unknown adapter {name!r} (LoRA is not enabled on this worker: "
+                             "start it with --lora-modules or --enable-lora)")
+        return self.loras.id_of(name)
 
     def _check_params(self, params: SamplingParams, num_prompt_tokens: int) -> None:
         """The rules that need the model: context left for the output, vocabulary, --max-logprobs."""

@@ -13,7 +13,7 @@ the other two decodes:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,6 +30,8 @@ class StepInputs:
     num_tokens: int  # T without graph padding
     max_query_len: int
     max_seq_len: int
+    lora_slots: np.ndarray | None = None  # [T] int32 LoRA slot per token (-1 = base); None: no adapter this step
+    lora_loads: dict[int, int] = field(default_factory=dict)  # slot -> adapter id to load before the forward
 
     @property
     def num_seqs(self) -> int:

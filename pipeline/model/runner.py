@@ -15,7 +15,8 @@ import numpy as np
 import structlog
 import torch
 
-from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
+from pipeline.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
+from pipeline.lora.registry import LoRARegistry
 from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.cpu_kernel import load_decode_kernel
 from pipeline.model.cpu_linear import onednn_linear_works, pack_linears
@@ -28,6 +29,7 @@ from pipeline.model.loader import (
     resolve_device,
     resolve_dtype,
 )
+from pipeline.model.lora import LoRASlotTensors
 from pipeline.step_inputs import StepInputs
 
 log = structlog.get_logger(__name__)
@@ -74,7 +76,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig,
-                 scheduler_config: SchedulerConfig, model_dir: str) -> None:
+                 scheduler_config: SchedulerConfig, model_dir: str, lora_config: LoRAConfig | None = None) -> None:
         self.device = resolve_device(model_config.device)
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         if self.device.type == "cuda":
@@ -83,6 +85,13 @@ class ModelRunner:
         self.max_model_len = model_config.max_model_len or read_config(model_dir)["max_position_embeddings"]
         self.scheduler_config = scheduler_config
         self.model, self.info = self._load(model_config, model_dir)
+        self.lora: LoRASlotTensors | None = None
+        self.lora_registry: LoRARegistry | None = None
+        if lora_config is not None:  # wraps the projections, packed or not, before graphs capture them
+            self.lora = LoRASlotTensors(self.model, lora_config.max_loras, lora_config.max_lora_rank, self.dtype,
+                                        self.device)
+            self.lora_registry = LoRARegistry(self.lora.shapes, lora_config.max_lora_rank,
+                                              lora_config.host_capacity)
         self.vocab_size = self.info.vocab_size
         self.eos_token_ids = self.info.eos_token_ids
         self.num_kv_blocks = self._decide_num_blocks(cache_config)
@@ -173,9 +182,18 @@ class ModelRunner:
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Float32 logits [len(logits_indices), vocab_size] on self.device."""
         with torch.inference_mode():
-            if self.graph_runner is not None and self.graph_runner.can_run(inputs):
+            self._prepare_lora(inputs)
+            if self.graph_runner is not None and inputs.lora_slots is None and self.graph_runner.can_run(inputs):
                 hidden = self.graph_runner.run(inputs)
             else:
                 hidden = self._forward(inputs, self.kv_caches)
             logits_indices = torch.from_numpy(inputs.logits_indices.astype(np.int64, copy=False))
             return self.model.compute_logits(hidden[logits_indices.to(self.device)])
+
+    def _prepare_lora(self, inputs: StepInputs) -> None:
+        """Copy newly assigned adapters into their slots and group this step's tokens by slot."""
+        if self.lora is None or self.lora_registry is None:
+            return
+        for slot, adapter_id in inputs.lora_loads.items():
+            self.lora.load(slot, self.lora_registry.adapter(adapter_id))
+        self.lora.step.set(inputs.lora_slots)
