@@ -25,6 +25,7 @@ class LoRASlots:
         self._users: dict[int, int] = {}  # adapter id -> running sequences using it
         self._recency: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_slots))  # LRU first
         self._pending_loads: dict[int, int] = {}
+        self.num_loads = 0  # slot (re)assignments so far (metrics, tests)
 
     def slot_of(self, adapter_id: int) -> int | None:
         return self._slot_of.get(adapter_id)
@@ -45,6 +46,7 @@ class LoRASlots:
             self._adapter_in[slot] = adapter_id
             self._slot_of[adapter_id] = slot
             self._pending_loads[slot] = adapter_id
+            self.num_loads += 1
         self._users[adapter_id] = self._users.get(adapter_id, 0) + 1
         self._recency.move_to_end(slot)
         return slot
