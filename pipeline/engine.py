@@ -68,7 +68,9 @@ class LLMEngine:
         self.sampler = Sampler(self.vocab_size, logprobs_mode=config.model.logprobs_mode,
                                breakers=SequenceBreakers(token_decoder(self.tokenizer), self.vocab_size))
         self.builder = RequestBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids, self.max_model_len,
-                                      max_logprobs=config.model.max_logprobs, loras=self.lora_registry)
+                                      max_logprobs=config.model.max_logprobs, loras=self.lora_registry,
+                                      base_model_names=frozenset(
+                                          name for name in (self.model_name, config.model.model) if name))
         self.outputs = OutputProcessor(self.tokenizer)
         self.stats = EngineStats()
         log.info("engine ready", model=str(self.model_dir), num_kv_blocks=self.runner.num_kv_blocks,

@@ -19,13 +19,15 @@ from pipeline.sampling_params import SamplingParams
 
 class RequestBuilder:
     def __init__(self, tokenizer: Any | None, vocab_size: int, eos_token_ids: frozenset[int],
-                 max_model_len: int, *, max_logprobs: int = 20, loras: LoRARegistry | None = None) -> None:
+                 max_model_len: int, *, max_logprobs: int = 20, loras: LoRARegistry | None = None,
+                 base_model_names: frozenset[str] = frozenset()) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
         self.loras = loras
+        self.base_model_names = base_model_names  # a `lora` naming the base model means no adapter
 
     def build(self, request_id: str, params: SamplingParams, *, prompt: str | None = None,
               prompt_token_ids: Sequence[int] | None = None,
@@ -48,12 +50,13 @@ class RequestBuilder:
             raise ValueError(f"prompt has {len(ids)} tokens; the limit is {self.max_model_len - 1} "
                              f"(max_model_len {self.max_model_len} incl. one output token)")
         self._check_params(params, len(ids))
+        lora_id = self._lora_id(lora)
         return Request(request_id=request_id, prompt_token_ids=ids, params=params,
                        seed=request_seed(params.seed, request_id), eos_token_ids=self.eos_token_ids,
-                       prompt=prompt, lora_name=lora, lora_id=self._lora_id(lora))
+                       prompt=prompt, lora_name=lora if lora_id is not None else None, lora_id=lora_id)
 
     def _lora_id(self, name: str | None) -> int | None:
-        if name is None:
+        if name is None or name in self.base_model_names:
             return None
         if self.loras is None:
             raise ValueError(f"lora: unknown adapter {name!r} (LoRA is not enabled on this worker: "

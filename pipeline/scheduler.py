@@ -32,6 +32,7 @@ class Scheduler:
         self.lora_registry = lora_registry
         self.lora_slots = lora_slots
         self.lora_failures: list[tuple[str, str]] = []  # (request id, message): adapter gone while waiting
+        self.lora_token_counts: dict[str, int] = {}  # adapter name -> output tokens generated (metrics)
         self.kv_cache = kv_cache
         # A sequence must fit in the whole cache, or it could only preempt itself forever; under a
         # sliding window it holds a bounded number of blocks however long it grows.
@@ -282,6 +283,9 @@ class Scheduler:
         """Record a sampled token and finish the sequence if a stop condition holds."""
         seq.token_ids.append(token_id)
         self.num_generated_tokens += 1
+        lora_name = seq.request.lora_name
+        if lora_name is not None:
+            self.lora_token_counts[lora_name] = self.lora_token_counts.get(lora_name, 0) + 1
         params = seq.params
         num_output = seq.num_output_tokens
         # Tokens at output positions < min_tokens cannot stop the sequence (they are also banned).

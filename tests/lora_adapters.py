@@ -48,3 +48,19 @@ def make_adapters(base_dir: Path, root: Path, names: list[str]) -> dict[str, Pat
 def peft_model(base_dir: Path, adapter_dir: Path) -> torch.nn.Module:
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     return PeftModel.from_pretrained(base, adapter_dir).eval()
+
+
+def run_with_adapters(engine: Any, requests: dict) -> dict[str, dict]:
+    """requests: id -> (prompt ids, params, adapter name or None); per id: tokens, logprobs, usage."""
+    results = {request_id: {"tokens": [], "logprobs": [], "usage": None} for request_id in requests}
+    for request_id, (prompt, params, lora) in requests.items():
+        engine.add_request(request_id, prompt, params, lora=lora)
+    while engine.has_unfinished:
+        for delta in engine.step():
+            result = results[delta.request_id]
+            for choice in delta.choices:
+                result["tokens"] += choice.token_ids
+                result["logprobs"] += choice.logprobs or []
+            if delta.usage is not None:
+                result["usage"] = delta.usage
+    return results

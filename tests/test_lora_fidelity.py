@@ -14,7 +14,7 @@ from pipeline.engine import LLMEngine
 from pipeline.sampling_params import SamplingParams
 from tests.engine_helpers import assert_greedy_equal, hf_greedy
 from tests.hf_models import make_tiny_hf_model
-from tests.lora_adapters import ADAPTER_SPECS, make_adapters, peft_model
+from tests.lora_adapters import ADAPTER_SPECS, make_adapters, peft_model, run_with_adapters
 
 
 @pytest.fixture(scope="module")
@@ -32,22 +32,6 @@ def lora_engine(base, adapters, *, max_loras=4, block_size=16, num_kv_blocks=512
         scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
         lora=LoRAConfig(modules=tuple((name, str(path)) for name, path in adapters.items()), max_loras=max_loras,
                         max_lora_rank=max_lora_rank)))
-
-
-def run_with_adapters(engine: LLMEngine, requests: dict) -> dict[str, dict]:
-    """requests: id -> (prompt ids, params, adapter name or None); per id: tokens, logprobs, usage."""
-    results = {request_id: {"tokens": [], "logprobs": [], "usage": None} for request_id in requests}
-    for request_id, (prompt, params, lora) in requests.items():
-        engine.add_request(request_id, prompt, params, lora=lora)
-    while engine.has_unfinished:
-        for delta in engine.step():
-            result = results[delta.request_id]
-            for choice in delta.choices:
-                result["tokens"] += choice.token_ids
-                result["logprobs"] += choice.logprobs or []
-            if delta.usage is not None:
-                result["usage"] = delta.usage
-    return results
 
 
 def check_against_peft(base, adapters, requests, results, label, check_logprobs=False):
