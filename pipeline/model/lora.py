@@ -1,19 +1,29 @@
 """LoRA on the device: each projection of the Llama-class decoders wrapped with adapter slots.
 
 A LoRALinear holds whatever module computed the projection before (nn.Linear, a packed or
-quantized linear: anything with forward(x)) and adds, for tokens that use an adapter,
-scale * (x A) B. Slots are fixed-size stacked tensors, zero-padded to the maximum rank:
+quantized linear: anything with forward(x)) and adds scale_i * (x A_i) B_i for each token's
+adapter i. Our fused projections (qkv_proj, gate_up_proj) are several PEFT modules side by side
+("shards"); each shard's delta is written into its own output columns.
 
-    lora_a [slots, in_features, shards * max_rank]   shard k of slot s in columns k*r_s:(k+1)*r_s
-    lora_b[k] [slots, max_rank, out_features_k]      rows :r_s used
+Each step's adapter tokens are grouped by slot once (LoRAStep) into a padded [groups, G] layout,
+G the largest group, so every wrapper runs the same five ops whatever the mix of adapters (no loop
+over adapters, none over tokens):
 
-Our fused projections (qkv_proj, gate_up_proj) are several PEFT modules side by side: one matmul
-with the shards' A matrices gives [n, shards * r], then shard k's B writes its own output columns.
+    lora_a [slots, in, shards * R]    shard k of slot s in columns k*R:(k+1)*R (R: the largest resident rank)
+    lora_b [slots, shards * R, out]   block-diagonal over shards: shard k's rows feed only its own columns
+    xs = x[gather]                    [groups, G, in]; padding points at token 0
+    xa = bmm(xs, lora_a[present]) * row_scale   adapter scale per real row, 0 for padding
+    out.index_add_(0, gather, bmm(xa, lora_b[present]))
 
-Per step the tokens are grouped by slot once (LoRAStep), and every wrapper loops over the distinct
-adapters present (at most --max-loras), never over tokens. A step without adapter tokens takes the
-plain path. A CUDA-graph variant would keep the tensors as they are, take the per-token slot as a
-graph input and use the full max_rank; eager steps slice each slot to its adapter's rank instead.
+Example: tokens using slots [1, -1, 1, 0] (-1: base) -> present [0, 1], G 2,
+gather [[3, 0], [0, 2]], row_scale [[s0, 0], [s1, s1]]: the padding rows add exact zeros.
+
+The FLOPs are those of each token's own adapter (plus padding, none for an even mix), and a step
+costs a handful of ops per projection: on CPU that mattered more than the matmul shapes (one
+small matmul per adapter and shard, or computing every slot for every token, were both slower).
+The slot tensors have fixed shapes for a given R; a CUDA-graph variant would use R = max rank,
+all slots and the gather/row_scale arrays as graph inputs. A step without adapter tokens takes
+the plain path. Scaling before B rather than after, as PEFT does, changes only the last bits.
 """
 
 from __future__ import annotations
@@ -46,101 +56,116 @@ def model_shapes(config: DecoderConfig) -> ModelShapes:
 
 
 class LoRAStep:
-    """The current step's tokens grouped by adapter slot, shared by every wrapper.
+    """The current step's adapter tokens grouped by slot, shared by every wrapper (None: plain step)."""
 
-    slots per token [-1, 1, 0, 1, -1] -> perm [2, 1, 3], groups [(0, 0, 1), (1, 1, 3)]
-    (slot, start, end): perm[start:end] are the tokens of that slot.
-    """
-
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.num_slots = num_slots
+        self.dtype = dtype
         self.device = device
-        self.perm: torch.Tensor | None = None
-        self.groups: list[tuple[int, int, int]] = []
+        self.scales = np.zeros(num_slots)  # per slot (0 for an empty one)
+        self.gather: torch.Tensor | None = None  # [groups * G] token index per padded row
+        self.row_scale: torch.Tensor | None = None  # [groups, G, 1]
+        self.present: torch.Tensor | None = None  # slots of the groups; None when every slot is present
+
+    @property
+    def active(self) -> bool:
+        return self.gather is not None
 
     def set(self, token_slots: np.ndarray | None) -> None:
-        if token_slots is None:
-            self.perm, self.groups = None, []
+        adapted = np.zeros(0, np.int64) if token_slots is None else np.flatnonzero(token_slots >= 0)
+        if len(adapted) == 0:
+            self.gather = self.row_scale = self.present = None
             return
-        adapted = np.flatnonzero(token_slots >= 0)
         order = adapted[np.argsort(token_slots[adapted], kind="stable")]
-        sorted_slots = token_slots[order]
-        slots, starts = np.unique(sorted_slots, return_index=True)
-        ends = np.append(starts[1:], len(order))
-        self.perm = torch.from_numpy(order.astype(np.int64)).to(self.device)
-        self.groups = [(int(s), int(a), int(b)) for s, a, b in zip(slots, starts, ends, strict=True)]
+        present, starts, counts = np.unique(token_slots[order], return_index=True, return_counts=True)
+        num_groups, group_size = len(present), int(counts.max())
+        # token k of the sorted order -> (its group, its row in the group)
+        group_of = np.repeat(np.arange(num_groups), counts)
+        row_in_group = np.arange(len(order)) - np.repeat(starts, counts)
+        gather = np.zeros((num_groups, group_size), np.int64)
+        row_scale = np.zeros((num_groups, group_size), np.float64)
+        gather[group_of, row_in_group] = order
+        row_scale[group_of, row_in_group] = self.scales[present][group_of]
+        self.gather = torch.from_numpy(gather.reshape(-1)).to(self.device)
+        self.row_scale = torch.from_numpy(row_scale).to(self.device, self.dtype).unsqueeze(-1)
+        every_slot = num_groups == self.num_slots
+        self.present = None if every_slot else torch.from_numpy(present.astype(np.int64)).to(self.device)
 
 
 class LoRALinear(nn.Module):
-    def __init__(self, base: nn.Module, layer_index: int, module_name: str, shapes: ModelShapes, num_slots: int,
-                 max_rank: int, step: LoRAStep, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, base: nn.Module, layer_index: int, module_name: str, shapes: ModelShapes,
+                 step: LoRAStep) -> None:
         super().__init__()
         self.base = base
         self.layer_index = layer_index
         self.shard_names = SHARDS[module_name]
-        in_features = shapes.features[self.shard_names[0]][0]
+        self.in_features = shapes.features[self.shard_names[0]][0]
+        self.out_features = [shapes.features[name][1] for name in self.shard_names]
         self.step = step
-        self.max_rank = max_rank
-        self.register_buffer("lora_a", torch.zeros(num_slots, in_features, len(self.shard_names) * max_rank,
-                                                   dtype=dtype, device=device), persistent=False)
-        self.lora_b = [torch.zeros(num_slots, max_rank, shapes.features[name][1], dtype=dtype, device=device)
-                       for name in self.shard_names]
-        self.ranks = [0] * num_slots  # 0: the slot's adapter leaves this module alone
-        self.scales = [0.0] * num_slots
+        self.lora_a: torch.Tensor | None = None  # None: no resident adapter touches this module
+        self.lora_b: torch.Tensor | None = None
 
-    def load_slot(self, slot: int, adapter: LoRAAdapter) -> None:
-        """Copy the adapter's shards of this module into `slot` (zeros where it has none)."""
-        pairs = [adapter.weights.get((self.layer_index, name)) for name in self.shard_names]
-        self.lora_a[slot].zero_()
-        for lora_b in self.lora_b:
-            lora_b[slot].zero_()
-        if all(pair is None for pair in pairs):
-            self.ranks[slot], self.scales[slot] = 0, 0.0
-            return
-        rank = adapter.rank
-        for shard, pair in enumerate(pairs):
-            if pair is not None:
-                lora_a, lora_b = pair
-                self.lora_a[slot, :, shard * rank:(shard + 1) * rank].copy_(lora_a)
-                self.lora_b[shard][slot, :rank].copy_(lora_b)
-        self.ranks[slot], self.scales[slot] = rank, adapter.scale
+    def repack(self, adapters: list[LoRAAdapter | None], rank: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Lay out the slots' matrices for this module (see the module docstring); after any slot change."""
+        num_slots, num_shards = len(adapters), len(self.shard_names)
+        lora_a = torch.zeros(num_slots, self.in_features, num_shards * rank, dtype=dtype, device=device)
+        lora_b = torch.zeros(num_slots, num_shards * rank, sum(self.out_features), dtype=dtype, device=device)
+        columns = np.cumsum([0, *self.out_features])
+        used = False
+        for slot, adapter in enumerate(adapters):
+            for shard, name in enumerate(self.shard_names):
+                pair = None if adapter is None else adapter.weights.get((self.layer_index, name))
+                if pair is not None:
+                    rows = slice(shard * rank, shard * rank + adapter.rank)
+                    lora_a[slot, :, rows] = pair[0]
+                    lora_b[slot, rows, columns[shard]:columns[shard + 1]] = pair[1]
+                    used = True
+        self.lora_a, self.lora_b = (lora_a, lora_b) if used else (None, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
-        perm = self.step.perm
-        if perm is None:
+        step = self.step
+        if step.gather is None or step.row_scale is None or self.lora_a is None or self.lora_b is None:
             return out
-        gathered = x[perm]
-        for slot, start, end in self.step.groups:
-            rank = self.ranks[slot]
-            if rank == 0:
-                continue
-            xa = gathered[start:end] @ self.lora_a[slot, :, :len(self.lora_b) * rank]  # [n, shards * r]
-            parts = [xa[:, k * rank:(k + 1) * rank] @ lora_b[slot, :rank] for k, lora_b in enumerate(self.lora_b)]
-            delta = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-            # As PEFT: base output + (x A B) * scale, added row by row.
-            out.index_add_(0, perm[start:end], delta, alpha=self.scales[slot])
-        return out
+        lora_a, lora_b = self.lora_a, self.lora_b
+        if step.present is not None:
+            lora_a, lora_b = lora_a.index_select(0, step.present), lora_b.index_select(0, step.present)
+        num_groups, group_size = step.row_scale.shape[:2]
+        xs = x.index_select(0, step.gather).view(num_groups, group_size, -1)
+        xa = torch.bmm(xs, lora_a).mul_(step.row_scale)  # [groups, G, shards * R]
+        delta = torch.bmm(xa, lora_b).view(num_groups * group_size, -1)
+        return out.index_add_(0, step.gather, delta)
 
 
 class LoRASlotTensors:
-    """Every LoRALinear of a model and the step grouping they share; owned by the ModelRunner."""
+    """Every LoRALinear of a model, the adapters in the device slots and the shared step state;
+    owned by the ModelRunner (loads run on the device thread, between steps)."""
 
     def __init__(self, model: nn.Module, num_slots: int, max_rank: int, dtype: torch.dtype,
                  device: torch.device) -> None:
         self.shapes = lora_model_shapes(model)
-        self.step = LoRAStep(device)
+        self.max_rank = max_rank
+        self.dtype, self.device = dtype, device
+        self.step = LoRAStep(num_slots, dtype, device)
+        self.adapters: list[LoRAAdapter | None] = [None] * num_slots
         self.modules: list[LoRALinear] = []
         for index, layer in enumerate(model.model.layers):
             for parent, name in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
                                  (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):
-                wrapper = LoRALinear(getattr(parent, name), index, name, self.shapes, num_slots, max_rank,
-                                     self.step, dtype, device)
+                wrapper = LoRALinear(getattr(parent, name), index, name, self.shapes, self.step)
                 setattr(parent, name, wrapper)
                 self.modules.append(wrapper)
 
-    def load(self, slot: int, adapter: LoRAAdapter) -> None:
+    def load(self, loads: dict[int, LoRAAdapter]) -> None:
+        """Put adapters into slots (slot -> adapter), then repack every module once."""
+        if not loads:
+            return
+        for slot, adapter in loads.items():
+            self.adapters[slot] = adapter
+        rank = max((adapter.rank for adapter in self.adapters if adapter is not None), default=0)
+        self.step.scales = np.array([0.0 if adapter is None else adapter.scale for adapter in self.adapters])
         for module in self.modules:
-            module.load_slot(slot, adapter)
+            module.repack(self.adapters, rank, self.dtype, self.device)
 
 
 def lora_model_shapes(model: nn.Module) -> ModelShapes:
@@ -148,7 +173,7 @@ def lora_model_shapes(model: nn.Module) -> ModelShapes:
     config = getattr(model, "config", None)
     if not isinstance(model, LlamaForCausalLM) or not isinstance(config, DecoderConfig):
         raise ValueError(f"LoRA is not supported for {type(model).__name__} (supported: the Llama family "
-                         "(Llama, Mistral, Qwen2, Qwen3) and Gemma 2)")
+                         "(Llama, Mistral, Qwen2, Qwen3), Phi-3 and Gemma 2)")
     if config.num_experts:
         raise ValueError(f"LoRA is not supported for mixture-of-experts models ({type(model).__name__})")
     return model_shapes(config)

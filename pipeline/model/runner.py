@@ -194,6 +194,5 @@ class ModelRunner:
         """Copy newly assigned adapters into their slots and group this step's tokens by slot."""
         if self.lora is None or self.lora_registry is None:
             return
-        for slot, adapter_id in inputs.lora_loads.items():
-            self.lora.load(slot, self.lora_registry.adapter(adapter_id))
+        self.lora.load({slot: self.lora_registry.adapter(adapter_id) for slot, adapter_id in inputs.lora_loads.items()})
         self.lora.step.set(inputs.lora_slots)
