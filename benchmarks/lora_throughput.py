@@ -100,8 +100,9 @@ def main() -> None:
         best["enabled_unused"] = max(best["enabled_unused"], run(lora, prompts, args.max_tokens, [None]))
         best["four_adapters"] = max(best["four_adapters"], run(lora, prompts, args.max_tokens, names))
         best["base_on_lora_engine"] = max(best["base_on_lora_engine"], run(lora, prompts, args.max_tokens, [None]))
-    print(f"torch threads {torch.get_num_threads()}; model {args.model}, {args.requests} requests x ({args.prompt_len} prompt + {args.max_tokens} output) "
-          f"tokens, 4 adapters of rank {args.rank} on all 7 projections, best of {args.repeats}")
+    print(f"torch threads {torch.get_num_threads()}; model {args.model}, {args.requests} requests x "
+          f"({args.prompt_len} prompt + {args.max_tokens} output) tokens, "
+          f"4 adapters of rank {args.rank} on all 7 projections, best of {args.repeats}")
     for name, value in best.items():
         print(f"  {name:22s} {value:9.1f} output tokens/s")
     print(f"LoRA enabled, unused / disabled:  {best['enabled_unused'] / best['disabled']:.3f}x  (target >= 0.97)")

@@ -50,6 +50,10 @@ class Backend(Protocol):
 
     async def healthy(self) -> bool: ...
 
+    def adapter_names(self) -> list[str]:
+        """LoRA adapters a request's `model` may name (besides the base model)."""
+        ...
+
     async def workers_alive(self) -> bool:
         """Whether anyone will eventually answer: a request waiting behind others is not a 503."""
         ...
@@ -59,14 +63,18 @@ class RemoteBackend:
     """A stateless gateway: requests onto `{prefix}:requests`, replies from `{prefix}:out:{id}`."""
 
     def __init__(self, redis_url: str, prefix: str, model_name: str, tokenizer: Any,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, adapters: list[str] | None = None) -> None:
         self.redis_url, self.prefix = redis_url, prefix
+        self.adapters = list(adapters or [])  # as the workers were started with (--lora-modules)
         self.model_name, self.tokenizer, self.max_model_len = model_name, tokenizer, max_model_len
         self.worker_metrics = None  # each worker serves its own /metrics
         self.client: AqueductClient | None = None
 
     async def start(self) -> None:
         self.client = AqueductClient(self.redis_url, self.prefix, block_ms=500)
+
+    def adapter_names(self) -> list[str]:
+        return self.adapters
 
     async def close(self) -> None:
         if self.client is not None:
@@ -118,6 +126,10 @@ class EmbeddedBackend:
         self._submitted: set[str] = set()
         self._running: asyncio.Task[int] | None = None
         self._stop = asyncio.Event()
+
+    def adapter_names(self) -> list[str]:
+        registry = self.engine.lora_registry
+        return registry.names() if registry is not None else []
 
     async def start(self) -> None:
         from actors.worker import StatsReporter, build_graph

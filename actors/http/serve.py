@@ -25,7 +25,8 @@ def build_backend(args: argparse.Namespace, engine_config: Any) -> Backend:
         from actors.frontends.cli import _remote_tokenizer
 
         tokenizer, model_name = _remote_tokenizer(args)
-        return RemoteBackend(args.redis_url, args.prefix, model_name, tokenizer, args.max_model_len)
+        adapters = [item.partition("=")[0] for item in getattr(args, "lora_modules", [])]
+        return RemoteBackend(args.redis_url, args.prefix, model_name, tokenizer, args.max_model_len, adapters)
     from actors.device import device_thread, load_engine
 
     device = device_thread()
