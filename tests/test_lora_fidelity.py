@@ -76,7 +76,17 @@ def test_more_adapters_than_slots_are_all_served_exactly(llama_with_adapters):
     base, adapters = llama_with_adapters
     requests = mixed_workload(seed=2, names=[*adapters, None], count=12)
     engine = lora_engine(base, adapters, max_loras=2, max_num_batched_tokens=64, max_num_seqs=6)
+    adapters_per_step: list[int] = []
+    execute = engine.runner.execute
+
+    def counting_execute(inputs):
+        if inputs.lora_slots is not None:
+            adapters_per_step.append(len(set(inputs.lora_slots[inputs.lora_slots >= 0].tolist())))
+        return execute(inputs)
+
+    engine.runner.execute = counting_execute
     results = run_with_adapters(engine, requests)
+    assert max(adapters_per_step) == 2  # never more distinct adapters in a step than slots
     assert engine.lora_slots is not None and len(engine.lora_slots.resident()) <= 2
     assert engine.lora_slots.num_loads >= 5  # every adapter went through the two slots
     check_against_peft(base, adapters, requests, results, "5-in-2")
