@@ -96,3 +96,26 @@ def test_slots_evict_the_least_recently_used_idle_adapter_only():
     assert slots.can_acquire(12) and slots.acquire(12) == 0  # 10 was idle and least recently used
     assert slots.take_loads() == {0: 12}
     assert slots.resident() == [12, 11] and slots.slot_of(10) is None
+
+
+def test_requests_wait_for_an_adapter_still_loading_and_fail_if_its_load_fails(engine, base, tmp_path):
+    registry = engine.lora_registry
+    good = make_peft_adapter(base, tmp_path / "good", seed=2, r=4, lora_alpha=8, target_modules=["q_proj"])
+    bad = make_peft_adapter(base, tmp_path / "bad", seed=2, r=4, lora_alpha=8, target_modules=["q_proj"],
+                            use_dora=True)
+    good_id, bad_id = registry.reserve("late", good), registry.reserve("doomed", bad)
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    waiting = engine.add_request("waits", [5, 6, 7, 8], params, lora="late")
+    failing = engine.add_request("fails", [5, 6, 7, 8], params, lora="doomed")
+    engine.add_request("base", [5, 6, 7, 8], params)
+    for _ in range(3):
+        engine.step()
+    assert waiting.sequences[0].num_computed_tokens == 0 and not waiting.is_finished  # still waiting
+    with pytest.raises(LoRAError, match="DoRA"):
+        registry.complete(bad_id)
+    registry.complete(good_id)
+    while engine.has_unfinished:
+        engine.step()
+    assert waiting.sequences[0].num_output_tokens == 3
+    assert failing.sequences[0].finish_reason == "error"
+    assert engine.scheduler.take_lora_failures() == [("fails", "lora: adapter 'doomed' is no longer loaded")]
