@@ -187,13 +187,13 @@ class Scheduler:
     # ---- LoRA adapters -------------------------------------------------------------------------
 
     def _adapter_servable(self, seq: Sequence) -> bool:
-        """False (and the request ends with an error) when its adapter was unloaded or failed to load."""
+        """False (and the request ends with an error) when its adapter failed to load."""
         lora_id = seq.request.lora_id
         if lora_id is None or self.lora_registry is None or self.lora_registry.is_servable(lora_id):
             return True
         request = seq.request
         self.abort_request(request.request_id, FinishReason.ERROR)
-        self.lora_failures.append((request.request_id, f"lora: adapter {request.lora_name!r} is no longer loaded"))
+        self.lora_failures.append((request.request_id, f"lora: adapter {request.lora_name!r} failed to load"))
         return False
 
     def _adapter_can_run(self, seq: Sequence) -> bool:

@@ -105,7 +105,8 @@ class LoRARegistry:
         return entry is not None and entry.ready
 
     def is_servable(self, adapter_id: int) -> bool:
-        """Still registered (ready or loading) or ready: False once a load failed."""
+        """Read already, or still loading: False only when its load failed. (An unloaded name's
+        admitted requests still run: its weights stay readable.)"""
         entry = self._entries.get(adapter_id)
         return entry is not None and (entry.ready or self._id_of_name.get(entry.name) == adapter_id)
 
