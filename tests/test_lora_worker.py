@@ -12,6 +12,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from pipeline.config import LoRAConfig
+from queue_adapters.codec import CodecError, decode_control
 from tests.engine_helpers import assert_greedy_equal, hf_greedy
 from tests.hf_models import make_tiny_hf_model
 from tests.lora_adapters import ADAPTER_SPECS, make_adapters, make_peft_adapter, peft_model
@@ -77,3 +78,22 @@ async def test_load_serve_and_unload_adapters_over_the_control_stream(lora_model
         assert entries[-1]["error"]["code"] == "invalid_request"
         assert "unknown adapter" in entries[-1]["error"]["message"]
 
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"load_lora": {"name": "a"}}, "path"),
+    ({"load_lora": {"name": "", "path": "/x"}}, "name"),
+    ({"unload_lora": "a", "cancel": "r1"}, "exactly one of cancel, load_lora, unload_lora"),
+    ({}, "exactly one of"),
+    ({"load_lora": {"name": "a", "path": "/x", "rank": 4}}, "rank"),
+])
+def test_malformed_lora_control_entries_are_named(entry, message):
+    with pytest.raises(CodecError, match=message):
+        decode_control(msgpack.packb(entry))
+
+
+def test_lora_control_entries_decode():
+    control = decode_control(msgpack.packb({"load_lora": {"name": "sql", "path": "/adapters/sql"}}))
+    assert control.load_lora is not None
+    assert (control.load_lora.name, control.load_lora.path) == ("sql", "/adapters/sql")
+    assert decode_control(msgpack.packb({"unload_lora": "sql"})).unload_lora == "sql"
