@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from pipeline.beam_search import BeamSearch, Hypothesis
+from pipeline.image_input import ImageInput
 from pipeline.sampling_params import SamplingParams
 
 _seq_counter = itertools.count()
@@ -94,6 +95,7 @@ class Request:
     cache_salt: int | None = None  # extra prefix-cache key; the LoRA adapter id unless given
     lora_name: str | None = None  # the adapter the client named; None = the base model
     lora_id: int | None = None  # that adapter's id in the LoRARegistry (unique per load)
+    images: tuple[ImageInput, ...] = ()  # vision-language models: images at placeholder positions of the prompt
     sequences: list[Sequence] = field(default_factory=list)  # under beam search: the running beams
     beam_search: BeamSearch | None = None  # set by the scheduler for use_beam_search requests
     beam_results: list[Hypothesis] | None = None  # the n best hypotheses, once beam search ended

@@ -248,6 +248,7 @@ class Scheduler:
             stop_token_ids=tuple(dict.fromkeys(eos + tuple(params.stop_token_ids))),
             mirostat_mu=seq.mirostat_mu,
             lora_slot=-1 if seq.lora_slot is None else seq.lora_slot,
+            images=seq.request.images,
         )
 
     # ---- results -----------------------------------------------------------------------------
