@@ -45,7 +45,8 @@ def expected(engine) -> dict[str | None, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def gateway(engine) -> Iterator[str]:
+def gateway(engine, expected) -> Iterator[str]:
+    # After `expected`: once serving, the gateway's actors drive the engine's step loop.
     with serving(EmbeddedBackend(engine), GatewayOptions(api_key=API_KEY)) as base_url:
         yield base_url
 
@@ -67,7 +68,10 @@ def test_model_field_selects_the_adapter(gateway: str, engine, expected) -> None
         client.completions.create(model="nope", prompt=PROMPT, max_tokens=2)
 
 
-def test_batch_body_model_names_the_adapter(tmp_path: Path, engine, expected) -> None:
+def test_batch_body_model_names_the_adapter(tmp_path: Path, default_model_path: Path, adapter_dir: Path,
+                                            expected) -> None:
+    # Its own engine: the module's one is driven by the gateway's actors once serving.
+    engine = make_engine(default_model_path, lora=LoRAConfig(modules=(("story", str(adapter_dir)),)))
     lines = [{"custom_id": custom_id, "method": "POST", "url": "/v1/completions",
               "body": {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True, **extra}}
              for custom_id, extra in (("none", {}), ("base", {"model": engine.model_name}),
