@@ -141,9 +141,7 @@ class IntakeActor:
 
 def build_request(builder: RequestBuilder, message: WireRequest) -> Request:
     """A wire request as an engine Request; ValueError names what is wrong with it."""
-    if message.lora is not None:
-        raise ValueError(f"lora: unknown adapter {message.lora!r} (this worker has no LoRA adapters loaded)")
-    return builder.build(message.id, message.sampling_params(), prompt=message.prompt,
+    return builder.build(message.id, message.sampling_params(), prompt=message.prompt, lora=message.lora,
                          prompt_token_ids=message.prompt_token_ids,
                          messages=[m.as_dict() for m in message.messages] if message.messages is not None else None,
                          images=message.images)

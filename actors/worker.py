@@ -77,6 +77,7 @@ class Graph:
     intake: IntakeActor
     admission: Admission
     to_scheduler: Producer[Any]  # for control messages (cancels)
+    device: ThreadPoolExecutor  # the device thread (LoRA loads run there)
 
 
 def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], sink: ReplySink, prefix: str,
@@ -102,7 +103,7 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
     ]
     intake = IntakeActor(requests, engine.builder, prefix, admission, to_routes, to_scheduler, dead_letter_fn,
                          reply_reader, max_attempts, ownership, reply_to_pattern=reply_to_pattern)
-    return Graph(actors, intake, admission, to_scheduler)
+    return Graph(actors, intake, admission, to_scheduler, device)
 
 
 async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Event | None = None,
@@ -131,7 +132,7 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
                         options.max_queue_wait_ms, device, options.reply_to_pattern)
     await edges.start()
     actors = [*graph.actors, StatsReporter(engine, metrics, options.stats_interval_s),
-              ControlActor(redis, options.prefix, graph.to_scheduler),
+              ControlActor(redis, options.prefix, graph.to_scheduler, loras=engine.lora_registry, device=graph.device),
               Heartbeat(redis, options.prefix, name, options.claim_idle_ms),
               Claimer(redis, consumer, graph.intake, graph.admission, options.prefix, options.claim_idle_ms)]
     runtime = ActorRuntime(actors, graph.intake, graph.admission.wait_idle, options.drain_timeout_s)
@@ -183,14 +184,26 @@ class StatsReporter:
         scheduler = self.engine.scheduler
         pool = scheduler.kv_cache.pool
         last_log, last_tokens = time.monotonic(), scheduler.num_generated_tokens
+        lora_tokens_seen: dict[str, int] = {}
         while True:
             await asyncio.sleep(1.0)
             self.metrics.set_queue_state(len(scheduler.waiting), len(scheduler.running), pool.num_used_blocks,
                                          pool.num_blocks)
+            for adapter, count in list(scheduler.lora_token_counts.items()):
+                self.metrics.record_lora_tokens(adapter, count - lora_tokens_seen.get(adapter, 0))
+                lora_tokens_seen[adapter] = count
             now = time.monotonic()
             if now - last_log >= self.interval_s:
                 tokens = scheduler.num_generated_tokens
                 log.info("stats", running=len(scheduler.running), waiting=len(scheduler.waiting),
                          kv_used=round(pool.num_used_blocks / pool.num_blocks, 3),
-                         tokens_per_s=round((tokens - last_tokens) / (now - last_log), 1))
+                         tokens_per_s=round((tokens - last_tokens) / (now - last_log), 1),
+                         **self._lora_fields())
                 last_log, last_tokens = now, tokens
+
+    def _lora_fields(self) -> dict[str, Any]:
+        """The adapters resident in device slots, for the stats line (nothing when LoRA is off)."""
+        slots, registry = self.engine.lora_slots, self.engine.lora_registry
+        if slots is None or registry is None:
+            return {}
+        return {"lora_resident": [registry.name_of(adapter_id) for adapter_id in slots.resident()]}

@@ -111,7 +111,31 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LoRAConfig:
+    """Multi-LoRA (pipeline/lora/): adapters loaded at start, device slots, host cache, rank limit."""
+
+    modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT directory) loaded at start
+    max_loras: int = 4  # adapters resident in device slots at once (and so per step)
+    max_cpu_loras: int | None = None  # adapters kept in host memory (LRU); None: 2 x max_loras
+    max_lora_rank: int = 64
+
+    def __post_init__(self) -> None:
+        _require(self.max_loras >= 1, f"max_loras must be >= 1, got {self.max_loras}")
+        _require(self.max_cpu_loras is None or self.max_cpu_loras >= 1,
+                 f"max_cpu_loras must be >= 1, got {self.max_cpu_loras}")
+        _require(self.max_lora_rank >= 1, f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        names = [name for name, _ in self.modules]
+        _require(all(names), "lora_modules: every adapter needs a name (NAME=DIR)")
+        _require(len(set(names)) == len(names), f"lora_modules: adapter names must be unique, got {names}")
+
+    @property
+    def host_capacity(self) -> int:
+        return self.max_cpu_loras if self.max_cpu_loras is not None else 2 * self.max_loras
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    lora: LoRAConfig | None = None  # None: LoRA disabled (no slots, no wrappers)

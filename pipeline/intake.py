@@ -13,6 +13,7 @@ import numpy as np
 
 from pipeline.image_input import ImageInput, VisionInfo, check_image_count, expand_placeholders
 from pipeline.image_processor import ImageProcessor
+from pipeline.lora.registry import LoRARegistry
 from pipeline.request import Request
 from pipeline.rng import request_seed
 from pipeline.sampling_params import SamplingParams
@@ -21,7 +22,8 @@ from pipeline.sampling_params import SamplingParams
 class RequestBuilder:
     def __init__(self, tokenizer: Any | None, vocab_size: int, eos_token_ids: frozenset[int],
                  max_model_len: int, *, max_logprobs: int = 20, vision: VisionInfo | None = None,
-                 image_processor: ImageProcessor | None = None) -> None:
+                 image_processor: ImageProcessor | None = None, loras: LoRARegistry | None = None,
+                 base_model_names: frozenset[str] = frozenset()) -> None:
         self.tokenizer = tokenizer
         self.vision = vision  # None: a text-only model
         self.image_processor = image_processor
@@ -29,10 +31,13 @@ class RequestBuilder:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
+        self.loras = loras
+        self.base_model_names = base_model_names  # a `lora` naming the base model means no adapter
 
     def build(self, request_id: str, params: SamplingParams, *, prompt: str | None = None,
               prompt_token_ids: Sequence[int] | None = None,
-              messages: list[dict[str, Any]] | None = None, images: Sequence[bytes] | None = None) -> Request:
+              messages: list[dict[str, Any]] | None = None, images: Sequence[bytes] | None = None,
+              lora: str | None = None) -> Request:
         given = [name for name, value in (("prompt", prompt), ("prompt_token_ids", prompt_token_ids),
                                           ("messages", messages)) if value is not None]
         if len(given) != 1:
@@ -56,9 +61,19 @@ class RequestBuilder:
             raise ValueError(f"prompt has {len(ids)} tokens; the limit is {self.max_model_len - 1} "
                              f"(max_model_len {self.max_model_len} incl. one output token)")
         self._check_params(params, len(ids))
+        lora_id = self._lora_id(lora)
         return Request(request_id=request_id, prompt_token_ids=ids, params=params,
                        seed=request_seed(params.seed, request_id), eos_token_ids=self.eos_token_ids,
-                       prompt=prompt, images=tuple(image_inputs))
+                       prompt=prompt, images=tuple(image_inputs), lora_name=lora if lora_id is not None else None,
+                       lora_id=lora_id)
+
+    def _lora_id(self, name: str | None) -> int | None:
+        if name is None or name in self.base_model_names:
+            return None
+        if self.loras is None:
+            raise ValueError(f"lora: unknown adapter {name!r} (LoRA is not enabled on this worker: "
+                             "start it with --lora-modules or --enable-lora)")
+        return self.loras.id_of(name)
 
     def _expand_images(self, ids: list[int], images: Sequence[bytes],
                        params: SamplingParams) -> tuple[list[int], list[ImageInput]]:

@@ -40,6 +40,7 @@ class PersistentBatch:
         self.beam = np.zeros(max_num_seqs, np.bool_)
         self.prompt_logprobs = np.full(max_num_seqs, -1, np.int32)
         self.min_tokens = np.zeros(max_num_seqs, np.int32)
+        self.lora_slot = np.full(max_num_seqs, -1, np.int32)
         self.stop_token_ids: list[np.ndarray] = [_EMPTY] * max_num_seqs
         self.custom_token_bans: list[np.ndarray] = [_EMPTY] * max_num_seqs
         self.has_custom_bans = np.zeros(max_num_seqs, np.bool_)
@@ -91,6 +92,7 @@ class PersistentBatch:
         prompt_logprobs = new.params.prompt_logprobs
         self.prompt_logprobs[row] = -1 if prompt_logprobs is None else prompt_logprobs
         self.min_tokens[row] = min(new.params.min_tokens, _INT32_MAX)
+        self.lora_slot[row] = new.lora_slot
         self.stop_token_ids[row] = np.asarray(new.stop_token_ids, np.int64)
         self.custom_token_bans[row] = np.asarray(new.params.custom_token_bans, np.int64)
         self.has_custom_bans[row] = len(new.params.custom_token_bans) > 0

@@ -46,6 +46,8 @@ class StepInputs:
     num_tokens: int  # T without graph padding
     max_query_len: int
     max_seq_len: int
+    lora_slots: np.ndarray | None = None  # [T] int32 LoRA slot per token (-1 = base); None: no adapter this step
+    lora_loads: dict[int, int] = field(default_factory=dict)  # slot -> adapter id to load before the forward
     images: list[ImageSlice] = field(default_factory=list)  # vision-language models: image placeholders this step
 
     @property

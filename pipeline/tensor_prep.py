@@ -54,6 +54,7 @@ class TensorPrep:
         # A sequence samples when this step computes its last known token.
         samples = batch.num_computed[rows] + num_scheduled == batch.num_tokens[rows]
         inputs = self._build_inputs(rows, num_scheduled, samples)
+        inputs.lora_loads = plan.lora_loads
         sample_rows = rows[samples]
         segments, targets = self._prompt_logprob_rows(plan, rows, num_scheduled, inputs)
         batch.num_computed[rows] = inputs.seq_lens
@@ -82,6 +83,8 @@ class TensorPrep:
         seq_lens = (num_computed + num_scheduled).astype(np.int32)
         max_seq_len = int(seq_lens.max())
         max_blocks = -(-max_seq_len // block_size)
+        # [slot 1 row, base row, slot 0 row] with lengths [2, 1, 3] -> [1, 1, -1, 0, 0, 0]
+        token_lora_slots = np.repeat(batch.lora_slot[rows], num_scheduled)
         images = self._image_slices(rows, num_computed, num_scheduled, query_start_loc)
         return StepInputs(
             input_ids=batch.token_ids[token_rows, positions].astype(np.int64),
@@ -94,6 +97,7 @@ class TensorPrep:
             num_tokens=num_tokens,
             max_query_len=int(num_scheduled.max()),
             max_seq_len=max_seq_len,
+            lora_slots=token_lora_slots if (token_lora_slots >= 0).any() else None,
             images=images,
         )
 

@@ -119,6 +119,22 @@ class WireCancel(_Wire):
     cancel: RequestId
 
 
+AdapterName = Annotated[str, Meta(min_length=1, max_length=MAX_KEY_LENGTH)]
+
+
+class WireLoadLora(_Wire):
+    name: AdapterName
+    path: Annotated[str, Meta(min_length=1)]
+
+
+class WireControl(_Wire, omit_defaults=True):
+    """A control entry: exactly one of cancel, load_lora, unload_lora."""
+
+    cancel: RequestId | None = None
+    load_lora: WireLoadLora | None = None
+    unload_lora: AdapterName | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Malformed:
     """Marker a consumer delivers instead of crashing on an entry it cannot decode.
@@ -143,6 +159,7 @@ _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(WireRequest)
 _reply_decoder = msgspec.msgpack.Decoder(WireReply)
 _cancel_decoder = msgspec.msgpack.Decoder(WireCancel)
+_control_decoder = msgspec.msgpack.Decoder(WireControl)
 
 
 def encode(message: Struct | dict[str, Any]) -> bytes:
@@ -165,6 +182,15 @@ def decode_reply(raw: bytes) -> WireReply:
 
 def decode_cancel(raw: bytes) -> WireCancel:
     return _decode(_cancel_decoder, raw, "control entry")
+
+
+def decode_control(raw: bytes) -> WireControl:
+    control = _decode(_control_decoder, raw, "control entry")
+    given = [key for key in ("cancel", "load_lora", "unload_lora") if getattr(control, key) is not None]
+    if len(given) != 1:
+        raise CodecError("control entry must hold exactly one of cancel, load_lora, unload_lora, "
+                         f"got {given or 'none'}")
+    return control
 
 
 def _decode(decoder: msgspec.msgpack.Decoder[Any], raw: bytes, what: str) -> Any:

@@ -136,6 +136,8 @@ def _submit(args: argparse.Namespace) -> int:
     if args.seed is not None:
         params["seed"] = args.seed
     request = {"id": args.id or uuid.uuid4().hex, "prompt": args.prompt, "params": params}
+    if args.lora is not None:
+        request["lora"] = args.lora
     with SyncAqueductClient(args.redis_url, args.prefix) as client:
         request_id = client.submit(request)
         if args.stream:
@@ -246,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--max-tokens", type=int, default=64)
     submit.add_argument("--temperature", type=float, default=0.0)
     submit.add_argument("--seed", type=int, default=None)
+    submit.add_argument("--lora", default=None, help="name of a LoRA adapter the workers serve")
     submit.add_argument("--stream", action="store_true", help="print text as it arrives")
     submit.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the answer")
     submit.set_defaults(handler=_submit)

@@ -12,6 +12,7 @@ from pipeline.config import (
     LOGPROBS_MODES,
     CacheConfig,
     EngineConfig,
+    LoRAConfig,
     ModelConfig,
     SchedulerConfig,
     parse_size,
@@ -57,6 +58,34 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="vision models: the largest encoded image a request may send, e.g. 20MiB")
     group.add_argument("--max-image-pixels", type=int, default=6000 * 6000,
                        help="vision models: the largest image (width x height) a request may send")
+    add_lora_args(parser)
+
+
+def add_lora_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("LoRA adapters")
+    group.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=DIR",
+                       help="PEFT LoRA adapters to serve, loaded at start (enables LoRA)")
+    group.add_argument("--enable-lora", action="store_true",
+                       help="enable LoRA without adapters at start (load them over the control stream)")
+    group.add_argument("--max-loras", type=int, default=4, help="adapters resident on the device at once")
+    group.add_argument("--max-cpu-loras", type=int, default=None,
+                       help="adapters kept in host memory, LRU (default: 2 x --max-loras)")
+    group.add_argument("--max-lora-rank", type=int, default=64, help="the largest adapter rank accepted")
+
+
+def lora_config_from_args(args: argparse.Namespace) -> LoRAConfig | None:
+    """LoRAConfig when --lora-modules or --enable-lora is given, else None (LoRA off)."""
+    modules = getattr(args, "lora_modules", [])
+    if not modules and not getattr(args, "enable_lora", False):
+        return None
+    pairs = []
+    for item in modules:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora-modules entries must look like NAME=DIR, got {item!r}")
+        pairs.append((name, path))
+    return LoRAConfig(modules=tuple(pairs), max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
+                      max_lora_rank=args.max_lora_rank)
 
 
 def model_from_args(args: argparse.Namespace) -> str:
@@ -79,4 +108,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                           kv_cache_dtype=args.kv_cache_dtype, calculate_kv_scales=args.calculate_kv_scales),
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_num_seqs=args.max_num_seqs),
+        lora=lora_config_from_args(args),
     )

@@ -69,7 +69,7 @@ class Generation:
         except ValueError as error:
             raise invalid(f"the body is not valid JSON: {error}") from error
         gateway_request = parse_body(body, chat, self.backend.model_name, request.headers.get("x-request-id"),
-                                     self.options.request_timeout_s)
+                                     self.options.request_timeout_s, self.backend.adapter_names())
         self.pending.acquire()
         self.metrics.in_flight.inc()
         released = False

@@ -25,7 +25,9 @@ def build_backend(args: argparse.Namespace, engine_config: Any, max_pending: int
         from actors.frontends.cli import _remote_tokenizer
 
         tokenizer, model_name = _remote_tokenizer(args)
-        return RemoteBackend(args.redis_url, args.prefix, model_name, tokenizer, args.max_model_len, max_pending)
+        adapters = [item.partition("=")[0] for item in getattr(args, "lora_modules", None) or []]
+        return RemoteBackend(args.redis_url, args.prefix, model_name, tokenizer, args.max_model_len, max_pending,
+                             adapters)
     from actors.device import device_thread, load_engine
 
     device = device_thread()

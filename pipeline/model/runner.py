@@ -17,9 +17,10 @@ import numpy as np
 import structlog
 import torch
 
-from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
+from pipeline.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from pipeline.host_to_device import to_device
 from pipeline.image_input import VisionInfo
+from pipeline.lora.registry import LoRARegistry
 from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.backends import make_backend
 from pipeline.model.cpu_linear import onednn_linear_works, pack_linears
@@ -35,6 +36,7 @@ from pipeline.model.loader import (
     resolve_device,
     resolve_dtype,
 )
+from pipeline.model.lora import LoRASlotTensors
 from pipeline.model.memory_profile import profile_memory
 from pipeline.model.parallel import check_tensor_parallel, local_heads, shard_model
 from pipeline.model.tp_group import DriverGroup, check_world, receive_steps
@@ -91,9 +93,13 @@ def _rank_main(rank: int, world: int, model_config: ModelConfig, cache_config: C
 
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig,
-                 scheduler_config: SchedulerConfig, model_dir: str, tp_rank: int = 0) -> None:
+                 scheduler_config: SchedulerConfig, model_dir: str, lora_config: LoRAConfig | None = None,
+                 tp_rank: int = 0) -> None:
         """tp_rank: this process's rank with tensor_parallel_size > 1 (0 = the driver, which starts
         the other ranks and broadcasts each step's inputs to them)."""
+        if lora_config is not None and model_config.tensor_parallel_size > 1:
+            # The ranks would need the adapters' shards and each step's slot mapping: not built yet.
+            raise ValueError("LoRA adapters with --tensor-parallel-size > 1 are not supported yet")
         self.device = resolve_device(model_config.device)
         self.tp_rank, self.tp_world = tp_rank, model_config.tensor_parallel_size
         self.tp_group: DriverGroup | None = None
@@ -115,6 +121,13 @@ class ModelRunner:
         self.kv_dtype = FP8_DTYPES.get(cache_config.kv_cache_dtype)
         self.kv_scales: dict[int, dict[str, float]] = {}
         self.model, self.info = self._load(model_config, model_dir)
+        self.lora: LoRASlotTensors | None = None
+        self.lora_registry: LoRARegistry | None = None
+        if lora_config is not None:  # wraps the projections, packed or not, before graphs capture them
+            self.lora = LoRASlotTensors(self.model, lora_config.max_loras, lora_config.max_lora_rank, self.dtype,
+                                        self.device)
+            self.lora_registry = LoRARegistry(self.lora.shapes, lora_config.max_lora_rank,
+                                              lora_config.host_capacity)
         self.vision, self.encoder_cache = self._vision_parts()
         self.vocab_size = self.info.vocab_size
         self.eos_token_ids = self.info.eos_token_ids
@@ -244,7 +257,9 @@ class ModelRunner:
         if self.tp_group is not None:
             self.tp_group.broadcast(inputs)
         with torch.inference_mode():
-            if self.graph_runner is not None and not inputs.images and self.graph_runner.can_run(inputs):
+            self._prepare_lora(inputs)
+            eager_only = inputs.lora_slots is not None or bool(inputs.images)
+            if self.graph_runner is not None and not eager_only and self.graph_runner.can_run(inputs):
                 hidden = self.graph_runner.run(inputs)
             else:
                 hidden = self._forward(inputs, self.kv_caches)
@@ -255,3 +270,10 @@ class ModelRunner:
         """Stop the tensor-parallel ranks (a no-op without them)."""
         if self.tp_group is not None:
             self.tp_group.close()
+
+    def _prepare_lora(self, inputs: StepInputs) -> None:
+        """Copy newly assigned adapters into their slots and group this step's tokens by slot."""
+        if self.lora is None or self.lora_registry is None:
+            return
+        self.lora.load({slot: self.lora_registry.adapter(adapter_id) for slot, adapter_id in inputs.lora_loads.items()})
+        self.lora.step.set(inputs.lora_slots)
