@@ -61,6 +61,9 @@ class WorkerMetrics:
         self.requests_dead_lettered = self._counter("requests_dead_lettered", "Entries moved to the dead stream.")
         for reason in FINISH_REASONS:
             self.requests_finished.labels(finish_reason=reason)
+        self.lora_requests = self._counter("lora_requests", "Requests admitted per LoRA adapter.", ("adapter",))
+        self.lora_generated_tokens = self._counter("lora_generated_tokens", "Output tokens per LoRA adapter.",
+                                                   ("adapter",))
 
     def _create_histograms(self) -> None:
         self.step_seconds = self._histogram("step_seconds", "Wall time of one engine step.")
@@ -105,6 +108,12 @@ class WorkerMetrics:
 
     def record_error(self, code: str) -> None:
         self.request_errors.labels(code=code).inc()
+
+    def record_lora_request(self, adapter: str) -> None:
+        self.lora_requests.labels(adapter=adapter).inc()
+
+    def record_lora_tokens(self, adapter: str, count: int) -> None:
+        self.lora_generated_tokens.labels(adapter=adapter).inc(count)
 
     def record_dead_letter(self) -> None:
         self.requests_dead_lettered.inc()

@@ -41,6 +41,8 @@ class SchedulerActor(Actor):
         if isinstance(message, Admit):
             self.scheduler.add_request(message.to_request())
             self.queued_since[message.request_id] = time.monotonic()
+            if self.metrics is not None and message.lora_name is not None:
+                self.metrics.record_lora_request(message.lora_name)
             if message.deadline_ms is not None:
                 self.deadlines_ms[message.request_id] = message.deadline_ms
         elif isinstance(message, StepResult):
@@ -68,6 +70,8 @@ class SchedulerActor(Actor):
         if self.step_in_flight or not self.scheduler.has_unfinished:
             return
         plan = self.scheduler.schedule()
+        for request_id, error in self.scheduler.take_lora_failures():
+            await self.to_output.send(RequestFailed(request_id, "lora_unavailable", error))
         for new in plan.new_sequences:
             self.queued_since.pop(self.scheduler.sequences[new.seq_id].request.request_id, None)
         if not plan.is_empty:

@@ -64,6 +64,7 @@ class WorkerOptions:
     claim_idle_ms: int = 30_000  # take over requests of workers silent for this long
     max_attempts: int = 3  # deliveries of one request before it is dead-lettered
     max_queue_wait_ms: int | None = None  # a request not started within this ends with an error
+    reply_to_pattern: str | None = None  # glob a request's reply_to must match (default: {prefix}:out:*)
 
     @property
     def consumer_name(self) -> str:
@@ -76,13 +77,14 @@ class Graph:
     intake: IntakeActor
     admission: Admission
     to_scheduler: Producer[Any]  # for control messages (cancels)
+    device: ThreadPoolExecutor  # the device thread (LoRA loads run there)
 
 
 def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], sink: ReplySink, prefix: str,
                 dead_letter_fn: DeadLetter, max_in_flight: int, metrics: WorkerMetrics | None = None,
                 edges: Edges | None = None, reply_reader: ReplyReader | None = None, max_attempts: int = 3,
                 ownership: Ownership | None = None, max_queue_wait_ms: int | None = None,
-                device: ThreadPoolExecutor | None = None) -> Graph:
+                device: ThreadPoolExecutor | None = None, reply_to_pattern: str | None = None) -> Graph:
     """The actors of one worker around `engine`'s pipeline objects (its model, scheduler, ...).
 
     `device`: the thread the engine was built on (actors/device.py); a new one when None."""
@@ -100,8 +102,8 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
         OutputActor(engine.outputs, sink, events_inbox, routes_inbox, to_scheduler, admission, metrics),
     ]
     intake = IntakeActor(requests, engine.builder, prefix, admission, to_routes, to_scheduler, dead_letter_fn,
-                         reply_reader, max_attempts, ownership)
-    return Graph(actors, intake, admission, to_scheduler)
+                         reply_reader, max_attempts, ownership, reply_to_pattern=reply_to_pattern)
+    return Graph(actors, intake, admission, to_scheduler, device)
 
 
 async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Event | None = None,
@@ -127,10 +129,10 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
     ownership = Ownership(redis, options.prefix, name, options.reply_expire_s)
     graph = build_graph(engine, consumer, RedisReplySink(redis, options.reply_expire_s), options.prefix,
                         dead_letter_fn, max_in_flight, metrics, edges, reply_reader, options.max_attempts, ownership,
-                        options.max_queue_wait_ms, device)
+                        options.max_queue_wait_ms, device, options.reply_to_pattern)
     await edges.start()
     actors = [*graph.actors, StatsReporter(engine, metrics, options.stats_interval_s),
-              ControlActor(redis, options.prefix, graph.to_scheduler),
+              ControlActor(redis, options.prefix, graph.to_scheduler, loras=engine.lora_registry, device=graph.device),
               Heartbeat(redis, options.prefix, name, options.claim_idle_ms),
               Claimer(redis, consumer, graph.intake, graph.admission, options.prefix, options.claim_idle_ms)]
     runtime = ActorRuntime(actors, graph.intake, graph.admission.wait_idle, options.drain_timeout_s)
@@ -182,14 +184,26 @@ class StatsReporter:
         scheduler = self.engine.scheduler
         pool = scheduler.kv_cache.pool
         last_log, last_tokens = time.monotonic(), scheduler.num_generated_tokens
+        lora_tokens_seen: dict[str, int] = {}
         while True:
             await asyncio.sleep(1.0)
             self.metrics.set_queue_state(len(scheduler.waiting), len(scheduler.running), pool.num_used_blocks,
                                          pool.num_blocks)
+            for adapter, count in list(scheduler.lora_token_counts.items()):
+                self.metrics.record_lora_tokens(adapter, count - lora_tokens_seen.get(adapter, 0))
+                lora_tokens_seen[adapter] = count
             now = time.monotonic()
             if now - last_log >= self.interval_s:
                 tokens = scheduler.num_generated_tokens
                 log.info("stats", running=len(scheduler.running), waiting=len(scheduler.waiting),
                          kv_used=round(pool.num_used_blocks / pool.num_blocks, 3),
-                         tokens_per_s=round((tokens - last_tokens) / (now - last_log), 1))
+                         tokens_per_s=round((tokens - last_tokens) / (now - last_log), 1),
+                         **self._lora_fields())
                 last_log, last_tokens = now, tokens
+
+    def _lora_fields(self) -> dict[str, Any]:
+        """The adapters resident in device slots, for the stats line (nothing when LoRA is off)."""
+        slots, registry = self.engine.lora_slots, self.engine.lora_registry
+        if slots is None or registry is None:
+            return {}
+        return {"lora_resident": [registry.name_of(adapter_id) for adapter_id in slots.resident()]}

@@ -13,7 +13,11 @@ _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**1
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 CPU_LINEARS = ("onednn", "torch")
 QUANTIZATIONS = ("none", "gguf", "int8")  # weight-only, CPU (pipeline/model/quantized_linear.py)
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")  # auto: the model's dtype (pipeline/model/kv_quant.py)
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's flag values (SAMPLING.md, stage 14)
+
+
+ATTENTION_BACKENDS = ("auto", "torch", "flex")
 
 
 def parse_size(text: str | int) -> int:
@@ -45,6 +49,10 @@ class ModelConfig:
     quantization: str = "none"  # gguf: keep a GGUF file's Q4_0/Q4_1/Q8_0 weights; int8: per-channel at load
     logprobs_mode: str = "processed_logprobs"  # returned logprobs: after the sampler chain, or the model's
     max_logprobs: int = 20  # the largest `logprobs` / `prompt_logprobs` a request may ask for
+    tensor_parallel_size: int = 1  # ranks one model is split over (model/parallel.py, model/tp_group.py)
+    attention_backend: str = "auto"  # auto: flex on CUDA, torch (+ native decode kernel) on CPU (model/backends.py)
+    max_image_bytes: int = 20 * 2**20  # vision models: the largest encoded image a request may send
+    max_image_pixels: int = 6000 * 6000  # vision models: the largest image (width x height) a request may send
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
@@ -58,6 +66,16 @@ class ModelConfig:
         _require(self.logprobs_mode in LOGPROBS_MODES,
                  f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         _require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        _require(self.tensor_parallel_size >= 1,
+                 f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        # quantized linears hold packed blocks with no row/column split: they are not sharded across ranks
+        _require(self.quantization == "none" or self.tensor_parallel_size == 1,
+                 f"quantization={self.quantization!r} does not support tensor_parallel_size > 1 "
+                 f"(got {self.tensor_parallel_size}); use quantization='none' or tensor_parallel_size=1")
+        _require(self.attention_backend in ATTENTION_BACKENDS,
+                 f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        _require(self.max_image_bytes >= 1, f"max_image_bytes must be >= 1, got {self.max_image_bytes}")
+        _require(self.max_image_pixels >= 1, f"max_image_pixels must be >= 1, got {self.max_image_pixels}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +87,14 @@ class CacheConfig:
     kv_cache_memory: int = 2 * 2**30  # bytes; the CPU sizing rule
     gpu_memory_utilization: float = 0.9  # the CUDA sizing rule (after profiling)
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"  # auto: the model's dtype; fp8_e4m3 / fp8_e5m2: one byte per element
+    calculate_kv_scales: bool = False  # fp8: per-layer scales from the first prefill, not the checkpoint
 
     def __post_init__(self) -> None:
+        _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
+                 f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        _require(not self.calculate_kv_scales or self.kv_cache_dtype != "auto",
+                 "calculate_kv_scales needs kv_cache_dtype fp8_e4m3 or fp8_e5m2 (scales only apply to an fp8 cache)")
         _require(self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0,
                  f"block_size must be a power of two >= 1, got {self.block_size}")
         _require(self.num_kv_blocks is None or self.num_kv_blocks >= 1,
@@ -95,7 +119,31 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LoRAConfig:
+    """Multi-LoRA (pipeline/lora/): adapters loaded at start, device slots, host cache, rank limit."""
+
+    modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT directory) loaded at start
+    max_loras: int = 4  # adapters resident in device slots at once (and so per step)
+    max_cpu_loras: int | None = None  # adapters kept in host memory (LRU); None: 2 x max_loras
+    max_lora_rank: int = 64
+
+    def __post_init__(self) -> None:
+        _require(self.max_loras >= 1, f"max_loras must be >= 1, got {self.max_loras}")
+        _require(self.max_cpu_loras is None or self.max_cpu_loras >= 1,
+                 f"max_cpu_loras must be >= 1, got {self.max_cpu_loras}")
+        _require(self.max_lora_rank >= 1, f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        names = [name for name, _ in self.modules]
+        _require(all(names), "lora_modules: every adapter needs a name (NAME=DIR)")
+        _require(len(set(names)) == len(names), f"lora_modules: adapter names must be unique, got {names}")
+
+    @property
+    def host_capacity(self) -> int:
+        return self.max_cpu_loras if self.max_cpu_loras is not None else 2 * self.max_loras
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    lora: LoRAConfig | None = None  # None: LoRA disabled (no slots, no wrappers)

@@ -3,7 +3,9 @@
 For a context c (the last dry_range tokens of prompt + output) with last token t: every earlier
 position i with c[i] == t starts a repeat; its length n is the longest common suffix of c[:i+1]
 and c that contains no sequence-breaker token. c[i+1] would extend that repeat, so it gets
-multiplier * base^(n - allowed_length) subtracted when n >= allowed_length (its largest n counts).
+multiplier * base^(n - allowed_length) subtracted when n >= allowed_length (its largest n counts),
+unless c[i+1] is itself a breaker: the repeat it would extend would then cross a breaker, so a
+breaker (a newline, say) is never penalised for following a repeat.
 
 Example (no breakers), c = [5, 6, 7, 9, 5, 6, 7], allowed_length 2: t = 7 matches i = 2; the
 suffixes [5, 6, 7] agree, n = 3 (position -1 would be needed for a 4th) -> token c[3] = 9 gets
@@ -88,6 +90,9 @@ def dry_penalties(contexts: list[np.ndarray], breaker_masks: list[np.ndarray], m
     # flat [5, 6, 5 | 8, 8], last [2, 2, 2 | 4, 4] -> candidates [0, 3].
     positions = np.arange(len(flat))
     candidates = np.flatnonzero((positions < last) & (flat == flat[last]) & ~is_breaker[last])
+    # A breaker token never continues a repeat: the extended repeat would cross it (candidates lie
+    # before their row's last token, so candidates + 1 stays inside the row).
+    candidates = candidates[~is_breaker[candidates + 1]]
     if len(candidates) == 0:
         return _no_penalties()
     repeat_lengths = _repeat_lengths(flat, is_breaker, candidates, last[candidates], starts[row_of[candidates]])

@@ -15,8 +15,10 @@ import structlog
 
 from pipeline.config import EngineConfig
 from pipeline.dry import SequenceBreakers, token_decoder
+from pipeline.image_processor import ImageLimits, ImageProcessor
 from pipeline.intake import RequestBuilder
 from pipeline.kv_cache_manager import KVCacheManager
+from pipeline.lora.slots import LoRASlots
 from pipeline.model.loader import resolve_device, resolve_dtype
 from pipeline.model.runner import ModelRunner
 from pipeline.model_source import resolve_model
@@ -48,33 +50,55 @@ class LLMEngine:
         dtype = resolve_dtype(config.model.dtype, resolve_device(config.model.device))
         resolved = resolve_model(config.model.model, dtype)
         self.model_dir, self.model_name = resolved.path, resolved.name
-        self.runner = ModelRunner(config.model, config.cache, config.scheduler, str(self.model_dir))
+        self.runner = ModelRunner(config.model, config.cache, config.scheduler, str(self.model_dir), config.lora)
+        self.lora_registry = self.runner.lora_registry
+        self.lora_slots = LoRASlots(config.lora.max_loras) if config.lora is not None else None
+        if config.lora is not None and self.lora_registry is not None:
+            for name, path in config.lora.modules:
+                self.lora_registry.load(name, path)
         self.tokenizer = load_tokenizer(self.model_dir)
         self.vocab_size = self.runner.vocab_size
         self.eos_token_ids = frozenset(self.runner.eos_token_ids)
         kv_cache = KVCacheManager(self.runner.num_kv_blocks, config.cache.block_size,
                                   config.cache.enable_prefix_caching,
                                   sliding_window=self.runner.info.attention.kv_window)
-        self.scheduler = Scheduler(config.scheduler, kv_cache, self.runner.max_model_len)
+        self.scheduler = Scheduler(config.scheduler, kv_cache, self.runner.max_model_len, self.lora_registry,
+                                   self.lora_slots)
         self.max_model_len = self.scheduler.max_model_len
         self.tensor_prep = TensorPrep(config.scheduler.max_num_seqs, self.max_model_len, config.cache.block_size)
         self.sampler = Sampler(self.vocab_size, logprobs_mode=config.model.logprobs_mode,
                                breakers=SequenceBreakers(token_decoder(self.tokenizer), self.vocab_size))
         self.builder = RequestBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids, self.max_model_len,
-                                      max_logprobs=config.model.max_logprobs)
+                                      max_logprobs=config.model.max_logprobs, vision=self.runner.vision,
+                                      image_processor=self._image_processor(), loras=self.lora_registry,
+                                      base_model_names=frozenset(
+                                          name for name in (self.model_name, config.model.model) if name))
         self.outputs = OutputProcessor(self.tokenizer)
         self.stats = EngineStats()
         log.info("engine ready", model=str(self.model_dir), num_kv_blocks=self.runner.num_kv_blocks,
                  block_size=config.cache.block_size, max_model_len=self.max_model_len)
 
+    def _image_processor(self) -> ImageProcessor | None:
+        """A vision model's image preprocessing (preprocessor_config.json), checked against its vision tower."""
+        if self.runner.vision is None:
+            return None
+        limits = ImageLimits(self.config.model.max_image_bytes, self.config.model.max_image_pixels)
+        processor = ImageProcessor.from_model_dir(self.model_dir, limits)
+        if processor.output_size != self.runner.vision.image_size:
+            raise ValueError(f"preprocessor_config.json makes {processor.output_size} images; the vision tower "
+                             f"takes {self.runner.vision.image_size}")
+        return processor
+
     # ---- requests ------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams) -> Request:
-        """Validate and queue a request. Bad input raises ValueError naming the problem."""
+    def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams,
+                    images: Seq[bytes] | None = None, lora: str | None = None) -> Request:
+        """Validate and queue a request (`images`: encoded, one per <image> of the prompt; `lora`: an
+        adapter's name). Bad input raises ValueError naming the problem."""
         if isinstance(prompt, str):
-            request = self.builder.build(request_id, params, prompt=prompt)
+            request = self.builder.build(request_id, params, prompt=prompt, images=images, lora=lora)
         else:
-            request = self.builder.build(request_id, params, prompt_token_ids=prompt)
+            request = self.builder.build(request_id, params, prompt_token_ids=prompt, images=images, lora=lora)
         self.add(request)
         return request
 

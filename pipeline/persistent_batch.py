@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.advanced_rows import AdvancedRows
+from pipeline.image_input import ImageInput
 from pipeline.sampling_batch import SamplingBatch
 from pipeline.step_plan import NewSequence, StepPlan
 
@@ -36,12 +37,16 @@ class PersistentBatch:
         self.seeds = np.zeros(max_num_seqs, np.uint64)
         self.choice_index = np.zeros(max_num_seqs, np.int64)
         self.num_logprobs = np.full(max_num_seqs, -1, np.int32)
+        self.beam = np.zeros(max_num_seqs, np.bool_)
         self.prompt_logprobs = np.full(max_num_seqs, -1, np.int32)
         self.min_tokens = np.zeros(max_num_seqs, np.int32)
+        self.lora_slot = np.full(max_num_seqs, -1, np.int32)
         self.stop_token_ids: list[np.ndarray] = [_EMPTY] * max_num_seqs
         self.custom_token_bans: list[np.ndarray] = [_EMPTY] * max_num_seqs
         self.has_custom_bans = np.zeros(max_num_seqs, np.bool_)
         self.advanced = AdvancedRows(max_num_seqs)
+        self.images: list[tuple[ImageInput, ...]] = [()] * max_num_seqs
+        self.has_images = np.zeros(max_num_seqs, np.bool_)
         self.row_of: dict[int, int] = {}
         self._free_rows = list(range(max_num_seqs - 1, -1, -1))
 
@@ -81,15 +86,19 @@ class PersistentBatch:
         self.seeds[row] = new.seed
         self.choice_index[row] = new.choice_index
         self.num_logprobs[row] = values.num_logprobs
+        self.beam[row] = new.params.use_beam_search
         if new.params.use_beam_search:  # a beam's best W + #stop-token continuations (pipeline/beam_search.py)
             self.num_logprobs[row] = max(values.num_logprobs, new.params.best_of + len(new.stop_token_ids))
         prompt_logprobs = new.params.prompt_logprobs
         self.prompt_logprobs[row] = -1 if prompt_logprobs is None else prompt_logprobs
         self.min_tokens[row] = min(new.params.min_tokens, _INT32_MAX)
+        self.lora_slot[row] = new.lora_slot
         self.stop_token_ids[row] = np.asarray(new.stop_token_ids, np.int64)
         self.custom_token_bans[row] = np.asarray(new.params.custom_token_bans, np.int64)
         self.has_custom_bans[row] = len(new.params.custom_token_bans) > 0
         self.advanced.set(row, new.params.advanced_row_values(), new.mirostat_mu)
+        self.images[row] = new.images
+        self.has_images[row] = len(new.images) > 0
 
     def _append_tokens(self, row: int, token_ids: list[int]) -> None:
         start = self.num_tokens[row]
@@ -122,6 +131,7 @@ class PersistentBatch:
             banned_rows=banned_rows,
             banned_tokens=banned_tokens,
             advanced=self.advanced.batch_columns(rows, self.token_ids, self.num_tokens),
+            beam=self.beam[rows] if self.beam[rows].any() else None,
         )
 
     def _bans(self, rows: np.ndarray, output_position: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

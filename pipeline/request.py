@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from pipeline.beam_search import BeamSearch, Hypothesis
+from pipeline.image_input import ImageInput
 from pipeline.sampling_params import SamplingParams
 
 _seq_counter = itertools.count()
@@ -51,6 +52,7 @@ class Sequence:
     num_preemptions: int = 0
     mirostat_mu: float | None = None  # mirostat v2's mu after the last token; None = not started (2 tau)
     cumulative_logprob: float = 0.0  # sum of the returned logprobs of the outputs (best_of ranks by it)
+    lora_slot: int | None = None  # the device slot of its adapter while it runs (it holds the slot)
 
     @property
     def num_tokens(self) -> int:
@@ -90,12 +92,17 @@ class Request:
     seed: int  # params.seed, or derived from request_id (DESIGN §5)
     eos_token_ids: frozenset[int] = frozenset()
     prompt: str | None = None
-    cache_salt: int | None = None  # extra prefix-cache key (e.g. a LoRA id)
+    cache_salt: int | None = None  # extra prefix-cache key; the LoRA adapter id unless given
+    lora_name: str | None = None  # the adapter the client named; None = the base model
+    lora_id: int | None = None  # that adapter's id in the LoRARegistry (unique per load)
+    images: tuple[ImageInput, ...] = ()  # vision-language models: images at placeholder positions of the prompt
     sequences: list[Sequence] = field(default_factory=list)  # under beam search: the running beams
     beam_search: BeamSearch | None = None  # set by the scheduler for use_beam_search requests
     beam_results: list[Hypothesis] | None = None  # the n best hypotheses, once beam search ended
 
     def __post_init__(self) -> None:
+        if self.cache_salt is None:
+            self.cache_salt = self.lora_id  # two adapters never share KV blocks; one adapter does
         if not self.sequences:
             self.sequences = [Sequence(self, index, list(self.prompt_token_ids))
                               for index in range(self.params.num_generated_choices)]

@@ -37,9 +37,11 @@ def apply_smoothing(logits: torch.Tensor, factor: np.ndarray, curve: np.ndarray)
     Example, f = 0.5, c = 1 (k = 0.5, s = 0): logits [2, 1, -1] -> d [0, -1, -3] -> [2, 1.5, -2.5]."""
     device = logits.device
     f, c = column(factor, device, torch.float32), column(curve, device, torch.float32)
-    k, s = f * (3 - c) / 2, f * (c - 1) / 2
     top = logits.max(dim=-1, keepdim=True).values
     distance = logits - top
+    if (curve == 1).all():  # the usual case, s = 0, k = f > 0: -inf gives top - f * inf = -inf as it is
+        return top - f * distance.square()
+    k, s = f * (3 - c) / 2, f * (c - 1) / 2
     smoothed = top - k * distance * distance + s * distance * distance * distance
     return torch.where(torch.isfinite(logits), smoothed, logits)
 

@@ -23,6 +23,7 @@ import torch
 from pipeline import rng
 from pipeline.config import LOGPROBS_MODES
 from pipeline.dry import SequenceBreakers, dry_penalties
+from pipeline.host_to_device import to_device
 from pipeline.logit_penalties import apply_bans, apply_logit_bias, apply_penalties, needs_penalties
 from pipeline.reshaping import (
     apply_mirostat,
@@ -64,6 +65,10 @@ class Sampler:
             output.mirostat_mu = self._next_mirostat_mu(processed, token_ids, batch.advanced)
         if (batch.num_logprobs >= 0).any():
             scored = processed if self.logprobs_mode == "processed_logprobs" else logits.float()
+            if batch.beam is not None and self.logprobs_mode != "processed_logprobs":
+                beam_rows = torch.from_numpy(np.flatnonzero(batch.beam)).to(processed.device)
+                scored = scored.clone()
+                scored[beam_rows] = processed[beam_rows]  # beams rank by the processed scores in every mode
             self._fill_logprobs(output, scored, token_ids, batch)
         return output
 
@@ -71,8 +76,10 @@ class Sampler:
         """Stages 1-12 of SAMPLING.md; a new float32 tensor (the caller's is never written)."""
         logits = self._trim(logits).float()
         advanced = batch.advanced
-        if advanced is not None or len(batch.banned_rows) > 0:
+        if advanced is not None or len(batch.banned_rows) > 0 or batch.beam is not None:
             logits = logits.clone()  # the stages below write in place
+        if batch.beam is not None:
+            logits = on_rows(logits, np.flatnonzero(batch.beam), lambda sub, rows: torch.log_softmax(sub, dim=-1))
         if advanced is not None and len(advanced.bias_rows) > 0:
             logits = apply_logit_bias(logits, advanced)
         if len(batch.banned_rows) > 0:
@@ -117,24 +124,23 @@ class Sampler:
             advanced.dry_allowed_length[dry_rows])
         if len(rows) > 0:
             device = logits.device
-            batch_rows = torch.from_numpy(dry_rows[rows]).to(device)
-            logits[batch_rows, torch.from_numpy(tokens).to(device)] -= torch.from_numpy(
-                penalties.astype(np.float32)).to(device)
+            batch_rows = to_device(dry_rows[rows], device)
+            logits[batch_rows, to_device(tokens, device)] -= to_device(penalties, device, torch.float32)
         return logits
 
     def _choose_tokens(self, processed: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         device = processed.device
         token_ids = torch.empty(processed.shape[0], dtype=torch.int64, device=device)
         greedy_np = batch.temperature == 0
-        greedy_rows = torch.from_numpy(np.flatnonzero(greedy_np)).to(device)
+        greedy_rows = to_device(np.flatnonzero(greedy_np), device)
         random_rows_np = np.flatnonzero(~greedy_np)
-        random_rows = torch.from_numpy(random_rows_np).to(device)
+        random_rows = to_device(random_rows_np, device)
         if len(greedy_rows) > 0:
             token_ids[greedy_rows] = argmax_rows(processed[greedy_rows])
         if len(random_rows_np) > 0:
             uniforms_np = rng.uniforms(batch.seeds[random_rows_np], batch.choice_index[random_rows_np],
                                        batch.output_position[random_rows_np])
-            uniforms = torch.from_numpy(uniforms_np).to(device)
+            uniforms = to_device(uniforms_np, device)
             token_ids[random_rows] = sample_inverse_cdf(processed[random_rows], uniforms)
         return token_ids
 
@@ -154,6 +160,9 @@ class Sampler:
         rows_np = np.flatnonzero(batch.num_logprobs >= 0)
         rows = torch.from_numpy(rows_np).to(scored.device)
         logprobs = torch.log_softmax(scored[rows], dim=-1)
+        if batch.beam is not None:  # a beam's scores are already log-probs, processed after (HF's order)
+            beam_among_rows = torch.from_numpy(np.flatnonzero(batch.beam[rows_np])).to(scored.device)
+            logprobs[beam_among_rows] = scored[rows[beam_among_rows]]
         chosen, ranks, top_ids, top_values = top_logprobs(logprobs, token_ids[rows], num_alternatives)
         # Rows that did not ask keep zeros (the contract allows junk there).
         output.chosen_logprobs = np.zeros(num_rows, dtype=np.float32)

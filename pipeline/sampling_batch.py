@@ -33,6 +33,9 @@ class SamplingBatch:
     banned_rows: np.ndarray  # [K] int64
     banned_tokens: np.ndarray  # [K] int64
     advanced: AdvancedColumns | None = None
+    # [R] bool, beam-search rows: stages 1-3 act on the model's log-probs, not renormalised after
+    # (HF transformers' beam search order); None when no row is a beam.
+    beam: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:

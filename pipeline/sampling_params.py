@@ -85,7 +85,7 @@ class SamplingParams:
     max_tokens: int | None = 16  # None = until max_model_len
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0  # 0 or -1 = off; normalized to 0
+    top_k: int = -1  # -1 = off; 0 is an error (SAMPLING.md)
     min_p: float = 0.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -175,9 +175,8 @@ class SamplingParams:
             fail(f"truncate_prompt_tokens must be >= 1 or None, got {self.truncate_prompt_tokens}")
 
     def _check_ranges(self) -> None:
-        if self.top_k < -1:
-            fail(f"top_k must be -1, 0 (off) or >= 1, got {self.top_k}")
-        self._set("top_k", max(self.top_k, 0))
+        if self.top_k == 0 or self.top_k < -1:
+            fail(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         for name, low, high, low_open, high_open in _RANGES:
             check_range(name, getattr(self, name), low, high, low_open=low_open, high_open=high_open)
         if self.mirostat_mode not in (0, 2):
@@ -201,6 +200,9 @@ class SamplingParams:
                  + (" with dynatemp" if self.uses_dynatemp else ""))
         if self.best_of < 2:
             fail(f"best_of (the beam width) must be > 1 with use_beam_search, got {self.best_of}")
+        if self.logprobs is not None:
+            fail(f"logprobs is not supported with use_beam_search (a hypothesis keeps its tokens and score, "
+                 f"not per-token logprobs), got {self.logprobs}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:

@@ -61,7 +61,7 @@ def classic_row_values(params: SamplingParams) -> SamplingRowValues:
     return SamplingRowValues(
         temperature=temperature,
         top_p=1.0 if greedy else params.top_p,
-        top_k=0 if greedy else params.top_k,
+        top_k=0 if greedy else max(params.top_k, 0),  # the batch column's off is 0
         min_p=0.0 if greedy else params.min_p,
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from pipeline.beam_scheduling import new_beam_search, on_beam_candidates
 from pipeline.config import SchedulerConfig
 from pipeline.kv_cache_manager import KVCacheManager
+from pipeline.lora.registry import LoRARegistry
+from pipeline.lora.slots import LoRASlots
 from pipeline.outputs import PromptLogprobsEvent, StopStringFinish, TokenEvent
 from pipeline.request import FinishReason, Request, Sequence, SequenceStatus
 from pipeline.step_plan import NewSequence, RunningSequence, StepPlan
@@ -24,8 +26,13 @@ if TYPE_CHECKING:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
+                 lora_registry: LoRARegistry | None = None, lora_slots: LoRASlots | None = None) -> None:
         self.config = config
+        self.lora_registry = lora_registry
+        self.lora_slots = lora_slots
+        self.lora_failures: list[tuple[str, str]] = []  # (request id, message): adapter gone while waiting
+        self.lora_token_counts: dict[str, int] = {}  # adapter name -> output tokens generated (metrics)
         self.kv_cache = kv_cache
         # A sequence must fit in the whole cache, or it could only preempt itself forever; under a
         # sliding window it holds a bounded number of blocks however long it grows.
@@ -45,6 +52,8 @@ class Scheduler:
     # ---- requests in and out -------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
+        if request.lora_id is not None and self.lora_slots is None:
+            raise ValueError(f"lora: adapter {request.lora_name!r} requested but LoRA is not enabled")
         if request.num_prompt_tokens >= self.max_model_len:
             raise ValueError(f"prompt has {request.num_prompt_tokens} tokens; the limit is "
                              f"{self.max_model_len - 1} (max_model_len {self.max_model_len} incl. one output)")
@@ -61,6 +70,7 @@ class Scheduler:
             return
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+            self._release_lora(seq)
             self._removed_seq_ids.append(seq.seq_id)
         elif seq in self.waiting:
             self.waiting.remove(seq)
@@ -112,6 +122,8 @@ class Scheduler:
             # and a fork cannot get blocks. Parked beams keep their candidates when recomputed later.
             self._preempt(self.running[-1], plan, to_front=False)
             self._schedule_waiting(plan, budget)
+        if self.lora_slots is not None:
+            plan.lora_loads = self.lora_slots.take_loads()
         return plan
 
     def _schedule_running(self, plan: StepPlan, budget: int) -> tuple[int, bool]:
@@ -143,25 +155,63 @@ class Scheduler:
         return budget, preempted
 
     def _schedule_waiting(self, plan: StepPlan, budget: int) -> None:
+        skipped: list[Sequence] = []  # their adapter has no slot now: later ones may still start
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if not self._adapter_servable(seq):
+                continue
+            if not self._adapter_can_run(seq):
+                skipped.append(self.waiting.popleft())
+                continue
             cached_block_ids = self.kv_cache.find_cached_prefix(seq)
             num_cached = len(cached_block_ids) * self.kv_cache.block_size
             num_new = seq.num_tokens - num_cached
             if num_new > budget and not self.config.enable_chunked_prefill:
-                return
+                break
             num_new = min(num_new, budget)
             if not self.kv_cache.allocate(seq, num_new, cached_block_ids):
-                return
+                break
             self.waiting.popleft()
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
             seq.num_computed_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            if self.lora_slots is not None and seq.request.lora_id is not None:
+                seq.lora_slot = self.lora_slots.acquire(seq.request.lora_id)
             plan.new_sequences.append(self._describe_new(seq))
             self._commit(seq, num_new, plan)
             budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
+
+    # ---- LoRA adapters -------------------------------------------------------------------------
+
+    def _adapter_servable(self, seq: Sequence) -> bool:
+        """False (and the request ends with an error) when its adapter failed to load."""
+        lora_id = seq.request.lora_id
+        if lora_id is None or self.lora_registry is None or self.lora_registry.is_servable(lora_id):
+            return True
+        request = seq.request
+        self.abort_request(request.request_id, FinishReason.ERROR)
+        self.lora_failures.append((request.request_id, f"lora: adapter {request.lora_name!r} failed to load"))
+        return False
+
+    def _adapter_can_run(self, seq: Sequence) -> bool:
+        """Its adapter is read and resident, or a slot can be freed for it."""
+        lora_id = seq.request.lora_id
+        if lora_id is None:
+            return True
+        assert self.lora_registry is not None and self.lora_slots is not None  # add_request checked
+        return self.lora_registry.is_ready(lora_id) and self.lora_slots.can_acquire(lora_id)
+
+    def _release_lora(self, seq: Sequence) -> None:
+        if seq.lora_slot is not None and self.lora_slots is not None and seq.request.lora_id is not None:
+            self.lora_slots.release(seq.request.lora_id)
+        seq.lora_slot = None
+
+    def take_lora_failures(self) -> list[tuple[str, str]]:
+        failures, self.lora_failures = self.lora_failures, []
+        return failures
 
     def _commit(self, seq: Sequence, num_new: int, plan: StepPlan) -> None:
         plan.num_scheduled_tokens[seq.seq_id] = num_new
@@ -170,6 +220,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, plan: StepPlan, to_front: bool = True) -> None:
         self.running.remove(seq)
+        self._release_lora(seq)
         self.kv_cache.free(seq)
         seq.status = SequenceStatus.PREEMPTED
         seq.num_computed_tokens = 0
@@ -196,6 +247,8 @@ class Scheduler:
             choice_index=seq.choice_index,
             stop_token_ids=tuple(dict.fromkeys(eos + tuple(params.stop_token_ids))),
             mirostat_mu=seq.mirostat_mu,
+            lora_slot=-1 if seq.lora_slot is None else seq.lora_slot,
+            images=seq.request.images,
         )
 
     # ---- results -----------------------------------------------------------------------------
@@ -231,6 +284,9 @@ class Scheduler:
         """Record a sampled token and finish the sequence if a stop condition holds."""
         seq.token_ids.append(token_id)
         self.num_generated_tokens += 1
+        lora_name = seq.request.lora_name
+        if lora_name is not None:
+            self.lora_token_counts[lora_name] = self.lora_token_counts.get(lora_name, 0) + 1
         params = seq.params
         num_output = seq.num_output_tokens
         # Tokens at output positions < min_tokens cannot stop the sequence (they are also banned).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline.image_input import ImageInput
 from pipeline.sampling_params import SamplingParams
 
 
@@ -23,6 +24,8 @@ class NewSequence:
     choice_index: int
     stop_token_ids: tuple[int, ...]  # EOS (unless ignore_eos) + stop_token_ids: banned before min_tokens
     mirostat_mu: float | None = None  # the choice's mu so far (a preempted or resumed one); None = start at 2 tau
+    lora_slot: int = -1  # device slot of the request's LoRA adapter; -1 = the base model
+    images: tuple[ImageInput, ...] = ()  # the request's images (vision-language models)
 
 
 @dataclass(slots=True)
@@ -43,6 +46,8 @@ class StepPlan:
     num_scheduled_tokens: dict[int, int] = field(default_factory=dict)
     # Sequences gone since the last plan (finished, aborted, preempted): TensorPrep drops their rows.
     removed_seq_ids: list[int] = field(default_factory=list)
+    # LoRA slot -> adapter id to copy into it before this step's forward.
+    lora_loads: dict[int, int] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.image_input import overlapping
 from pipeline.persistent_batch import PersistentBatch
 from pipeline.sampling_batch import SamplingBatch
-from pipeline.step_inputs import StepInputs
+from pipeline.step_inputs import ImageSlice, StepInputs
 from pipeline.step_plan import StepPlan
 
 
@@ -53,6 +54,7 @@ class TensorPrep:
         # A sequence samples when this step computes its last known token.
         samples = batch.num_computed[rows] + num_scheduled == batch.num_tokens[rows]
         inputs = self._build_inputs(rows, num_scheduled, samples)
+        inputs.lora_loads = plan.lora_loads
         sample_rows = rows[samples]
         segments, targets = self._prompt_logprob_rows(plan, rows, num_scheduled, inputs)
         batch.num_computed[rows] = inputs.seq_lens
@@ -81,6 +83,9 @@ class TensorPrep:
         seq_lens = (num_computed + num_scheduled).astype(np.int32)
         max_seq_len = int(seq_lens.max())
         max_blocks = -(-max_seq_len // block_size)
+        # [slot 1 row, base row, slot 0 row] with lengths [2, 1, 3] -> [1, 1, -1, 0, 0, 0]
+        token_lora_slots = np.repeat(batch.lora_slot[rows], num_scheduled)
+        images = self._image_slices(rows, num_computed, num_scheduled, query_start_loc)
         return StepInputs(
             input_ids=batch.token_ids[token_rows, positions].astype(np.int64),
             positions=positions,
@@ -92,7 +97,21 @@ class TensorPrep:
             num_tokens=num_tokens,
             max_query_len=int(num_scheduled.max()),
             max_seq_len=max_seq_len,
+            lora_slots=token_lora_slots if (token_lora_slots >= 0).any() else None,
+            images=images,
         )
+
+    def _image_slices(self, rows: np.ndarray, num_computed: np.ndarray, num_scheduled: np.ndarray,
+                      query_start_loc: np.ndarray) -> list[ImageSlice]:
+        """The image placeholders each scheduled chunk covers (a loop over image rows only)."""
+        slices = []
+        for i in np.flatnonzero(self.batch.has_images[rows]):
+            start, end = int(num_computed[i]), int(num_computed[i] + num_scheduled[i])
+            for image in overlapping(self.batch.images[rows[i]], start, end):
+                first, last = max(start, image.offset), min(end, image.end)
+                slices.append(ImageSlice(image, first - image.offset, last - first,
+                                         int(query_start_loc[i]) + first - start))
+        return slices
 
     def _prompt_logprob_rows(self, plan: StepPlan, rows: np.ndarray, num_scheduled: np.ndarray,
                              inputs: StepInputs) -> tuple[list[PromptLogprobSegment], np.ndarray]:

@@ -27,6 +27,8 @@ def apply_top_p_k_min_a(logits: torch.Tensor, top_p: np.ndarray, top_k: np.ndarr
     [0, 0.5, 0.8, 0.95] -> keep [T, T, T, F] (0.8 does not exceed 0.8).
     """
     device, vocab_size = logits.device, logits.shape[1]
+    if not ((top_p < 1).any() or ((top_k > 0) & (top_k < vocab_size)).any()):
+        return _apply_min_p_top_a(logits, min_p, top_a)
     sorted_logits, sorted_ids = torch.sort(logits, dim=-1, descending=True, stable=True)
     sorted_probs = sorted_logits.softmax(dim=-1)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
@@ -43,6 +45,19 @@ def apply_top_p_k_min_a(logits: torch.Tensor, top_p: np.ndarray, top_k: np.ndarr
     keep &= (ranks < top_k_column) | (top_k_column <= 0)
     keep[:, 0] = True  # top-a > 1 / p_max would drop the top token
     return logits.masked_fill(unsort(~keep, sorted_ids), _MINUS_INF)
+
+
+def _apply_min_p_top_a(logits: torch.Tensor, min_p: np.ndarray, top_a: np.ndarray | None) -> torch.Tensor:
+    """Stage 4 when no row uses top-p or top-k: thresholds need only p_max, so no sort (a sort of
+    [R, V] costs ~20x the rest of the stage on CPU). Drops the same tokens as the sorted path:
+    p < max(min_p * p_max, top_a * p_max^2), the top token (lowest id among equals) kept."""
+    device = logits.device
+    probs = logits.softmax(dim=-1)
+    p_max = probs.max(dim=-1, keepdim=True).values
+    threshold = column(min_p, device, torch.float32) * p_max
+    if top_a is not None and (top_a > 0).any():
+        threshold = torch.maximum(threshold, column(top_a, device, torch.float32) * p_max * p_max)
+    return logits.masked_fill(keep_top(probs < threshold, logits), _MINUS_INF)
 
 
 def apply_tfs(logits: torch.Tensor, tfs: np.ndarray) -> torch.Tensor:

@@ -74,6 +74,9 @@ class SilentBackend:
     async def cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
 
+    def adapter_names(self) -> list[str]:
+        return []
+
     async def healthy(self) -> bool:
         return True
 

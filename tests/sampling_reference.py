@@ -130,6 +130,8 @@ def dry(logits: np.ndarray, knobs: Knobs, context: list[int], is_breaker: np.nda
         while i - n >= 0 and context[i - n] == context[length - 1 - n] and not is_breaker[context[i - n]]:
             n += 1
         following = context[i + 1]
+        if is_breaker[following]:
+            continue  # extending the repeat by a breaker would cross it
         longest[following] = max(longest.get(following, 0), n)
     logits = logits.copy()
     for token, n in longest.items():

@@ -31,14 +31,15 @@ def _prompt(seed: int, length: int = 21) -> list[int]:
 
 
 def hf_beam_search(hf, prompt: list[int], *, width: int, n: int, length_penalty: float,
-                   early_stopping: bool | str, eos: list[int] | None) -> list[tuple[list[int], float]]:
-    """HF's n returned (output tokens without padding, sequences_scores)."""
+                   early_stopping: bool | str, eos: list[int] | None, **processors) -> list[tuple[list[int], float]]:
+    """HF's n returned (output tokens without padding, sequences_scores); `processors`: more
+    `generate` arguments (repetition_penalty=…, bad_words_ids=…)."""
     hf.generation_config.eos_token_id = eos
     hf.generation_config.pad_token_id = PAD
     with torch.inference_mode():
         out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                           max_new_tokens=MAX_NEW_TOKENS, num_beams=width, num_return_sequences=n,
-                          length_penalty=length_penalty, early_stopping=early_stopping, do_sample=False,
+                          length_penalty=length_penalty, early_stopping=early_stopping, do_sample=False, **processors,
                           output_scores=True, return_dict_in_generate=True)
     lengths = ((out.beam_indices + 1).bool()).sum(dim=1).tolist()  # generated tokens per returned sequence
     return [(out.sequences[row, len(prompt):len(prompt) + lengths[row]].tolist(), float(out.sequences_scores[row]))
@@ -52,14 +53,16 @@ def _stop_token_the_model_generates(hf, prompt: list[int], width: int) -> int:
 
 
 def _check(engine, hf, prompt: list[int], *, width: int, n: int, length_penalty: float,
-           early_stopping: bool | str, stop: int | None) -> dict:
+           early_stopping: bool | str, stop: int | None, ours_extra: dict | None = None,
+           theirs_extra: dict | None = None) -> dict:
     params = SamplingParams(temperature=0.0, use_beam_search=True, best_of=width, n=n, max_tokens=MAX_NEW_TOKENS,
                             length_penalty=length_penalty, early_stopping=early_stopping,
-                            stop_token_ids=[stop] if stop is not None else [], ignore_eos=stop is None)
+                            stop_token_ids=[stop] if stop is not None else [], ignore_eos=stop is None,
+                            **(ours_extra or {}))
     result = run_requests(engine, {"beam": (prompt, params)})["beam"]
     eos = [2, stop] if stop is not None else None  # 2: the tiny models' EOS, which ignore_eos=False keeps
     theirs = hf_beam_search(hf, prompt, width=width, n=n, length_penalty=length_penalty,
-                            early_stopping=early_stopping, eos=eos)
+                            early_stopping=early_stopping, eos=eos, **(theirs_extra or {}))
     ours = result["request"].beam_results
     assert sorted(result["choices"]) == list(range(n))
     for index, (their_tokens, their_score) in enumerate(theirs):
@@ -118,3 +121,27 @@ def test_a_fork_reuses_its_parents_full_blocks_and_recomputes_less_than_one_bloc
     assert forks
     for fork, num_tokens_at_fork in forks:
         assert fork.num_cached_tokens == (num_tokens_at_fork - 1) // 4 * 4  # every full block of its prefix
+
+
+def test_beam_search_with_penalties_bans_and_min_tokens_equals_hf(arch_model) -> None:
+    """HF applies its logits processors to the beams' log-probs and does not renormalise; the
+    engine processes a beam row the same way (repetition penalty: log-probs are negative, so
+    multiplied by it), so the search picks the same beams with the same scores."""
+    _, path, hf = arch_model
+    engine = make_engine(path)
+    prompt = _prompt(5)
+    stop = _stop_token_the_model_generates(hf, prompt, 3)
+    _check(engine, hf, prompt, width=3, n=2, length_penalty=1.0, early_stopping=False, stop=None,
+           ours_extra={"repetition_penalty": 1.8}, theirs_extra={"repetition_penalty": 1.8})
+    banned = _stop_token_the_model_generates(hf, prompt, 4)
+    _check(engine, hf, prompt, width=4, n=2, length_penalty=1.0, early_stopping=True, stop=None,
+           ours_extra={"custom_token_bans": [banned], "repetition_penalty": 1.3},
+           theirs_extra={"bad_words_ids": [[banned]], "repetition_penalty": 1.3})
+    _check(engine, hf, prompt, width=3, n=3, length_penalty=1.0, early_stopping=False, stop=stop,
+           ours_extra={"min_tokens": 5}, theirs_extra={"min_new_tokens": 5})
+    assert engine.scheduler.kv_cache.num_used_blocks == 0
+
+
+def test_beam_search_rejects_logprobs_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="logprobs is not supported with use_beam_search"):
+        SamplingParams(temperature=0.0, use_beam_search=True, best_of=2, logprobs=3)

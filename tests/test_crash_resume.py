@@ -15,10 +15,12 @@ import msgpack
 import pytest
 import redis
 
+from pipeline.config import LoRAConfig
 from pipeline.sampling_params import SamplingParams
 from tests.conftest import REDIS_URL
 from tests.engine_helpers import make_engine, run_requests
 from tests.hf_models import make_tiny_hf_model
+from tests.lora_adapters import make_adapters, run_with_adapters
 
 AQUEDUCT = Path(sys.executable).with_name("aqueduct")
 ENGINE_FLAGS = {"max_num_seqs": 4, "num_kv_blocks": 256}
@@ -42,10 +44,11 @@ def _requests(count: int) -> dict[str, dict]:
     return requests
 
 
-def _start_worker(model_dir: Path, prefix: str, name: str, log_dir: Path) -> subprocess.Popen:
+def _start_worker(model_dir: Path, prefix: str, name: str, log_dir: Path,
+                  extra_flags: tuple[str, ...] = ()) -> subprocess.Popen:
     command = [str(AQUEDUCT), "worker", "--redis-url", REDIS_URL, "--prefix", prefix, "--name", name,
                "--model", str(model_dir), "--claim-idle-ms", "1500", "--max-num-seqs", "4",
-               "--num-kv-blocks", "256", "--drain-timeout", "60"]
+               "--num-kv-blocks", "256", "--drain-timeout", "60", *extra_flags]
     log = (log_dir / f"{name}.log").open("w")
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
 
@@ -67,10 +70,11 @@ def _is_final(entry: dict) -> bool:
 
 
 def _kill_the_victim_mid_generation(model_dir: Path, prefix: str, tmp_path: Path, client: redis.Redis,
-                                    requests: dict[str, dict], kill_after_entries: int) -> dict[str, int]:
+                                    requests: dict[str, dict], kill_after_entries: int,
+                                    extra_flags: tuple[str, ...] = ()) -> dict[str, int]:
     """Two workers take `requests`; once `kill_after_entries` reply entries exist and the victim
     holds some, it is killed with SIGKILL and a replacement starts. Returns every exit code."""
-    workers = {name: _start_worker(model_dir, prefix, name, tmp_path) for name in ("victim", "survivor")}
+    workers = {name: _start_worker(model_dir, prefix, name, tmp_path, extra_flags) for name in ("victim", "survivor")}
     try:
         _wait(lambda: all(client.exists(f"{prefix}:worker:{n}") for n in workers), 60, "workers to start")
         for request in requests.values():
@@ -84,7 +88,7 @@ def _kill_the_victim_mid_generation(model_dir: Path, prefix: str, tmp_path: Path
         _wait(victim_is_mid_generation, 60, "the victim to be generating")
         workers["victim"].send_signal(signal.SIGKILL)
         workers["victim"].wait(timeout=10)
-        workers["replacement"] = _start_worker(model_dir, prefix, "replacement", tmp_path)
+        workers["replacement"] = _start_worker(model_dir, prefix, "replacement", tmp_path, extra_flags)
         _wait(lambda: client.exists(f"{prefix}:worker:replacement"), 60, "the replacement to start")
         _wait(lambda: all(any(_is_final(e) for e in _entries(client, prefix, r)) for r in requests), 120,
               "every request to finish")
@@ -150,6 +154,31 @@ def test_kill_9_resumed_mirostat_choices_continue_from_their_mu(model_dir, prefi
             expected = reference[request_id]["choices"][index]
             assert [t for c in ours for t in c["token_ids"]] == expected["token_ids"], (request_id, index)
             assert ours[-1]["mirostat_mu"] == pytest.approx(expected["mirostat_mu"][-1], abs=1e-5)
+
+
+def test_kill_9_resumed_lora_requests_keep_their_adapter(model_dir, prefix, tmp_path):
+    adapters = make_adapters(model_dir, tmp_path / "adapters", ["attn8", "all16rs"])
+    flags = ("--max-loras", "2", "--lora-modules", *[f"{name}={path}" for name, path in adapters.items()])
+    requests = _requests(9)
+    for index, request in enumerate(requests.values()):
+        request["params"]["max_tokens"] = 60
+        if index % 3:
+            request["lora"] = ("attn8", "all16rs")[index % 2]
+    engine = make_engine(model_dir, **ENGINE_FLAGS, lora=LoRAConfig(
+        modules=tuple((name, str(path)) for name, path in adapters.items()), max_loras=2))
+    reference = run_with_adapters(engine, {
+        request_id: (r["prompt_token_ids"], SamplingParams.from_dict(r["params"]), r.get("lora"))
+        for request_id, r in requests.items()})
+    client = redis.Redis.from_url(REDIS_URL)
+    exit_codes = _kill_the_victim_mid_generation(model_dir, prefix, tmp_path, client, requests, 12, flags)
+    assert exit_codes["victim"] == -signal.SIGKILL
+    logs = "".join((tmp_path / f"{name}.log").read_text() for name in ("survivor", "replacement"))
+    assert "claimed an orphaned request" in logs
+    for request_id in requests:
+        entries = _entries(client, prefix, request_id)
+        assert [e["seq"] for e in entries] == list(range(len(entries))), request_id
+        tokens = [t for e in entries for choice in e["choices"] for t in choice["token_ids"]]
+        assert tokens == reference[request_id]["tokens"], request_id
 
 
 def test_sigterm_drains_in_flight_requests_and_leaves_the_rest_for_another_worker(model_dir, prefix, tmp_path):

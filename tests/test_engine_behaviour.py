@@ -106,7 +106,7 @@ def test_out_of_int32_top_k_and_min_tokens_mean_keep_all_and_no_eos(model_dir):
     engine = make_engine(model_dir)
     outputs = run_requests(engine, {
         "huge": (prompt, SamplingParams(max_tokens=6, temperature=0.8, seed=3, top_k=huge, min_tokens=6)),
-        "off": (prompt, SamplingParams(max_tokens=6, temperature=0.8, seed=3, top_k=0, min_tokens=6)),
+        "off": (prompt, SamplingParams(max_tokens=6, temperature=0.8, seed=3, top_k=-1, min_tokens=6)),
     })
     huge_tokens = outputs["huge"]["choices"][0]["token_ids"]
     assert huge_tokens == outputs["off"]["choices"][0]["token_ids"]

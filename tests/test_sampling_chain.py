@@ -47,8 +47,8 @@ STAGES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "dry": st.fixed_dictionaries({"dry_multiplier": _rounded(0.1, 3), "dry_base": _rounded(1.01, 3),
                                   "dry_allowed_length": st.integers(1, 4), "dry_range": st.integers(0, 40),
                                   "dry_sequence_breakers": st.sampled_from([["\n"], ["\n", ":"], []])}),
-    "top_p_k_min": st.fixed_dictionaries({"top_p": _rounded(0.05, 1), "top_k": st.integers(-1, 40),
-                                          "min_p": _rounded(0, 0.5)}),
+    "top_p_k_min": st.fixed_dictionaries({"top_p": _rounded(0.05, 1), "min_p": _rounded(0, 0.5),
+                                          "top_k": st.one_of(st.just(-1), st.integers(1, 40))}),
     "top_a": st.fixed_dictionaries({"top_a": _rounded(0, 3)}),
     "tfs": st.fixed_dictionaries({"tfs": _rounded(0.05, 1)}),
     "eta": st.fixed_dictionaries({"eta_cutoff": _rounded(0.01, 600)}),
@@ -192,3 +192,36 @@ def test_xtc_coin_is_its_own_stream_so_the_token_draw_is_unchanged() -> None:
         batch.seeds = np.arange(2000, dtype=np.uint64)
         tokens.append(sampler(torch.from_numpy(np.tile(LOGITS_8, (2000, 1))), batch).token_ids)
     np.testing.assert_array_equal(tokens[0], tokens[1])
+
+
+def test_min_p_and_top_a_without_a_sort_drop_what_the_sorted_path_drops() -> None:
+    """Stage 4 skips its sort when no row uses top-p or top-k; with ties at the top and top_a
+    large enough to drop every token but one, it keeps the lowest id, as the sorted path does."""
+    from pipeline.truncation import apply_top_p_k_min_a
+
+    generator = np.random.default_rng(11)
+    logits = torch.from_numpy(generator.normal(0, 2, (6, 40)).astype(np.float32))
+    logits[0, [3, 17]] = logits[0].max() + 1  # a tie at the top
+    min_p = np.array([0.0, 0.1, 0.3, 0.0, 0.05, 0.9], np.float32)
+    top_a = np.array([50.0, 0.0, 0.0, 0.5, 0.2, 0.0], np.float32)
+    ones, offs = np.ones(6, np.float32), np.zeros(6, np.int32)
+    sort_free = apply_top_p_k_min_a(logits.clone(), ones, offs, min_p, top_a)
+    nearly_one = np.full(6, np.nextafter(np.float32(1), np.float32(0)))  # forces the sorted path, drops nothing more
+    sorted_path = apply_top_p_k_min_a(logits.clone(), nearly_one, offs, min_p, top_a)
+    np.testing.assert_array_equal(sort_free.numpy(), sorted_path.numpy())
+    assert np.isfinite(sort_free[0].numpy()).tolist() == [i == 3 for i in range(40)]
+
+
+def test_smoothing_with_curve_one_keeps_masked_tokens_masked_and_matches_the_reference() -> None:
+    """Curve 1 (the default) takes a shorter path: top - f * d^2, with no finiteness mask."""
+    from pipeline.reshaping import apply_smoothing
+    from tests.sampling_reference import smoothing
+
+    logits = np.random.default_rng(4).normal(0, 3, (3, 30)).astype(np.float32)
+    logits[1, [0, 7]] = -np.inf
+    factors = np.array([0.3, 1.7, 0.01], np.float32)
+    ours = apply_smoothing(torch.from_numpy(logits.copy()), factors, np.ones(3, np.float32)).numpy()
+    for row in range(3):
+        np.testing.assert_allclose(ours[row], smoothing(logits[row].astype(np.float64), float(factors[row]), 1.0),
+                                   rtol=1e-5, atol=1e-5)
+    assert np.isneginf(ours[1, [0, 7]]).all() and np.isfinite(np.delete(ours[1], [0, 7])).all()

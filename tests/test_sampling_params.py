@@ -12,7 +12,7 @@ from pipeline.sampling_params import SamplingParams, SamplingRowValues, Sampling
 def test_defaults_match_openai_and_vllm() -> None:
     params = SamplingParams()
     assert (params.n, params.best_of, params.max_tokens) == (1, 1, 16)
-    assert (params.temperature, params.top_p, params.top_k, params.min_p) == (1.0, 1.0, 0, 0.0)
+    assert (params.temperature, params.top_p, params.top_k, params.min_p) == (1.0, 1.0, -1, 0.0)
     assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.0, 0.0, 1.0)
     assert params.seed is None
     assert params.stop == ()
@@ -36,10 +36,11 @@ def test_stop_is_normalized_to_a_tuple(stop: Any, expected: tuple[str, ...]) -> 
     assert SamplingParams(stop=stop).stop == expected
 
 
-def test_stop_token_ids_and_top_k_minus_one_are_normalized() -> None:
+def test_stop_token_ids_are_normalized_and_top_k_minus_one_is_kept_as_off() -> None:
     params = SamplingParams(stop_token_ids=[2, 7], top_k=-1)
     assert params.stop_token_ids == (2, 7)
-    assert params.top_k == 0
+    assert params.top_k == -1
+    assert params.row_values().top_k == 0  # the batch column's "off"
 
 
 def test_integral_floats_become_floats() -> None:
@@ -64,7 +65,8 @@ def test_best_of_equal_to_n_is_accepted() -> None:
     ({"temperature": -1}, "temperature must be >= 0, got -1"),
     ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0"),
     ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
-    ({"top_k": -2}, "top_k must be -1, 0 \\(off\\) or >= 1, got -2"),
+    ({"top_k": -2}, "top_k must be -1 \\(off\\) or >= 1, got -2"),
+    ({"top_k": 0}, "top_k must be -1 \\(off\\) or >= 1, got 0"),  # SAMPLING.md: 0 is an error, not "off"
     ({"min_p": 1.1}, r"min_p must be in \[0, 1\], got 1.1"),
     ({"presence_penalty": 2.5}, r"presence_penalty must be in \[-2, 2\], got 2.5"),
     ({"frequency_penalty": -3}, r"frequency_penalty must be in \[-2, 2\], got -3"),

@@ -16,7 +16,7 @@ from actors.frontends.engine_args import engine_config_from_args
 from actors.message_codec import decode_message, encode_message
 from actors.messages import Admit
 from pipeline import rng
-from pipeline.dry import SequenceBreakers, token_decoder
+from pipeline.dry import SequenceBreakers, dry_penalties, token_decoder
 from pipeline.intake import RequestBuilder
 from pipeline.request import Request
 from pipeline.sampler import Sampler
@@ -24,6 +24,7 @@ from pipeline.sampling_params import SamplingParams
 from queue_adapters.codec import CodecError, decode_request, encode
 from tests.engine_helpers import make_engine, run_requests
 from tests.sampling_helpers import Row, batch_of
+from tests.sampling_reference import Knobs, dry
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -238,3 +239,21 @@ def test_beam_search_params_are_accepted_with_temperature_0_and_a_width() -> Non
     params = SamplingParams(use_beam_search=True, temperature=0, best_of=4, n=2, length_penalty=0.5,
                             early_stopping="never")
     assert params.reports_at_end and not params.ranks_choices and params.num_generated_choices == 1
+
+
+def test_dry_never_penalises_a_breaker_that_would_continue_a_repeat() -> None:
+    """SAMPLING.md: repeats do not cross a breaker, so a breaker token that would extend one (a
+    newline after a repeated line, say) is not penalised; the same token as a non-breaker is."""
+    context = np.array([5, 6, 7, 9, 5, 6, 7, 4, 5, 6, 7])  # 5 6 7 was followed by 9 and by 4
+    knobs = (np.array([1.0]), np.array([2.0]), np.array([2]))
+    plain = np.zeros(10, np.bool_)
+    nine_breaks = plain.copy()
+    nine_breaks[9] = True
+    _, tokens, penalties = dry_penalties([context], [plain], *knobs)
+    assert dict(zip(tokens.tolist(), penalties.tolist(), strict=True)) == {9: 2.0, 4: 2.0}  # n = 3: 1 * 2^(3-2)
+    _, tokens, penalties = dry_penalties([context], [nine_breaks], *knobs)
+    assert dict(zip(tokens.tolist(), penalties.tolist(), strict=True)) == {4: 2.0}
+    logits = np.random.default_rng(5).normal(0, 1, 10)
+    reference = dry(logits, Knobs(dry_multiplier=1.0, dry_base=2.0, dry_allowed_length=2), context.tolist(),
+                    nine_breaks)
+    np.testing.assert_allclose(reference - logits, [0, 0, 0, 0, -2.0, 0, 0, 0, 0, 0])

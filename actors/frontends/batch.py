@@ -68,8 +68,8 @@ def _parse_line(text: str, number: int, seen: set[str]) -> BatchLine:
         seen.add(custom_id)
         chat = item["url"] == CHAT_URL
         if chat:
-            messages, params = parse_chat_body(item["body"])  # validates the sampling fields
-            prompt_fields: dict[str, Any] = {"messages": messages}
+            messages, params, images = parse_chat_body(item["body"])  # validates the sampling fields
+            prompt_fields: dict[str, Any] = {"messages": messages, "images": images or None}
         else:
             prompt, _ = parse_completion_body(item["body"])  # validates the sampling fields
             params = {k: v for k, v in item["body"].items() if k not in ("prompt", "model", "user", "stream")}
@@ -78,7 +78,11 @@ def _parse_line(text: str, number: int, seen: set[str]) -> BatchLine:
         # output does not depend on where it sits in the file.
         params.setdefault("seed", seed_from_request_id(custom_id))
         # Wire ids are restricted to [A-Za-z0-9._:-]; custom_ids are free text.
-        return BatchLine(custom_id, WireRequest(id=f"batch-line-{number}", params=params, **prompt_fields), chat=chat)
+        # As vLLM: the body's `model` names a LoRA adapter; the base model's name means none.
+        model = item["body"].get("model")
+        lora = model if isinstance(model, str) and model else None
+        return BatchLine(custom_id, WireRequest(id=f"batch-line-{number}", params=params, lora=lora, **prompt_fields),
+                         chat=chat)
     except (ValueError, CodecError) as error:  # json.JSONDecodeError is a ValueError
         log.warning("rejected batch line", line=number, custom_id=custom_id, error=str(error))
         return BatchLine(custom_id, None, str(error))

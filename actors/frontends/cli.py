@@ -113,7 +113,7 @@ def _worker(args: argparse.Namespace) -> int:
                             drain_timeout_s=args.drain_timeout, max_in_flight=args.max_in_flight,
                             redis_edges=frozenset(filter(None, args.redis_edges.split(","))),
                             claim_idle_ms=args.claim_idle_ms, max_attempts=args.max_attempts,
-                            max_queue_wait_ms=args.max_queue_wait_ms)
+                            max_queue_wait_ms=args.max_queue_wait_ms, reply_to_pattern=args.reply_to_pattern)
     return asyncio.run(run_worker(engine, options, device=device))
 
 
@@ -136,6 +136,8 @@ def _submit(args: argparse.Namespace) -> int:
     if args.seed is not None:
         params["seed"] = args.seed
     request = {"id": args.id or uuid.uuid4().hex, "prompt": args.prompt, "params": params}
+    if args.lora is not None:
+        request["lora"] = args.lora
     with SyncAqueductClient(args.redis_url, args.prefix) as client:
         request_id = client.submit(request)
         if args.stream:
@@ -221,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="deliveries of one request before it goes to {prefix}:dead")
     worker.add_argument("--max-queue-wait-ms", type=int, default=None,
                         help="a request not started within this many ms ends with an error (default: no limit)")
+    worker.add_argument("--reply-to-pattern", default=None,
+                        help="glob a request's reply_to must match, e.g. 'myapp:replies:*' (default: {prefix}:out:*); "
+                             "other keys get an error reply on {prefix}:out:{id}")
     worker.add_argument("--redis-edges", default="",
                         help="internal edges to run over Redis, comma-separated: scheduler,tensor_prep,output_events")
     add_engine_args(worker)
@@ -245,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--max-tokens", type=int, default=64)
     submit.add_argument("--temperature", type=float, default=0.0)
     submit.add_argument("--seed", type=int, default=None)
+    submit.add_argument("--lora", default=None, help="name of a LoRA adapter the workers serve")
     submit.add_argument("--stream", action="store_true", help="print text as it arrives")
     submit.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the answer")
     submit.set_defaults(handler=_submit)

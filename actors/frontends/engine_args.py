@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 
 from pipeline.config import (
+    ATTENTION_BACKENDS,
     CPU_LINEARS,
     DTYPES,
+    KV_CACHE_DTYPES,
     LOGPROBS_MODES,
     QUANTIZATIONS,
     CacheConfig,
     EngineConfig,
+    LoRAConfig,
     ModelConfig,
     SchedulerConfig,
     parse_size,
@@ -30,6 +33,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     group.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV cache size in blocks")
     group.add_argument("--kv-cache-memory", default="2GiB", help="KV cache size on CPU, e.g. 2GiB")
+    group.add_argument("--tensor-parallel-size", type=int, default=1,
+                       help="split the model over N ranks (processes joined by torch.distributed, gloo on CPU)")
+    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                       help="KV cache storage: auto = the model's dtype; fp8_e4m3 / fp8_e5m2 = one byte per element "
+                            "with per-layer scales (4x the float32 tokens in the same --kv-cache-memory)")
+    group.add_argument("--calculate-kv-scales", action="store_true",
+                       help="fp8 KV cache: set each layer's scales from the first prefill instead of the checkpoint")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                        help="share of GPU memory for weights + activations + KV cache")
     group.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
@@ -42,10 +52,45 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="CPU weight-only quantization: gguf = keep a GGUF file's Q4_0/Q4_1 weights as they "
                             "are (other quantized types as int8), int8 = quantize every linear per channel at "
                             "load; both compute in bfloat16 (pair with --dtype bfloat16)")
+    group.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                       help="auto = flex (torch FlexAttention over the paged cache) on CUDA, torch (SDPA + the "
+                            "native decode kernel) on CPU")
     group.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="processed_logprobs",
                        help="returned logprobs: of the distribution after the sampler chain, or the model's own")
     group.add_argument("--max-logprobs", type=int, default=20,
                        help="the largest logprobs / prompt_logprobs a request may ask for")
+    group.add_argument("--max-image-bytes", default="20MiB",
+                       help="vision models: the largest encoded image a request may send, e.g. 20MiB")
+    group.add_argument("--max-image-pixels", type=int, default=6000 * 6000,
+                       help="vision models: the largest image (width x height) a request may send")
+    add_lora_args(parser)
+
+
+def add_lora_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("LoRA adapters")
+    group.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=DIR",
+                       help="PEFT LoRA adapters to serve, loaded at start (enables LoRA)")
+    group.add_argument("--enable-lora", action="store_true",
+                       help="enable LoRA without adapters at start (load them over the control stream)")
+    group.add_argument("--max-loras", type=int, default=4, help="adapters resident on the device at once")
+    group.add_argument("--max-cpu-loras", type=int, default=None,
+                       help="adapters kept in host memory, LRU (default: 2 x --max-loras)")
+    group.add_argument("--max-lora-rank", type=int, default=64, help="the largest adapter rank accepted")
+
+
+def lora_config_from_args(args: argparse.Namespace) -> LoRAConfig | None:
+    """LoRAConfig when --lora-modules or --enable-lora is given, else None (LoRA off)."""
+    modules = getattr(args, "lora_modules", [])
+    if not modules and not getattr(args, "enable_lora", False):
+        return None
+    pairs = []
+    for item in modules:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora-modules entries must look like NAME=DIR, got {item!r}")
+        pairs.append((name, path))
+    return LoRAConfig(modules=tuple(pairs), max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
+                      max_lora_rank=args.max_lora_rank)
 
 
 def model_from_args(args: argparse.Namespace) -> str:
@@ -58,12 +103,16 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         model=ModelConfig(model=model_from_args(args), dtype=args.dtype, device=args.device,
                           max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                           cpu_linear=args.cpu_linear, quantization=args.quantization,
-                          logprobs_mode=args.logprobs_mode,
-                          max_logprobs=args.max_logprobs),
+                          logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,
+                          max_image_bytes=parse_size(args.max_image_bytes),
+                          max_image_pixels=args.max_image_pixels, attention_backend=args.attention_backend,
+                          tensor_parallel_size=args.tensor_parallel_size),
         cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory=parse_size(args.kv_cache_memory),
                           gpu_memory_utilization=args.gpu_memory_utilization,
-                          enable_prefix_caching=not args.no_prefix_caching),
+                          enable_prefix_caching=not args.no_prefix_caching,
+                          kv_cache_dtype=args.kv_cache_dtype, calculate_kv_scales=args.calculate_kv_scales),
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_num_seqs=args.max_num_seqs),
+        lora=lora_config_from_args(args),
     )

@@ -68,9 +68,10 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         check_api_key(request, options.api_key)
-        return JSONResponse({"object": "list", "data": [
-            {"id": backend.model_name, "object": "model", "created": started, "owned_by": "aqueduct",
-             "max_model_len": backend.max_model_len}]})
+        base = {"id": backend.model_name, "object": "model", "created": started, "owned_by": "aqueduct",
+                "max_model_len": backend.max_model_len}
+        adapters = [{**base, "id": name, "parent": backend.model_name} for name in backend.adapter_names()]
+        return JSONResponse({"object": "list", "data": [base, *adapters]})
 
     @app.get("/")
     async def playground() -> Response:

@@ -33,10 +33,10 @@ class GatewayRequest:
 
 
 def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
-               timeout_s: float | None) -> GatewayRequest:
+               timeout_s: float | None, adapters: list[str] | None = None) -> GatewayRequest:
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
-    _check_model(body.get("model"), model_name)
+    lora = _check_model(body.get("model"), model_name, adapters or [])
     body = dict(body)
     stream = _pop_bool(body, "stream")
     include_usage = _pop_stream_options(body, stream)
@@ -46,7 +46,7 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
     prompt_fields, params = _parse(body, chat)
     deadline_ms = int((time.time() + timeout_s) * 1000) if timeout_s else None
     try:
-        wire = WireRequest(id=wire_id, params=params, deadline_ms=deadline_ms, **prompt_fields)
+        wire = WireRequest(id=wire_id, params=params, deadline_ms=deadline_ms, lora=lora, **prompt_fields)
     except (CodecError, ValueError, TypeError) as error:
         raise invalid(str(error)) from error
     return GatewayRequest(wire, chat, stream, include_usage)
@@ -55,10 +55,10 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
 def _parse(body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         if chat:
-            messages, params = parse_chat_body(body)
+            messages, params, images = parse_chat_body(body)
             # A chat answer runs to the end of its turn unless the client caps it (OpenAI's default).
             params.setdefault("max_tokens", None)
-            return {"messages": messages}, params
+            return {"messages": messages, "images": images or None}, params
         prompt, _ = parse_completion_body(body)
     except (ValueError, CodecError) as error:
         raise invalid(str(error), _field_named_in(str(error), body)) from error
@@ -66,10 +66,15 @@ def _parse(body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], dict[str, 
     return {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt}, params
 
 
-def _check_model(model: Any, model_name: str) -> None:
-    if model is not None and model != model_name:
-        raise ApiError(404, f"the model {model!r} does not exist; this server serves {model_name!r}",
-                       param="model", code="model_not_found")
+def _check_model(model: Any, model_name: str, adapters: list[str]) -> str | None:
+    """The LoRA adapter `model` names (None: the base model); 404 for a model not served."""
+    if model is None or model == model_name:
+        return None
+    if model in adapters:
+        return str(model)
+    served = ", ".join(repr(name) for name in [model_name, *adapters])
+    raise ApiError(404, f"the model {model!r} does not exist; this server serves {served}",
+                   param="model", code="model_not_found")
 
 
 def _pop_bool(body: dict[str, Any], name: str) -> bool:

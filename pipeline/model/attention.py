@@ -18,6 +18,11 @@ p - W + 1 .. p. Each sequence's keys are gathered from the first block that hold
 query of the step can see, so blocks before it are never read (the KV manager frees them; their
 block-table entries may be -1). Gemma 2's logit soft-capping (scores -> c * tanh(scores / c))
 is not in SDPA, so soft-capped layers compute attention with explicit matmuls.
+
+fp8 KV cache (kv_quant.py): a layer's cache is then an Fp8KVCache; K/V are written quantized
+(x / scale, saturated) and every read dequantizes (the gathers here, the C decode kernel in C).
+A first prefill chunk attends to its own fresh K/V, unquantized (as vLLM does); the cache still
+gets the quantized copy for later steps.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.model.cpu_kernel import DecodeKernel, RopeKVKernel
+from pipeline.model.kv_quant import KERNEL_FORMATS, Fp8KVCache, calculated_scale, dequantize_into, quantize
 from pipeline.step_inputs import StepInputs
 
 # A prefill group may cost at most this many times its unpadded attention work.
@@ -78,13 +84,17 @@ class TorchAttentionMetadata:
     views: dict[int | None, AttentionView]  # by window
 
 
+# One layer's cache: a tensor in the model's dtype, or fp8 bytes with their scales.
+KVCache = torch.Tensor | Fp8KVCache
+
+
 class AttentionBackend(Protocol):
     """What a model layer needs from an attention implementation (FlashAttention etc. later)."""
 
     def build_metadata(self, inputs: StepInputs, device: torch.device) -> object: ...
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, metadata: object, window: int | None = None) -> torch.Tensor:
+                kv_cache: KVCache, metadata: object, window: int | None = None) -> torch.Tensor:
         """q [T, H, D], k/v [T, H_kv, D] -> [T, H, D]; writes k/v into kv_cache first.
         `window`: the layer's sliding window (None = full attention)."""
         ...
@@ -172,13 +182,13 @@ class TorchPagedAttention:
         self.scale = scale
         self.windows = windows
         self.logit_softcap = logit_softcap
-        # Reused gather buffers (K, V): a fresh multi-MB tensor per layer costs page faults that
-        # took longer than the gather itself on CPU. Grown on demand, never shrunk.
-        self._workspace: list[torch.Tensor] = [torch.empty(0), torch.empty(0)]
-        # Native decode kernel (float32 or bfloat16 K/V, on CPU); the runner sets it when it applies.
+        # Reused gather buffers (K, V, then dequantized K, V for fp8): a fresh multi-MB tensor per
+        # layer costs page faults that took longer than the gather itself on CPU. Grown on demand.
+        self._workspace: list[torch.Tensor] = [torch.empty(0) for _ in range(4)]
+        # Native decode kernel (float32, bfloat16 or fp8 K/V, on CPU); the runner sets it when it applies.
         self.decode_kernel: DecodeKernel | None = None
-        # Rope fused with the KV write (CPU, float32/bfloat16); models that rotate q/k in the usual
-        # way use it when set (the runner sets it with the decode kernel).
+        # Rope fused with the KV write (CPU, float32/bfloat16 caches; an fp8 cache keeps the quantizing
+        # torch write); models that rotate q/k in the usual way use it when set (the runner sets it).
         self.rope_kv_kernel: RopeKVKernel | None = None
 
     # ---- metadata, once per step -------------------------------------------------------------
@@ -298,7 +308,7 @@ class TorchPagedAttention:
     # ---- per layer ---------------------------------------------------------------------------
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, metadata: TorchAttentionMetadata, window: int | None = None,
+                kv_cache: KVCache, metadata: TorchAttentionMetadata, window: int | None = None,
                 kv_written: bool = False) -> torch.Tensor:
         """kv_written: the caller already wrote this step's k, v into kv_cache (rope_kv_kernel)."""
         if not kv_written:
@@ -314,54 +324,75 @@ class TorchPagedAttention:
             self._prefill(q, k, v, kv_cache, group, out)
         return out
 
-    def rope_and_write_kv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+    def rope_and_write_kv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
                           metadata: TorchAttentionMetadata, num_heads: int) -> bool:
         """Rotate q and k inside qkv and write k, v into the cache in one native call, when the kernel
-        is loaded and applies (every row has a slot entry); False: nothing done, use the torch path."""
+        is loaded and applies (every row has a slot entry, the cache is float32/bfloat16, not fp8);
+        False: nothing done, use the torch path."""
         kernel = self.rope_kv_kernel
-        if kernel is None or metadata.write_rows is not None or not kernel.applies(qkv, cos, kv_cache,
-                                                                                       metadata.slot_mapping):
+        if (kernel is None or metadata.write_rows is not None or isinstance(kv_cache, Fp8KVCache)
+                or not kernel.applies(qkv, cos, kv_cache, metadata.slot_mapping)):
             return False
         kernel(qkv, cos, sin, kv_cache, metadata.slot_mapping, num_heads, self.num_kv_heads, self.head_dim)
         return True
 
-    def _write_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+    def _write_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
                   metadata: TorchAttentionMetadata) -> None:
         num_written = metadata.slot_mapping.shape[0]
         if metadata.write_rows is not None:
             k, v = k[metadata.write_rows], v[metadata.write_rows]
         else:
             k, v = k[:num_written], v[:num_written]
+        if isinstance(kv_cache, Fp8KVCache):
+            self._write_fp8(k, v, kv_cache, metadata.slot_mapping)
+            return
         # [2, N, bs, H, D] -> [2, N * bs, H, D]: row s is slot s.
         kv_flat = kv_cache.view(2, -1, self.num_kv_heads, self.head_dim)
         kv_flat[0].index_copy_(0, metadata.slot_mapping, k.to(kv_cache.dtype))
         kv_flat[1].index_copy_(0, metadata.slot_mapping, v.to(kv_cache.dtype))
 
-    def _gather(self, kv_cache: torch.Tensor, block_ids: torch.Tensor,
-                num_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of whole blocks per sequence, as [B, H_kv, L, D] views."""
+    def _write_fp8(self, k: torch.Tensor, v: torch.Tensor, cache: Fp8KVCache, slots: torch.Tensor) -> None:
+        if cache.pending_scales and slots.shape[0] > 0:
+            cache.k_scale.copy_(calculated_scale(k, cache.dtype))
+            cache.v_scale.copy_(calculated_scale(v, cache.dtype))
+            cache.pending_scales = False
+        # index_copy_ has no fp8 kernel: copy the bytes through a uint8 view.
+        kv_flat = cache.data.view(torch.uint8).view(2, -1, self.num_kv_heads, self.head_dim)
+        for half, x in ((0, k), (1, v)):
+            stored = quantize(x, cache.scale(half), cache.dtype).view(torch.uint8)
+            kv_flat[half].index_copy_(0, slots, stored)
+
+    def _gather(self, kv_cache: KVCache, block_ids: torch.Tensor, num_seqs: int,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of whole blocks per sequence, as [B, H_kv, L, D] views in `dtype`."""
         # index_select on each half's leading axis is several times faster on CPU than
         # fancy indexing kv_cache[:, block_tables].
+        fp8 = isinstance(kv_cache, Fp8KVCache)
+        # fp8 bytes are gathered as uint8 (index_select has no fp8 kernel on every device).
+        data = kv_cache.data.view(torch.uint8) if fp8 else kv_cache
         gathered = []
         for half in (0, 1):
-            out = self._buffer(half, (block_ids.shape[0], *kv_cache.shape[2:]), kv_cache)
-            torch.index_select(kv_cache[half], 0, block_ids, out=out)
+            shape = (block_ids.shape[0], *data.shape[2:])
+            out = self._buffer(half, shape, data.dtype, data.device)
+            torch.index_select(data[half], 0, block_ids, out=out)
+            if fp8:
+                out = dequantize_into(self._buffer(half + 2, shape, dtype, data.device), out.view(kv_cache.dtype),
+                                      kv_cache.scale(half))
             gathered.append(out.view(num_seqs, -1, self.num_kv_heads, self.head_dim).transpose(1, 2))
         return gathered[0], gathered[1]
 
-    def _buffer(self, index: int, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    def _buffer(self, index: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         numel = math.prod(shape)
         buffer = self._workspace[index]
-        if buffer.numel() < numel or buffer.dtype != like.dtype or buffer.device != like.device:
-            buffer = self._workspace[index] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        if buffer.numel() < numel or buffer.dtype != dtype or buffer.device != device:
+            buffer = self._workspace[index] = torch.empty(numel, dtype=dtype, device=device)
         return buffer[:numel].view(shape)
 
-    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
+    def _decode(self, q: torch.Tensor, kv_cache: KVCache, group: DecodeGroup) -> torch.Tensor:
         if group.block_tables is not None:
-            return self.decode_kernel(q, kv_cache, group.block_tables, group.seq_lens, group.max_seq_len,
-                                      self.scale, window=group.window, softcap=self.logit_softcap or 0.0)
+            return self._kernel_decode(q, kv_cache, group)
         num_seqs = q.shape[0]
-        keys, values = self._gather(kv_cache, group.block_ids, num_seqs)
+        keys, values = self._gather(kv_cache, group.block_ids, num_seqs, q.dtype)
         # Query heads h = kv * G + g share KV head kv (as HF's repeat_kv), so the G heads of a
         # group become G query rows against one KV head: K/V are read once per group, ~1.3x faster
         # on CPU than enable_gqa. [B, H, D] -> [B, H_kv, G, D]; the mask broadcasts over rows.
@@ -369,14 +400,24 @@ class TorchPagedAttention:
         out = self._attend(queries, keys, values, group.mask)
         return out.reshape(q.shape)
 
-    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+    def _kernel_decode(self, q: torch.Tensor, kv_cache: KVCache, group: DecodeGroup) -> torch.Tensor:
+        assert self.decode_kernel is not None and group.block_tables is not None and group.seq_lens is not None
+        scales: dict[str, float | int] = {}
+        if isinstance(kv_cache, Fp8KVCache):
+            scales = {"kv_format": KERNEL_FORMATS[kv_cache.dtype], "k_scale": float(kv_cache.k_scale),
+                      "v_scale": float(kv_cache.v_scale)}
+            kv_cache = kv_cache.data
+        return self.decode_kernel(q, kv_cache, group.block_tables, group.seq_lens, group.max_seq_len, self.scale,
+                                  window=group.window, softcap=self.logit_softcap or 0.0, **scales)
+
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
                  group: PrefillGroup, out: torch.Tensor) -> None:
         num_seqs, max_q = group.query_rows.shape
         queries = q[group.query_rows].transpose(1, 2)  # [P, H, Q, D]
         if group.block_ids is None:
             keys, values = k[group.query_rows].transpose(1, 2), v[group.query_rows].transpose(1, 2)
         else:
-            keys, values = self._gather(kv_cache, group.block_ids, num_seqs)
+            keys, values = self._gather(kv_cache, group.block_ids, num_seqs, q.dtype)
         result = self._attend(queries, keys, values, group.mask, grouped_heads=True)  # [P, H, Q, D]
         flat = result.transpose(1, 2).reshape(num_seqs * max_q, *q.shape[1:])
         out[group.out_dst] = flat[group.out_src].to(out.dtype)

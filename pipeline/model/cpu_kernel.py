@@ -32,23 +32,31 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _ROPE_FLAGS = ["-O2", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=c11"]
 
 
+# kv_format of the unquantized caches the kernel reads in place (fp8 callers pass 1 or 2 themselves,
+# kv_quant.KERNEL_FORMATS, with the layer's scales).
+_FORMATS: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 3}
+
+
 class DecodeKernel:
     def __init__(self, library: ctypes.CDLL) -> None:
         self._fn = library.paged_decode_attention
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self._fn.argtypes = [p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64,
-                             ctypes.c_float, ctypes.c_int, ctypes.c_int]
+                             ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_float, ctypes.c_int]
         self._fn.restype = ctypes.c_int
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, max_seq_len: int, scale: float, window: int = 0,
-                 softcap: float = 0.0) -> torch.Tensor:
-        """q [B, H, D] -> out [B, H, D] in q's dtype; kv_cache [2, N, block_size, H_kv, D] float32 or
-        bfloat16 (the kernel computes in float32 either way); block_tables [B, M] int32 and seq_lens
-        [B] int32, all contiguous on the CPU.
+                 softcap: float = 0.0, kv_format: int = 0, k_scale: float = 1.0,
+                 v_scale: float = 1.0) -> torch.Tensor:
+        """q [B, H, D] -> out [B, H, D] in q's dtype (the kernel computes in float32);
+        kv_cache [2, N, block_size, H_kv, D] float32 or bfloat16, or fp8 (kv_format 1 = e4m3,
+        2 = e5m2) whose values are byte * k_scale / v_scale; block_tables [B, M] int32 and
+        seq_lens [B] int32, all contiguous on the CPU.
         window > 0: attend to the last `window` tokens only; softcap > 0: Gemma 2's soft-capping."""
-        if kv_cache.dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"the CPU decode kernel reads float32 or bfloat16 K/V, got {kv_cache.dtype}")
+        kv_format = kv_format or _FORMATS.get(kv_cache.dtype, -1)
+        if kv_format < 0 or (kv_format in (1, 2) and kv_cache.element_size() != 1):
+            raise ValueError(f"the CPU decode kernel reads float32, bfloat16 or fp8 K/V, got {kv_cache.dtype}")
         q_f32 = (q if q.dtype == torch.float32 else q.float()).contiguous()
         out = torch.empty_like(q_f32)
         num_seqs, num_heads, head_dim = q.shape
@@ -57,7 +65,7 @@ class DecodeKernel:
         failed = self._fn(out.data_ptr(), q_f32.data_ptr(), key_ptr, value_ptr,
                           block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(),
                           num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, max_seq_len,
-                          window, softcap, torch.get_num_threads(), int(kv_cache.dtype == torch.bfloat16))
+                          window, softcap, kv_format, k_scale, v_scale, torch.get_num_threads())
         if failed:
             raise MemoryError("paged decode attention kernel could not allocate its scratch buffers")
         return out if q.dtype == torch.float32 else out.to(q.dtype)

@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from pipeline.model.attention import AttentionBackend
 from pipeline.model.attention_shape import AttentionShape
+from pipeline.model.kv_quant import split_kv_scales
 from pipeline.model.models import family_of
 
 log = structlog.get_logger(__name__)
@@ -81,6 +82,12 @@ def attention_shape(config: dict[str, Any]) -> AttentionShape:
     return family_of(architecture_of(config)).attention_shape(config)
 
 
+def language_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of config.json: a vision-language model's text_config, else all of it."""
+    family = family_of(architecture_of(config))
+    return family.text_config(config) if hasattr(family, "text_config") else config
+
+
 def read_eos_token_ids(model_dir: str | Path, config: dict[str, Any]) -> tuple[int, ...]:
     """generation_config.json's eos_token_id (int or list), else config.json's, else none."""
     eos = None
@@ -88,7 +95,7 @@ def read_eos_token_ids(model_dir: str | Path, config: dict[str, Any]) -> tuple[i
     if generation_path.exists():
         eos = _read_json(generation_path).get("eos_token_id")
     if eos is None:
-        eos = config.get("eos_token_id")
+        eos = config.get("eos_token_id", language_config(config).get("eos_token_id"))
     if eos is None:
         return ()
     return tuple(int(token) for token in (eos if isinstance(eos, list) else [eos]))
@@ -97,11 +104,12 @@ def read_eos_token_ids(model_dir: str | Path, config: dict[str, Any]) -> tuple[i
 def read_model_info(model_dir: str | Path, dtype: torch.dtype) -> ModelInfo:
     config = read_config(model_dir)
     shape = attention_shape(config)
+    text = language_config(config)
     return ModelInfo(
-        architecture=architecture_of(config), vocab_size=config["vocab_size"],
-        hidden_size=config["hidden_size"], num_layers=shape.num_layers, num_heads=shape.num_heads,
+        architecture=architecture_of(config), vocab_size=text["vocab_size"],
+        hidden_size=text["hidden_size"], num_layers=shape.num_layers, num_heads=shape.num_heads,
         num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-        max_position_embeddings=config["max_position_embeddings"],
+        max_position_embeddings=text["max_position_embeddings"],
         eos_token_ids=read_eos_token_ids(model_dir, config), dtype=dtype, attention=shape)
 
 
@@ -142,15 +150,19 @@ def materialize(model: torch.nn.Module, dtype: torch.dtype, device: torch.device
 
 
 def load_model(model_dir: str | Path, backend: AttentionBackend, *, dtype: torch.dtype,
-               device: torch.device, max_positions: int) -> tuple[torch.nn.Module, ModelInfo]:
-    """Build the model without initialising weights (meta device), then copy the checkpoint in."""
+               device: torch.device, max_positions: int,
+               kv_scales: dict[int, dict[str, float]] | None = None) -> tuple[torch.nn.Module, ModelInfo]:
+    """Build the model without initialising weights (meta device), then copy the checkpoint in.
+
+    The checkpoint's KV-cache scales (`k_scale`, `v_scale`, `kv_scale` per layer) are no model
+    weights: they go into `kv_scales` by layer (kv_quant.py), and are dropped when it is None."""
     info = read_model_info(model_dir, dtype)
     config = read_config(model_dir)
     with torch.device("meta"):
         model = family_of(info.architecture).build_model(config, backend, max_positions)
     materialize(model, dtype, device)
     model.tie_weights()  # materialize gives a shared Parameter two separate tensors (no-op if untied)
-    model.load_weights(iter_weights(model_dir))
+    model.load_weights(split_kv_scales(iter_weights(model_dir), {} if kv_scales is None else kv_scales))
     model.build_buffers(device)
     log.info("model loaded", architecture=info.architecture, dtype=str(dtype), device=str(device),
              num_params=sum(p.numel() for p in model.parameters()))

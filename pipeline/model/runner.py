@@ -1,6 +1,7 @@
 """ModelRunner: owns the weights and the paged KV cache; turns StepInputs into logits.
 
-KV cache: one tensor per layer, [2, blocks, block_size, num_kv_heads, head_dim]. When CUDA
+KV cache: one tensor per layer, [2, blocks, block_size, num_kv_heads, head_dim], in the model's
+dtype, or fp8 bytes wrapped with the layer's scales (kv_quant.Fp8KVCache). When CUDA
 graphs are used, one extra block past num_kv_blocks is a scratch block that graph padding rows
 write into; the scheduler never sees it.
 """
@@ -10,26 +11,37 @@ from __future__ import annotations
 import math
 import mmap
 import time
+from dataclasses import replace
 
 import numpy as np
 import structlog
 import torch
 
-from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
+from pipeline.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
+from pipeline.host_to_device import to_device
+from pipeline.image_input import VisionInfo
+from pipeline.lora.registry import LoRARegistry
 from pipeline.model.attention import TorchPagedAttention
-from pipeline.model.cpu_kernel import load_decode_kernel, load_rope_kv_kernel
+from pipeline.model.backends import make_backend
 from pipeline.model.cpu_linear import onednn_linear_works, pack_linears
+from pipeline.model.encoder_cache import EncoderCache
 from pipeline.model.graphs import CUDAGraphRunner
+from pipeline.model.kv_quant import FP8_DTYPES, Fp8KVCache, allocate_fp8_caches
 from pipeline.model.loader import (
     ModelInfo,
     attention_shape,
+    language_config,
     load_model,
     read_config,
     resolve_device,
     resolve_dtype,
 )
+from pipeline.model.lora import LoRASlotTensors
+from pipeline.model.memory_profile import profile_memory
+from pipeline.model.parallel import check_tensor_parallel, local_heads, shard_model
 from pipeline.model.quantize import quantize_linears
 from pipeline.model.quantized_linear import quantized_kernels_work
+from pipeline.model.tp_group import DriverGroup, check_world, receive_steps
 from pipeline.step_inputs import StepInputs
 
 log = structlog.get_logger(__name__)
@@ -74,39 +86,81 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)
 
 
+def _rank_main(rank: int, world: int, model_config: ModelConfig, cache_config: CacheConfig,
+               scheduler_config: SchedulerConfig, model_dir: str) -> None:
+    """A tensor-parallel rank process (tp_group.py): its own shard of the model and KV cache."""
+    runner = ModelRunner(model_config, cache_config, scheduler_config, model_dir, tp_rank=rank)
+    receive_steps(runner.execute)
+
+
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig,
-                 scheduler_config: SchedulerConfig, model_dir: str) -> None:
+                 scheduler_config: SchedulerConfig, model_dir: str, lora_config: LoRAConfig | None = None,
+                 tp_rank: int = 0) -> None:
+        """tp_rank: this process's rank with tensor_parallel_size > 1 (0 = the driver, which starts
+        the other ranks and broadcasts each step's inputs to them)."""
+        if lora_config is not None and model_config.tensor_parallel_size > 1:
+            # The ranks would need the adapters' shards and each step's slot mapping: not built yet.
+            raise ValueError("LoRA adapters with --tensor-parallel-size > 1 are not supported yet")
         self.device = resolve_device(model_config.device)
+        self.tp_rank, self.tp_world = tp_rank, model_config.tensor_parallel_size
+        self.tp_group: DriverGroup | None = None
+        if self.tp_world > 1 and tp_rank == 0:
+            config = read_config(model_dir)
+            check_tensor_parallel(config, attention_shape(config), self.tp_world)  # errors before any rank starts
+            check_world(self.tp_world, self.device)
+            self.tp_group = DriverGroup(self.tp_world, _rank_main,
+                                        (model_config, cache_config, scheduler_config, model_dir))
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # graph capture and profiling use the current device
         self.block_size = cache_config.block_size
-        self.max_model_len = model_config.max_model_len or read_config(model_dir)["max_position_embeddings"]
+        max_positions = language_config(read_config(model_dir))["max_position_embeddings"]
+        self.max_model_len = model_config.max_model_len or max_positions
         self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        # fp8: the cache's storage dtype and the checkpoint's per-layer scales; None = the model's dtype.
+        self.kv_dtype = FP8_DTYPES.get(cache_config.kv_cache_dtype)
+        self.kv_scales: dict[int, dict[str, float]] = {}
         self.model, self.info = self._load(model_config, model_dir)
+        self.lora: LoRASlotTensors | None = None
+        self.lora_registry: LoRARegistry | None = None
+        if lora_config is not None:  # wraps the projections, packed or not, before graphs capture them
+            self.lora = LoRASlotTensors(self.model, lora_config.max_loras, lora_config.max_lora_rank, self.dtype,
+                                        self.device)
+            self.lora_registry = LoRARegistry(self.lora.shapes, lora_config.max_lora_rank,
+                                              lora_config.host_capacity)
+        self.vision, self.encoder_cache = self._vision_parts()
         self.vocab_size = self.info.vocab_size
         self.eos_token_ids = self.info.eos_token_ids
+        self.use_graphs = self.device.type == "cuda" and not model_config.enforce_eager
         self.num_kv_blocks = self._decide_num_blocks(cache_config)
-        use_graphs = self.device.type == "cuda" and not model_config.enforce_eager
-        self.kv_caches = self._allocate_kv_caches(self.num_kv_blocks + int(use_graphs))
-        self.graph_runner = self._capture_graphs() if use_graphs else None
+        self.kv_caches = self._allocate_kv_caches(self.num_kv_blocks + int(self.use_graphs))
+        self.graph_runner = self._capture_graphs() if self.use_graphs else None
         log.info("model runner ready", device=str(self.device), dtype=str(self.dtype),
                  num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
-                 max_model_len=self.max_model_len, cuda_graphs=use_graphs)
+                 max_model_len=self.max_model_len, cuda_graphs=self.use_graphs,
+                 attention_backend=type(self.backend).__name__, kv_cache_dtype=cache_config.kv_cache_dtype,
+                 checkpoint_kv_scales=len(self.kv_scales))
 
     def _load(self, model_config: ModelConfig, model_dir: str) -> tuple[torch.nn.Module, ModelInfo]:
         config = read_config(model_dir)
         shape = attention_shape(config)
-        self.backend = TorchPagedAttention(shape.num_heads, shape.num_kv_heads, shape.head_dim, self.block_size,
-                                           scale=shape.scale, windows=shape.windows,
-                                           logit_softcap=shape.logit_softcap)
-        if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
-            self.backend.decode_kernel = load_decode_kernel()
-            self.backend.rope_kv_kernel = load_rope_kv_kernel()
+        heads = local_heads(shape, self.tp_rank, self.tp_world)
+        local_shape = replace(shape, num_heads=heads.num_heads, num_kv_heads=heads.num_kv_heads)
+        self.backend = make_backend(model_config.attention_backend, local_shape, self.block_size, self.device,
+                                    self.dtype)
+        if self.kv_dtype is not None and not isinstance(self.backend, TorchPagedAttention):
+            raise ValueError(f"kv_cache_dtype {self.cache_config.kv_cache_dtype} needs attention_backend 'torch'; "
+                             f"{type(self.backend).__name__} does not read an fp8 cache yet")
         model, info = load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
-                                 max_positions=max(self.max_model_len, config["max_position_embeddings"]))
-        if model_config.quantization != "none":
+                                 max_positions=max(self.max_model_len,
+                                                   language_config(config)["max_position_embeddings"]),
+                                 kv_scales=self.kv_scales)
+        if self.tp_world > 1:
+            shard_model(model, shape, self.tp_rank, self.tp_world)
+            info = replace(info, num_heads=heads.num_heads, num_kv_heads=heads.num_kv_heads)
+        if model_config.quantization != "none":  # before pack_linears, and before LoRA wraps the projections
             self._check_quantization(model_config.quantization)
             quantize_linears(model, model_config.quantization, model_dir)
         if self.device.type == "cpu" and model_config.cpu_linear == "onednn" and onednn_linear_works(self.dtype):
@@ -119,12 +173,21 @@ class ModelRunner:
         if not quantized_kernels_work():
             raise ValueError(f"quantization {mode!r} needs torch's CPU int8/int4 kernels (torch >= 2.5)")
 
+    def _vision_parts(self) -> tuple[VisionInfo | None, EncoderCache | None]:
+        """What intake needs to know of a vision-language model, and its encoder's cache (None, None: text only)."""
+        spec = getattr(self.model, "spec", None)
+        if spec is None:
+            return None, None
+        size = spec.vision.image_size
+        info = VisionInfo(spec.image_token_id, spec.num_image_tokens, (size, size))
+        return info, EncoderCache(self.model.encode_images, self.device)
+
     # ---- KV cache sizing -----------------------------------------------------------------------
 
     @property
     def bytes_per_block(self) -> int:
         info = self.info
-        elem = torch.empty(0, dtype=self.dtype).element_size()
+        elem = torch.empty(0, dtype=self.kv_dtype or self.dtype).element_size()
         return 2 * self.block_size * info.num_kv_heads * info.head_dim * elem * info.num_layers
 
     def _decide_num_blocks(self, cache_config: CacheConfig) -> int:
@@ -135,34 +198,49 @@ class ModelRunner:
         return self._profile_num_blocks(cache_config.gpu_memory_utilization)
 
     def _profile_num_blocks(self, gpu_memory_utilization: float) -> int:
-        """Run a max-size step without a cache; whatever memory it leaves under the limit holds KV."""
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
+        """Measure a max-size step (and a max-batch decode when graphs are on) without a KV cache;
+        whatever stays under the utilization limit holds KV (model/memory_profile.py)."""
         sched = self.scheduler_config
-        inputs = dummy_prefill_inputs(sched.max_num_batched_tokens, sched.max_num_seqs, self.max_model_len)
-        with torch.inference_mode():
-            self._forward(inputs, self._allocate_kv_caches(1))
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        available = int(gpu_memory_utilization * total) - peak
-        num_blocks = available // self.bytes_per_block
-        log.info("profiled memory", peak_bytes=peak, total_bytes=total, kv_bytes=available,
-                 num_blocks=num_blocks)
+        scratch = self._allocate_kv_caches(1)
+
+        def run(inputs: StepInputs, with_images: bool) -> None:
+            with torch.inference_mode():
+                hidden = self._forward(inputs, scratch)
+                self.model.compute_logits(hidden[to_device(inputs.logits_indices, self.device, torch.long)])
+                if with_images:
+                    self._profile_vision_tower(sched.max_num_batched_tokens)
+
+        prefill = dummy_prefill_inputs(sched.max_num_batched_tokens, sched.max_num_seqs, self.max_model_len)
+        decode = dummy_prefill_inputs(sched.max_num_seqs, sched.max_num_seqs, 1)  # one token per sequence
+        profile = profile_memory(self.device, lambda: run(prefill, True), lambda: run(decode, False),
+                                 sched.max_num_seqs, self.vocab_size, self.use_graphs)
+        num_blocks = profile.kv_cache_bytes(gpu_memory_utilization) // self.bytes_per_block
+        log.info("kv cache sized", num_blocks=num_blocks, bytes_per_block=self.bytes_per_block)
         if num_blocks < 1:
-            raise ValueError(f"no memory left for the KV cache: peak {peak} bytes of {total}; "
-                             "raise gpu_memory_utilization or lower max_num_batched_tokens")
-        torch.cuda.empty_cache()
+            raise ValueError(f"no memory left for the KV cache: {profile}; "
+                             "raise gpu_memory_utilization or lower max_num_batched_tokens / max_num_seqs")
         return num_blocks
 
-    def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+    def _profile_vision_tower(self, max_num_batched_tokens: int) -> None:
+        """A vision model encodes up to a step's worth of images at once: count that peak too."""
+        if self.vision is None:
+            return
+        num_images = max(1, max_num_batched_tokens // self.vision.num_image_tokens)
+        self.model.encode_images(torch.zeros(num_images, 3, *self.vision.image_size, device=self.device))
+
+    def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor] | list[Fp8KVCache]:
         info = self.info
         shape = (2, num_blocks, self.block_size, info.num_kv_heads, info.head_dim)
+        dtype = self.kv_dtype or self.dtype
         # Zeroed, not empty: masked (unwritten) slots get zero attention weight, but 0 * NaN from
         # recycled memory would still poison the output.
         if self.device.type == "cpu":
-            return [lazy_zeros(shape, self.dtype) for _ in range(info.num_layers)]
-        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(info.num_layers)]
+            caches = [lazy_zeros(shape, dtype) for _ in range(info.num_layers)]
+        else:
+            caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(info.num_layers)]
+        if self.kv_dtype is None:
+            return caches
+        return allocate_fp8_caches(caches, self.kv_scales, self.cache_config.calculate_kv_scales)
 
     def _capture_graphs(self) -> CUDAGraphRunner:
         start = time.perf_counter()
@@ -177,17 +255,36 @@ class ModelRunner:
     # ---- the step ------------------------------------------------------------------------------
 
     def _forward(self, inputs: StepInputs, kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        input_ids = torch.from_numpy(inputs.input_ids.astype(np.int64, copy=False)).to(self.device)
-        positions = torch.from_numpy(inputs.positions.astype(np.int64, copy=False)).to(self.device)
+        input_ids = to_device(inputs.input_ids, self.device, torch.long)
+        positions = to_device(inputs.positions, self.device, torch.long)
         metadata = self.backend.build_metadata(inputs, self.device)
+        if inputs.images and self.encoder_cache is not None:
+            images = self.encoder_cache.embeddings(inputs.images)
+            return self.model(input_ids, positions, metadata, kv_caches, images=images)
         return self.model(input_ids, positions, metadata, kv_caches)
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Float32 logits [len(logits_indices), vocab_size] on self.device."""
+        if self.tp_group is not None:
+            self.tp_group.broadcast(inputs)
         with torch.inference_mode():
-            if self.graph_runner is not None and self.graph_runner.can_run(inputs):
+            self._prepare_lora(inputs)
+            eager_only = inputs.lora_slots is not None or bool(inputs.images)
+            if self.graph_runner is not None and not eager_only and self.graph_runner.can_run(inputs):
                 hidden = self.graph_runner.run(inputs)
             else:
                 hidden = self._forward(inputs, self.kv_caches)
-            logits_indices = torch.from_numpy(inputs.logits_indices.astype(np.int64, copy=False))
-            return self.model.compute_logits(hidden[logits_indices.to(self.device)])
+            logits_indices = to_device(inputs.logits_indices, self.device, torch.long)
+            return self.model.compute_logits(hidden[logits_indices])
+
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks (a no-op without them)."""
+        if self.tp_group is not None:
+            self.tp_group.close()
+
+    def _prepare_lora(self, inputs: StepInputs) -> None:
+        """Copy newly assigned adapters into their slots and group this step's tokens by slot."""
+        if self.lora is None or self.lora_registry is None:
+            return
+        self.lora.load({slot: self.lora_registry.adapter(adapter_id) for slot, adapter_id in inputs.lora_loads.items()})
+        self.lora.step.set(inputs.lora_slots)

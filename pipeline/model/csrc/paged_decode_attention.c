@@ -1,6 +1,6 @@
 /* Paged attention for decode tokens (one query token per sequence) on the CPU: q and out float32,
- * the K/V cache float32 or bfloat16 (kv_bf16 = 1; widened to float32 as it is read, so every
- * product and sum is in float32 either way).
+ * the K/V cache float32, bfloat16 or fp8 (kv_format below; widened to float32 as it is read, so
+ * every product and sum is in float32 whatever the cache holds).
  *
  * Reads K/V straight from the paged cache through the block table, so no padded copy of the
  * context is ever made. One task = one sequence, in three passes:
@@ -23,8 +23,13 @@
  * read, so their block-table entries may be anything. Soft-capping (softcap > 0, Gemma 2):
  * scores become softcap * tanh(scores / softcap) before the softmax.
  *
+ * kv_format: 0 = float32, 3 = bfloat16 (read in place), 1 = fp8 e4m3, 2 = fp8 e5m2. An fp8 cache
+ * holds one byte per element, and value = decoded byte * k_scale (or v_scale); each token's K (or V)
+ * row is decoded into a small float buffer just before use (decode_fp8_row), and the passes are
+ * then the float32 ones.
+ *
  * Layouts (contiguous): q, out [num_seqs, num_heads, head_dim] float32;
- * key_cache, value_cache [num_blocks, block_size, num_kv_heads, head_dim];
+ * key_cache, value_cache [num_blocks, block_size, num_kv_heads, head_dim] (elements of kv_format);
  * block_tables [num_seqs, block_table_stride] int32; seq_lens [num_seqs] int32 (>= 1).
  */
 #include <math.h>
@@ -137,7 +142,7 @@ static void softmax_rows(float *scores, int64_t num_rows, int64_t len, int64_t s
     }
 }
 
-/* Offset of the rows of tokens first .. end - 1 in the cache, in floats (row = num_kv_heads * head_dim).
+/* Offset of the rows of tokens first .. end - 1 in the cache, in elements (row = num_kv_heads * head_dim).
  * Worked example: block_size 4, blocks {7, 2}, tokens 0 .. 5 -> rows 28 29 30 31 8 9, each times row;
  * tokens 3 .. 5 -> rows 31 8 9. */
 static void offsets_of(int64_t *offsets, const int32_t *blocks, int64_t first, int64_t end, int64_t block_size,
@@ -177,25 +182,76 @@ static inline __attribute__((always_inline)) void add_scaled(float *restrict out
     for (; d < head_dim; ++d) out[d] += w * kv_at(v, d, kv_bf16);
 }
 
-/* Address of element `offset` of a float32 or bfloat16 cache. */
-static inline __attribute__((always_inline)) const void *kv_element(const void *cache, int64_t offset,
+enum { KV_F32 = 0, KV_E4M3 = 1, KV_E5M2 = 2, KV_BF16 = 3 };
+
+/* fp8 -> float32 by bit placement, 8 lanes at a time. The byte's exponent and mantissa bits, shifted
+ * so the mantissa's top bit lands at float bit 22, read as a float32 whose exponent is too small by
+ * 127 - bias (e4m3: bias 7, shift 20, factor 2^120; e5m2: bias 15, shift 21, factor 2^112); one
+ * multiply fixes it, and fp8 subnormals land on float32 subnormals, so they come out right too.
+ * Worked example (e4m3): 0x4C = 0 1001 100 -> bits 0x04C00000 = 1.5 * 2^-118, times 2^120 = 6.0,
+ * and 6.0 = 1.5 * 2^(9 - 7). NaN/inf bytes never occur: writes saturate. */
+typedef uint8_t bytes8 __attribute__((vector_size(8)));
+
+static inline vec fp8_lanes(const uint8_t *p, int shift, float factor) {
+    bytes8 b;
+    memcpy(&b, p, sizeof b);
+    const ivec x = __builtin_convertvector(b, ivec);
+    const vec magnitude = (vec)((x & 0x7F) << shift) * factor;
+    return (vec)((ivec)magnitude | ((x & 0x80) << 24));
+}
+
+/* row[0, n) = decoded bytes * scale. */
+static void decode_fp8_row(float *restrict row, const uint8_t *restrict bytes, int64_t n, int kv_format,
+                           float scale) {
+    const int shift = kv_format == KV_E4M3 ? 20 : 21;
+    const float factor = kv_format == KV_E4M3 ? 0x1p120f : 0x1p112f;
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) store(row + i, fp8_lanes(bytes + i, shift, factor) * scale);
+    for (; i < n; ++i) {
+        const int32_t x = bytes[i], bits = (x & 0x7F) << shift;
+        float magnitude;
+        memcpy(&magnitude, &bits, sizeof magnitude);
+        row[i] = (x & 0x80 ? -magnitude : magnitude) * factor * scale;
+    }
+}
+
+/* Where a token's K or V row is read from: the cache itself (float32, bfloat16), or `scratch`
+ * after decoding its bytes (fp8). `offset` is in elements (bytes for fp8). */
+typedef struct {
+    const void *cache;
+    float scale;
+    int64_t row;
+    float *scratch;
+} RowSource;
+
+/* kv_format is a constant after inlining, so each instance has no per-row branch on it. */
+static inline __attribute__((always_inline)) const void *row_at(const RowSource *src, int64_t offset,
+                                                                const int kv_format) {
+    if (kv_format == KV_BF16) return (const uint16_t *)src->cache + offset;
+    if (kv_format == KV_F32) return (const float *)src->cache + offset;
+    decode_fp8_row(src->scratch, (const uint8_t *)src->cache + offset, src->row, kv_format, src->scale);
+    return src->scratch;
+}
+
+/* Address of element `offset` of a row as row_at returns it (bfloat16, else float32). */
+static inline __attribute__((always_inline)) const void *kv_element(const void *row, int64_t offset,
                                                                     const int kv_bf16) {
-    return kv_bf16 ? (const void *)((const uint16_t *)cache + offset) : (const void *)((const float *)cache + offset);
+    return kv_bf16 ? (const void *)((const uint16_t *)row + offset) : (const void *)((const float *)row + offset);
 }
 
 /* One sequence: out, q [num_heads, head_dim]; scores [num_heads, stride]; offsets [len].
  * Query heads h = kv * group + g share KV head kv (as HF's repeat_kv). */
 static inline __attribute__((always_inline)) void attend_sequence(
-        float *restrict out, const float *restrict q, const void *restrict key_cache,
-        const void *restrict value_cache, const int64_t *restrict offsets, int64_t len, int64_t stride,
-        int64_t num_heads, int64_t num_kv_heads, const int64_t head_dim, float scale, float softcap,
-        float *restrict scores, const int kv_bf16) {
+        float *restrict out, const float *restrict q, const RowSource *keys, const RowSource *values,
+        const int64_t *restrict offsets, int64_t len, int64_t stride, int64_t num_heads, int64_t num_kv_heads,
+        const int64_t head_dim, float scale, float softcap, float *restrict scores, const int kv_format) {
     const int64_t group = num_heads / num_kv_heads;
+    const int bf16 = kv_format == KV_BF16;
     for (int64_t t = 0; t < len; ++t) {
-        const void *k = kv_element(key_cache, offsets[t], kv_bf16);
+        const void *k = row_at(keys, offsets[t], kv_format);
         for (int64_t h = 0; h < num_heads; ++h)
-            scores[h * stride + t] = scale * dot(q + h * head_dim, kv_element(k, h / group * head_dim, kv_bf16),
-                                                 head_dim, kv_bf16);
+            scores[h * stride + t] = scale * dot(q + h * head_dim, kv_element(k, h / group * head_dim, bf16),
+                                                 head_dim, bf16);
     }
     if (softcap > 0.0f) softcap_rows(scores, num_heads, len, stride, softcap);
     for (int64_t h = 0; h < num_heads; ++h) /* pad to the vector width with the last score (max unchanged) */
@@ -203,30 +259,33 @@ static inline __attribute__((always_inline)) void attend_sequence(
     softmax_rows(scores, num_heads, len, stride);
     memset(out, 0, sizeof(float) * num_heads * head_dim);
     for (int64_t t = 0; t < len; ++t) {
-        const void *v = kv_element(value_cache, offsets[t], kv_bf16);
+        const void *v = row_at(values, offsets[t], kv_format);
         for (int64_t h = 0; h < num_heads; ++h)
-            add_scaled(out + h * head_dim, scores[h * stride + t], kv_element(v, h / group * head_dim, kv_bf16),
-                       head_dim, kv_bf16);
+            add_scaled(out + h * head_dim, scores[h * stride + t], kv_element(v, h / group * head_dim, bf16),
+                       head_dim, bf16);
     }
 }
 
-/* One sequence, with head_dim and the cache type as compile-time constants for the common cases
- * (the compiler unrolls the head_dim loops and drops the other type's branches). */
-static void attend_dispatch(float *out, const float *q, const void *key_cache, const void *value_cache,
+/* One sequence, with head_dim and the cache format as compile-time constants for the common cases
+ * (the compiler unrolls the head_dim loops and drops the other formats' branches). fp8 decoding
+ * costs more than the loops, so its instances keep head_dim a variable. */
+static void attend_dispatch(float *out, const float *q, const RowSource *keys, const RowSource *values,
                             const int64_t *offsets, int64_t len, int64_t stride, int64_t num_heads,
                             int64_t num_kv_heads, int64_t head_dim, float scale, float softcap, float *scores,
-                            int kv_bf16) {
-#define ATTEND(HEAD_DIM, BF16)                                                                                \
-    attend_sequence(out, q, key_cache, value_cache, offsets, len, stride, num_heads, num_kv_heads, HEAD_DIM, \
-                    scale, softcap, scores, BF16)
-    if (kv_bf16) {
-        if (head_dim == 64) ATTEND(64, 1);
-        else if (head_dim == 128) ATTEND(128, 1);
-        else ATTEND(head_dim, 1);
+                            int kv_format) {
+#define ATTEND(HEAD_DIM, FORMAT)                                                                       \
+    attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, HEAD_DIM, scale, \
+                    softcap, scores, FORMAT)
+    if (kv_format == KV_E4M3) ATTEND(head_dim, KV_E4M3);
+    else if (kv_format == KV_E5M2) ATTEND(head_dim, KV_E5M2);
+    else if (kv_format == KV_BF16) {
+        if (head_dim == 64) ATTEND(64, KV_BF16);
+        else if (head_dim == 128) ATTEND(128, KV_BF16);
+        else ATTEND(head_dim, KV_BF16);
     } else {
-        if (head_dim == 64) ATTEND(64, 0);
-        else if (head_dim == 128) ATTEND(128, 0);
-        else ATTEND(head_dim, 0);
+        if (head_dim == 64) ATTEND(64, KV_F32);
+        else if (head_dim == 128) ATTEND(128, KV_F32);
+        else ATTEND(head_dim, KV_F32);
     }
 #undef ATTEND
 }
@@ -235,27 +294,32 @@ int paged_decode_attention(float *out, const float *q, const void *key_cache, co
                            const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                            int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                            int64_t block_size, float scale, int64_t max_seq_len, int64_t window, float softcap,
-                           int num_threads, int kv_bf16) {
+                           int kv_format, float k_scale, float v_scale, int num_threads) {
     const int64_t row = num_kv_heads * head_dim;
     const int64_t max_stride = ((max_seq_len > 0 ? max_seq_len : 1) + VL - 1) / VL * VL;
+    const int fp8 = kv_format == KV_E4M3 || kv_format == KV_E5M2;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
         float *scores = malloc(sizeof(float) * num_heads * max_stride);
         int64_t *offsets = malloc(sizeof(int64_t) * max_stride);
-        if (scores == NULL || offsets == NULL) failed = 1;
+        float *rows = fp8 ? malloc(sizeof(float) * 2 * row) : NULL; /* decoded K and V rows */
+        if (scores == NULL || offsets == NULL || (fp8 && rows == NULL)) failed = 1;
+        const RowSource keys = {key_cache, k_scale, row, rows};
+        const RowSource values = {value_cache, v_scale, row, rows == NULL ? NULL : rows + row};
 #pragma omp for schedule(dynamic, 1)
         for (int64_t seq = 0; seq < num_seqs; ++seq) {
             if (failed) continue;
             const int64_t end = seq_lens[seq], first = window > 0 && end > window ? end - window : 0;
             const int64_t len = end - first, stride = (len + VL - 1) / VL * VL;
             offsets_of(offsets, block_tables + seq * block_table_stride, first, end, block_size, row);
-            attend_dispatch(out + seq * num_heads * head_dim, q + seq * num_heads * head_dim, key_cache,
-                            value_cache, offsets, len, stride, num_heads, num_kv_heads, head_dim, scale, softcap,
-                            scores, kv_bf16);
+            attend_dispatch(out + seq * num_heads * head_dim, q + seq * num_heads * head_dim, &keys, &values,
+                            offsets, len, stride, num_heads, num_kv_heads, head_dim, scale, softcap, scores,
+                            kv_format);
         }
         free(scores);
         free(offsets);
+        free(rows);
     }
     return failed;
 }
