@@ -54,7 +54,7 @@ class PersistentBatch:
             self._add(new)
         for running in plan.running_sequences:
             row = self.row_of[running.seq_id]
-            self._append_tokens(row, running.new_token_ids)
+            self._append_tokens(row, running.new_token_ids, running.token_start)
             self._append_blocks(row, running.new_block_ids)
             self.num_computed[row] = running.num_computed_tokens
             self.advanced.set_mirostat_mu(row, running.mirostat_mu)
@@ -91,8 +91,8 @@ class PersistentBatch:
         self.has_custom_bans[row] = len(new.params.custom_token_bans) > 0
         self.advanced.set(row, new.params.advanced_row_values(), new.mirostat_mu)
 
-    def _append_tokens(self, row: int, token_ids: list[int]) -> None:
-        start = self.num_tokens[row]
+    def _append_tokens(self, row: int, token_ids: list[int], start: int | None = None) -> None:
+        start = self.num_tokens[row] if start is None else start
         self.token_ids[row, start:start + len(token_ids)] = token_ids
         self.num_tokens[row] = start + len(token_ids)
 
