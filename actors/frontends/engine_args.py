@@ -37,6 +37,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     group.add_argument("--cpu-linear", choices=CPU_LINEARS, default="onednn",
                        help="CPU matmuls: oneDNN with packed weights (faster), or torch's nn.Linear (HF's kernels)")
+    group.add_argument("--cpu-threads", type=int, default=None,
+                       help="torch compute threads (default: the CPUs this process may use: its CPU affinity, "
+                            "capped by a cgroup CPU quota); 1 per worker when several share a box")
     group.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="processed_logprobs",
                        help="returned logprobs: of the distribution after the sampler chain, or the model's own")
     group.add_argument("--max-logprobs", type=int, default=20,
