@@ -32,7 +32,7 @@ from actors.frontends.batch import run_embedded, run_offline
 from actors.frontends.bench import Workload, make_workload
 from actors.frontends.engine_args import add_engine_args, engine_config_from_args
 from actors.frontends.logging_setup import configure_logging
-from actors.process_tuning import tune_glibc_malloc
+from actors.process_tuning import set_compute_threads, tune_glibc_malloc
 from actors.worker import WorkerOptions, run_worker
 from pipeline.engine import LLMEngine
 from queue_adapters.client import AqueductClient
@@ -111,6 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     configure_logging("WARNING")
     tune_glibc_malloc()  # as the CLI does
+    set_compute_threads(args.cpu_threads)
     device = device_thread()
     engine = load_engine(engine_config_from_args(args), device)
     vocab = engine.vocab_size

@@ -1,9 +1,9 @@
 """`aqueduct batch`: an OpenAI batch file (/v1/completions and /v1/chat/completions lines) through the engine.
 
-Embedded (default): the engine's step loop runs in this process, on the device thread. Offline
-work streams to nobody, so the actor graph (whose stages overlap to keep a server responsive)
-would only compete with the forward for the CPU. With --redis-url: the lines are submitted to a
-running deployment and the replies collected.
+Embedded (default): the worker's actor graph over memory streams runs in this process; it plans
+and prepares each step while the previous one runs on the device thread (pipeline/lookahead.py).
+--step-loop runs the engine's plain step loop instead, on the device thread. With --redis-url:
+the lines are submitted to a running deployment and the replies collected.
 Both produce the same output file: one line per input line, in input order; a bad line yields an
 error line for its custom_id and the rest of the file is still processed.
 """
@@ -149,7 +149,7 @@ async def run_embedded(engine: LLMEngine, requests: list[WireRequest], progress:
                        device: ThreadPoolExecutor | None = None) -> dict[str, dict]:
     """The worker's actor graph over memory streams, in this process (`device`: see build_graph).
 
-    `aqueduct batch` uses run_offline; this runs the serving path end to end (tests, benchmarks)."""
+    What `aqueduct batch` runs by default: the serving path end to end."""
     from actors.worker import build_graph
 
     inbox: MemoryStream[WireRequest | Malformed] = MemoryStream(maxsize=len(requests) + 1)
