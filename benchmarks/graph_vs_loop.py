@@ -127,6 +127,7 @@ def main() -> None:
         order = paths[round_index % len(paths):] + paths[:round_index % len(paths)]
         for path in order:
             seconds[path].append(runners[path](requests_for(workload, path, f"r{round_index}", vocab)))
+            print(f"round {round_index} {path}: {workload.useful_tokens / seconds[path][-1]:.1f} tokens/s", flush=True)
     tokens = workload.useful_tokens
     print(f"model {engine.model_name}: {args.num_requests} requests, prompt {args.prompt_len[0]}-{args.prompt_len[1]}, "
           f"output {args.output_len[0]}-{args.output_len[1]} ({tokens} tokens), {args.rounds} rounds")
