@@ -4,6 +4,7 @@ their id is readable, and are dead-lettered otherwise."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -78,7 +79,8 @@ class IntakeActor:
             await self._give_up(message, delivery, reply_to, next_seq)
             return
         try:
-            request = self._build(message)
+            # Decoding and resizing images takes milliseconds per picture: off the event loop.
+            request = await asyncio.to_thread(self._build, message) if message.images else self._build(message)
         except ValueError as error:
             self.log.info("request rejected", request_id=message.id, error=str(error))
             await self.to_output.send(ErrorReply(message.id, reply_to, "invalid_request", str(error), delivery,
@@ -117,5 +119,5 @@ def build_request(builder: RequestBuilder, message: WireRequest) -> Request:
         raise ValueError(f"lora: unknown adapter {message.lora!r} (this worker has no LoRA adapters loaded)")
     return builder.build(message.id, message.sampling_params(), prompt=message.prompt,
                          prompt_token_ids=message.prompt_token_ids,
-                         messages=[{"role": m.role, "content": m.content} for m in message.messages]
-                         if message.messages is not None else None)
+                         messages=[m.as_dict() for m in message.messages] if message.messages is not None else None,
+                         images=message.images)

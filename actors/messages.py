@@ -6,6 +6,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from pipeline.image_input import ImageInput
 from pipeline.outputs import PromptLogprobsEvent, TokenEvent
 from pipeline.request import FinishReason, Request, ResumeState
 from pipeline.sampling_params import SamplingParams
@@ -24,15 +25,16 @@ class Admit:
     eos_token_ids: list[int]
     deadline_ms: int | None = None
     resume: ResumeState | None = None  # set when continuing a request another worker started
+    images: list[ImageInput] = field(default_factory=list)  # preprocessed, at their placeholder positions
 
     @classmethod
     def of(cls, request: Request, deadline_ms: int | None, resume: ResumeState | None = None) -> Admit:
         return cls(request.request_id, request.prompt_token_ids, request.params, request.seed,
-                   sorted(request.eos_token_ids), deadline_ms, resume)
+                   sorted(request.eos_token_ids), deadline_ms, resume, list(request.images))
 
     def to_request(self) -> Request:
         request = Request(request_id=self.request_id, prompt_token_ids=self.prompt_token_ids, params=self.params,
-                          seed=self.seed, eos_token_ids=frozenset(self.eos_token_ids))
+                          seed=self.seed, eos_token_ids=frozenset(self.eos_token_ids), images=tuple(self.images))
         if self.resume is not None:
             request.resume_from(self.resume)
         return request

@@ -43,6 +43,8 @@ class ModelConfig:
     cpu_linear: str = "onednn"  # CPU matmuls: oneDNN with packed weights, or torch's nn.Linear (model/cpu_linear.py)
     logprobs_mode: str = "processed_logprobs"  # returned logprobs: after the sampler chain, or the model's
     max_logprobs: int = 20  # the largest `logprobs` / `prompt_logprobs` a request may ask for
+    max_image_bytes: int = 20 * 2**20  # vision models: the largest encoded image a request may send
+    max_image_pixels: int = 6000 * 6000  # vision models: the largest image (width x height) a request may send
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
@@ -54,6 +56,8 @@ class ModelConfig:
         _require(self.logprobs_mode in LOGPROBS_MODES,
                  f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         _require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        _require(self.max_image_bytes >= 1, f"max_image_bytes must be >= 1, got {self.max_image_bytes}")
+        _require(self.max_image_pixels >= 1, f"max_image_pixels must be >= 1, got {self.max_image_pixels}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ import structlog
 
 from pipeline.config import EngineConfig
 from pipeline.dry import SequenceBreakers, token_decoder
+from pipeline.image_processor import ImageLimits, ImageProcessor
 from pipeline.intake import RequestBuilder
 from pipeline.kv_cache_manager import KVCacheManager
 from pipeline.model.loader import resolve_device, resolve_dtype
@@ -61,20 +62,34 @@ class LLMEngine:
         self.sampler = Sampler(self.vocab_size, logprobs_mode=config.model.logprobs_mode,
                                breakers=SequenceBreakers(token_decoder(self.tokenizer), self.vocab_size))
         self.builder = RequestBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids, self.max_model_len,
-                                      max_logprobs=config.model.max_logprobs)
+                                      max_logprobs=config.model.max_logprobs, vision=self.runner.vision,
+                                      image_processor=self._image_processor())
         self.outputs = OutputProcessor(self.tokenizer)
         self.stats = EngineStats()
         log.info("engine ready", model=str(self.model_dir), num_kv_blocks=self.runner.num_kv_blocks,
                  block_size=config.cache.block_size, max_model_len=self.max_model_len)
 
+    def _image_processor(self) -> ImageProcessor | None:
+        """A vision model's image preprocessing (preprocessor_config.json), checked against its vision tower."""
+        if self.runner.vision is None:
+            return None
+        limits = ImageLimits(self.config.model.max_image_bytes, self.config.model.max_image_pixels)
+        processor = ImageProcessor.from_model_dir(self.model_dir, limits)
+        if processor.output_size != self.runner.vision.image_size:
+            raise ValueError(f"preprocessor_config.json makes {processor.output_size} images; the vision tower "
+                             f"takes {self.runner.vision.image_size}")
+        return processor
+
     # ---- requests ------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams) -> Request:
-        """Validate and queue a request. Bad input raises ValueError naming the problem."""
+    def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams,
+                    images: Seq[bytes] | None = None) -> Request:
+        """Validate and queue a request (`images`: encoded, one per <image> of the prompt). Bad input
+        raises ValueError naming the problem."""
         if isinstance(prompt, str):
-            request = self.builder.build(request_id, params, prompt=prompt)
+            request = self.builder.build(request_id, params, prompt=prompt, images=images)
         else:
-            request = self.builder.build(request_id, params, prompt_token_ids=prompt)
+            request = self.builder.build(request_id, params, prompt_token_ids=prompt, images=images)
         self.add(request)
         return request
 

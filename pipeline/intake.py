@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.image_input import ImageInput, VisionInfo, check_image_count, expand_placeholders
+from pipeline.image_processor import ImageProcessor
 from pipeline.request import Request
 from pipeline.rng import request_seed
 from pipeline.sampling_params import SamplingParams
@@ -18,8 +20,11 @@ from pipeline.sampling_params import SamplingParams
 
 class RequestBuilder:
     def __init__(self, tokenizer: Any | None, vocab_size: int, eos_token_ids: frozenset[int],
-                 max_model_len: int, *, max_logprobs: int = 20) -> None:
+                 max_model_len: int, *, max_logprobs: int = 20, vision: VisionInfo | None = None,
+                 image_processor: ImageProcessor | None = None) -> None:
         self.tokenizer = tokenizer
+        self.vision = vision  # None: a text-only model
+        self.image_processor = image_processor
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
@@ -27,19 +32,24 @@ class RequestBuilder:
 
     def build(self, request_id: str, params: SamplingParams, *, prompt: str | None = None,
               prompt_token_ids: Sequence[int] | None = None,
-              messages: list[dict[str, str]] | None = None) -> Request:
+              messages: list[dict[str, Any]] | None = None, images: Sequence[bytes] | None = None) -> Request:
         given = [name for name, value in (("prompt", prompt), ("prompt_token_ids", prompt_token_ids),
                                           ("messages", messages)) if value is not None]
         if len(given) != 1:
             raise ValueError(f"exactly one of prompt, prompt_token_ids, messages is required, got {given or 'none'}")
+        if images and self.vision is None:
+            raise ValueError("images: this model takes no images (it is not a vision-language model)")
         if messages is not None:
-            prompt = self._apply_chat_template(messages)
+            prompt = self._apply_chat_template(self._chat_messages(messages))
         if prompt is not None:
             # A rendered template already holds the special tokens the model wants (BOS included), as
             # in HF's apply_chat_template(tokenize=True); adding them again would double the BOS.
             ids = self._tokenize(prompt, add_special_tokens=messages is None)
         else:
             ids = self._check_ids(prompt_token_ids)
+        image_inputs: list[ImageInput] = []
+        if self.vision is not None:
+            ids, image_inputs = self._expand_images(ids, images or [], params)
         if params.truncate_prompt_tokens is not None:
             ids = ids[-params.truncate_prompt_tokens:]  # the last k tokens, as vLLM
         if len(ids) >= self.max_model_len:
@@ -48,7 +58,35 @@ class RequestBuilder:
         self._check_params(params, len(ids))
         return Request(request_id=request_id, prompt_token_ids=ids, params=params,
                        seed=request_seed(params.seed, request_id), eos_token_ids=self.eos_token_ids,
-                       prompt=prompt)
+                       prompt=prompt, images=tuple(image_inputs))
+
+    def _expand_images(self, ids: list[int], images: Sequence[bytes],
+                       params: SamplingParams) -> tuple[list[int], list[ImageInput]]:
+        """Decode the images and expand their placeholders (pipeline/image_input.py)."""
+        assert self.vision is not None and self.image_processor is not None
+        if images and params.truncate_prompt_tokens is not None:
+            raise ValueError("truncate_prompt_tokens cannot be used with images (it could cut an image in two)")
+        check_image_count(ids, len(images), self.vision)  # before the work of decoding them
+        pixels = [self.image_processor(data, f"images[{index}]") for index, data in enumerate(images)]
+        return expand_placeholders(ids, pixels, self.vision)
+
+    def _chat_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Content parts as chat templates take them: a vision model's template gets a list of
+        {type: text, text} / {type: image} parts; a text model's gets the text parts joined."""
+        rendered = []
+        for index, message in enumerate(messages):
+            content = message["content"]
+            if self.vision is not None:
+                parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+                rendered.append({**message, "content": parts})
+            elif isinstance(content, str):
+                rendered.append(message)
+            else:
+                if any(part["type"] == "image" for part in content):
+                    raise ValueError(f"messages[{index}].content: image parts need a vision-language model; "
+                                     "this model takes text only")
+                rendered.append({**message, "content": "\n".join(part["text"] for part in content)})
+        return rendered
 
     def _check_params(self, params: SamplingParams, num_prompt_tokens: int) -> None:
         """The rules that need the model: context left for the output, vocabulary, --max-logprobs."""
@@ -66,7 +104,7 @@ class RequestBuilder:
             if outside:
                 raise ValueError(f"{name} must hold token ids in [0, {self.vocab_size}), got {outside[0]}")
 
-    def _apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def _apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("messages need a chat template, and this model's tokenizer has none")
         if not messages:

@@ -11,11 +11,15 @@ back to the pool while the sequence runs (they stay in the prefix cache until ev
 their entries in the sequence's block list become NULL_BLOCK. A prefix hit then needs only the
 blocks the first computed token can see: with block_size 4 and W 6, a hit on 12 tokens needs
 blocks 1 and 2 (positions 7..11), whatever happened to block 0.
+
+Images: a block holding placeholder tokens of an image also hashes the image's content hash, so
+the same prompt with another image shares only the blocks before the first placeholder.
 """
 
 from __future__ import annotations
 
 from pipeline.block_pool import BlockPool
+from pipeline.image_input import overlapping
 from pipeline.request import Sequence
 
 NULL_BLOCK = -1  # a block-list entry released outside the sliding window (never read)
@@ -139,7 +143,14 @@ class KVCacheManager:
         hashes = seq.block_hashes
         for index in range(len(hashes), num_full_blocks):
             parent = hashes[index - 1] if index else hash(("aqueduct-root", seq.request.cache_salt))
-            hashes.append(hash((parent, self._block_tokens(seq, index))))
+            hashes.append(hash((parent, self._block_tokens(seq, index), *self._block_images(seq, index))))
+
+    def _block_images(self, seq: Sequence, index: int) -> tuple[str, ...]:
+        """Content hashes of the images with placeholders in block `index` (usually none)."""
+        if not seq.request.images:
+            return ()
+        start = index * self.block_size
+        return tuple(image.content_hash for image in overlapping(seq.request.images, start, start + self.block_size))
 
     def _block_tokens(self, seq: Sequence, index: int) -> tuple[int, ...]:
         start = index * self.block_size

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.advanced_rows import AdvancedRows
+from pipeline.image_input import ImageInput
 from pipeline.sampling_batch import SamplingBatch
 from pipeline.step_plan import NewSequence, StepPlan
 
@@ -42,6 +43,8 @@ class PersistentBatch:
         self.custom_token_bans: list[np.ndarray] = [_EMPTY] * max_num_seqs
         self.has_custom_bans = np.zeros(max_num_seqs, np.bool_)
         self.advanced = AdvancedRows(max_num_seqs)
+        self.images: list[tuple[ImageInput, ...]] = [()] * max_num_seqs
+        self.has_images = np.zeros(max_num_seqs, np.bool_)
         self.row_of: dict[int, int] = {}
         self._free_rows = list(range(max_num_seqs - 1, -1, -1))
 
@@ -90,6 +93,8 @@ class PersistentBatch:
         self.custom_token_bans[row] = np.asarray(new.params.custom_token_bans, np.int64)
         self.has_custom_bans[row] = len(new.params.custom_token_bans) > 0
         self.advanced.set(row, new.params.advanced_row_values(), new.mirostat_mu)
+        self.images[row] = new.images
+        self.has_images[row] = len(new.images) > 0
 
     def _append_tokens(self, row: int, token_ids: list[int], start: int | None = None) -> None:
         start = self.num_tokens[row] if start is None else start

@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from pipeline.beam_search import BeamSearch, Hypothesis
+from pipeline.image_input import ImageInput
 from pipeline.sampling_params import SamplingParams
 
 _seq_counter = itertools.count()
@@ -98,6 +99,7 @@ class Request:
     eos_token_ids: frozenset[int] = frozenset()
     prompt: str | None = None
     cache_salt: int | None = None  # extra prefix-cache key (e.g. a LoRA id)
+    images: tuple[ImageInput, ...] = ()  # vision-language models: images at placeholder positions of the prompt
     sequences: list[Sequence] = field(default_factory=list)  # under beam search: the running beams
     beam_search: BeamSearch | None = None  # set by the scheduler for use_beam_search requests
     beam_results: list[Hypothesis] | None = None  # the n best hypotheses, once beam search ended

@@ -210,6 +210,7 @@ class Scheduler:
             choice_index=seq.choice_index,
             stop_token_ids=tuple(dict.fromkeys(eos + tuple(params.stop_token_ids))),
             mirostat_mu=seq.mirostat_mu,
+            images=seq.request.images,
         )
 
     # ---- results -----------------------------------------------------------------------------

@@ -13,9 +13,25 @@ the other two decodes:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from pipeline.image_input import ImageInput
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSlice:
+    """Placeholder tokens of one image computed this step: the image's embeddings
+    [first, first + count) go to flat token rows [token_index, token_index + count).
+
+    A chunk covering positions 10..19 of a sequence whose image sits at 4..15 (flat rows of the
+    sequence starting at 30): first 6, count 6, token_index 30."""
+
+    image: ImageInput
+    first: int
+    count: int
+    token_index: int
 
 
 @dataclass(slots=True)
@@ -30,6 +46,7 @@ class StepInputs:
     num_tokens: int  # T without graph padding
     max_query_len: int
     max_seq_len: int
+    images: list[ImageSlice] = field(default_factory=list)  # vision-language models: image placeholders this step
 
     @property
     def num_seqs(self) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline.image_input import ImageInput
 from pipeline.sampling_params import SamplingParams
 
 
@@ -23,6 +24,7 @@ class NewSequence:
     choice_index: int
     stop_token_ids: tuple[int, ...]  # EOS (unless ignore_eos) + stop_token_ids: banned before min_tokens
     mirostat_mu: float | None = None  # the choice's mu so far (a preempted or resumed one); None = start at 2 tau
+    images: tuple[ImageInput, ...] = ()  # the request's images (vision-language models)
 
 
 @dataclass(slots=True)

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.image_input import overlapping
 from pipeline.lookahead import PLACEHOLDER_TOKEN
 from pipeline.persistent_batch import PersistentBatch
 from pipeline.sampling_batch import SamplingBatch
-from pipeline.step_inputs import StepInputs
+from pipeline.step_inputs import ImageSlice, StepInputs
 from pipeline.step_plan import StepPlan
 
 _NO_INDICES = np.zeros(0, np.int64)
@@ -102,6 +103,7 @@ class TensorPrep:
         seq_lens = (num_computed + num_scheduled).astype(np.int32)
         max_seq_len = int(seq_lens.max())
         max_blocks = -(-max_seq_len // block_size)
+        images = self._image_slices(rows, num_computed, num_scheduled, query_start_loc)
         return StepInputs(
             input_ids=batch.token_ids[token_rows, positions].astype(np.int64),
             positions=positions,
@@ -113,7 +115,20 @@ class TensorPrep:
             num_tokens=num_tokens,
             max_query_len=int(num_scheduled.max()),
             max_seq_len=max_seq_len,
+            images=images,
         )
+
+    def _image_slices(self, rows: np.ndarray, num_computed: np.ndarray, num_scheduled: np.ndarray,
+                      query_start_loc: np.ndarray) -> list[ImageSlice]:
+        """The image placeholders each scheduled chunk covers (a loop over image rows only)."""
+        slices = []
+        for i in np.flatnonzero(self.batch.has_images[rows]):
+            start, end = int(num_computed[i]), int(num_computed[i] + num_scheduled[i])
+            for image in overlapping(self.batch.images[rows[i]], start, end):
+                first, last = max(start, image.offset), min(end, image.end)
+                slices.append(ImageSlice(image, first - image.offset, last - first,
+                                         int(query_start_loc[i]) + first - start))
+        return slices
 
     def _prompt_logprob_rows(self, plan: StepPlan, rows: np.ndarray, num_scheduled: np.ndarray,
                              inputs: StepInputs) -> tuple[list[PromptLogprobSegment], np.ndarray]:

@@ -43,9 +43,24 @@ class _Wire(Struct, forbid_unknown_fields=True, kw_only=True):
     pass
 
 
+class TextPart(_Wire, tag_field="type", tag="text"):
+    text: str
+
+
+class ImagePart(_Wire, tag_field="type", tag="image"):
+    """Where one of the request's `images` goes (in order); the gateway turns image_url parts into these."""
+
+
 class ChatMessage(_Wire):
     role: Annotated[str, Meta(min_length=1)]
-    content: str
+    content: str | list[TextPart | ImagePart]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message as chat templates take it: content a string, or a list of {type, text} parts."""
+        if isinstance(self.content, str):
+            return {"role": self.role, "content": self.content}
+        return {"role": self.role, "content": [{"type": "text", "text": part.text} if isinstance(part, TextPart)
+                                               else {"type": "image"} for part in self.content]}
 
 
 class WireRequest(_Wire, omit_defaults=True):
@@ -57,6 +72,7 @@ class WireRequest(_Wire, omit_defaults=True):
     lora: Annotated[str, Meta(min_length=1)] | None = None
     reply_to: StreamKey | None = None
     deadline_ms: NonNegativeInt | None = None
+    images: list[bytes] | None = None  # encoded images (PNG, JPEG, ...), one per <image> placeholder
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams.from_dict(self.params)
@@ -212,7 +228,7 @@ def _valid_or_none(value: Any, kind: Any) -> str | None:
 _LOCATION = re.compile(r"^(?P<body>.*?)(?: - at `(?P<where>[^`]*)`(?: in `(?P<container>[^`]*)`)?)?$", re.S)
 _KINDS = {"str": "a string", "int": "an int", "float": "a number", "bool": "a bool", "object": "a map",
           "array": "a list", "null": "nil", "bytes": "bytes", "ext": "a msgpack extension"}
-_ALLOWED_VALUES = {"finish_reason": FINISH_REASONS}
+_ALLOWED_VALUES = {"finish_reason": FINISH_REASONS, "type": ("text", "image")}
 _RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`"), "{field} must be {want}, got {got}"),
     (re.compile(r"Expected `[^`]+` of length (?P<op>\S+) (?P<n>\d+)"), "{field} must have length {op} {n}"),
@@ -221,6 +237,7 @@ _RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"Object contains unknown field `(?P<name>[^`]+)`"), "{child} is not a known field{known}"),
     (re.compile(r"Object missing required field `(?P<name>[^`]+)`"), "{child} is required"),
     (re.compile(r"Invalid enum value (?P<value>.+)"), "{field} must be one of {allowed}, got {value}"),
+    (re.compile(r"Invalid value (?P<value>.+)"), "{field} must be one of {allowed}, got {value}"),
 ]
 
 

@@ -101,7 +101,10 @@ def test_chat_lines_render_the_chat_template_and_get_chat_completion_bodies(tmp_
         # The same prompt as text: the builtin tokenizer adds no special tokens, so the tokens are equal.
         _line("as-text", {"prompt": rendered, "max_tokens": 6, "temperature": 0, "ignore_eos": True}),
         _line("tools", {"messages": messages, "tools": []}, **chat_url),
-        _line("parts", {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}, **chat_url),
+        # An image part for a text-only model (text parts alone are joined into one string).
+        _line("parts", {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}],
+            "max_tokens": 2}, **chat_url),
         _line("no-messages", {"prompt": "x"}, **chat_url),
         _line("int-logprobs", {"messages": messages, "logprobs": 2}, **chat_url),
         # JSON object keys are strings; +100 outweighs any logit of the builtin model.
@@ -131,6 +134,6 @@ def test_chat_lines_render_the_chat_template_and_get_chat_completion_bodies(tmp_
     errors = {custom_id: r["error"]["message"] for custom_id, r in results.items() if r["error"] is not None}
     assert set(errors) == {"tools", "parts", "no-messages", "int-logprobs"}
     assert "not supported yet: tools" in errors["tools"]
-    assert "messages[0].content must be a string" in errors["parts"]
+    assert "images: this model takes no images" in errors["parts"]
     assert "body.messages is required" in errors["no-messages"]
     assert "logprobs must be true or false" in errors["int-logprobs"]

@@ -68,8 +68,8 @@ def _parse_line(text: str, number: int, seen: set[str]) -> BatchLine:
         seen.add(custom_id)
         chat = item["url"] == CHAT_URL
         if chat:
-            messages, params = parse_chat_body(item["body"])  # validates the sampling fields
-            prompt_fields: dict[str, Any] = {"messages": messages}
+            messages, params, images = parse_chat_body(item["body"])  # validates the sampling fields
+            prompt_fields: dict[str, Any] = {"messages": messages, "images": images or None}
         else:
             prompt, _ = parse_completion_body(item["body"])  # validates the sampling fields
             params = {k: v for k, v in item["body"].items() if k not in ("prompt", "model", "user", "stream")}

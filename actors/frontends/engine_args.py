@@ -44,6 +44,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="returned logprobs: of the distribution after the sampler chain, or the model's own")
     group.add_argument("--max-logprobs", type=int, default=20,
                        help="the largest logprobs / prompt_logprobs a request may ask for")
+    group.add_argument("--max-image-bytes", default="20MiB",
+                       help="vision models: the largest encoded image a request may send, e.g. 20MiB")
+    group.add_argument("--max-image-pixels", type=int, default=6000 * 6000,
+                       help="vision models: the largest image (width x height) a request may send")
 
 
 def model_from_args(args: argparse.Namespace) -> str:
@@ -56,7 +60,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         model=ModelConfig(model=model_from_args(args), dtype=args.dtype, device=args.device,
                           max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                           cpu_linear=args.cpu_linear, logprobs_mode=args.logprobs_mode,
-                          max_logprobs=args.max_logprobs),
+                          max_logprobs=args.max_logprobs, max_image_bytes=parse_size(args.max_image_bytes),
+                          max_image_pixels=args.max_image_pixels),
         cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory=parse_size(args.kv_cache_memory),
                           gpu_memory_utilization=args.gpu_memory_utilization,

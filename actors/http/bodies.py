@@ -55,10 +55,10 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
 def _parse(body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         if chat:
-            messages, params = parse_chat_body(body)
+            messages, params, images = parse_chat_body(body)
             # A chat answer runs to the end of its turn unless the client caps it (OpenAI's default).
             params.setdefault("max_tokens", None)
-            return {"messages": messages}, params
+            return {"messages": messages, "images": images or None}, params
         prompt, _ = parse_completion_body(body)
     except (ValueError, CodecError) as error:
         raise invalid(str(error), _field_named_in(str(error), body)) from error

@@ -3,6 +3,7 @@ parameters, and the `chat.completion` choice objects of the output.
 
 Strict like completions (actors/http/completion_request.py): unknown fields are an error, and so are
 the chat features we do not implement (tools, response formats), so nothing is silently ignored.
+Content may be a string or a list of text and image_url parts (actors/http/content_parts.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.http.completion_request import sampling_fields
+from actors.http.content_parts import parse_content
 from pipeline.sampling_params import SamplingParams
 from queue_adapters.codec import ChatMessage
 
@@ -18,16 +20,18 @@ _UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "parallel_
                 "stream_options", "audio", "modalities", "prediction"}
 
 
-def parse_chat_body(body: Any) -> tuple[list[ChatMessage], dict[str, Any]]:
-    """(messages, wire params); ValueError naming the field for anything we cannot run as asked."""
+def parse_chat_body(body: Any) -> tuple[list[ChatMessage], dict[str, Any], list[bytes]]:
+    """(messages, wire params, the images of image_url parts in order); ValueError naming the field
+    for anything we cannot run as asked."""
     params = sampling_fields(body, "messages", _UNSUPPORTED)
-    messages = _parse_messages(body["messages"])
+    images: list[bytes] = []
+    messages = _parse_messages(body["messages"], images)
     params = _completion_names(params)
     SamplingParams.from_dict(params)  # validates every remaining field, naming it
-    return messages, params
+    return messages, params, images
 
 
-def _parse_messages(messages: Any) -> list[ChatMessage]:
+def _parse_messages(messages: Any, images: list[bytes]) -> list[ChatMessage]:
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {role, content} objects")
     parsed = []
@@ -40,9 +44,7 @@ def _parse_messages(messages: Any) -> list[ChatMessage]:
         role, content = message.get("role"), message.get("content")
         if not isinstance(role, str) or not role:
             raise ValueError(f"messages[{index}].role must be a non-empty string")
-        if not isinstance(content, str):
-            raise ValueError(f"messages[{index}].content must be a string (content parts are not supported)")
-        parsed.append(ChatMessage(role=role, content=content))
+        parsed.append(ChatMessage(role=role, content=parse_content(content, f"messages[{index}].content", images)))
     return parsed
 
 

@@ -81,6 +81,12 @@ def attention_shape(config: dict[str, Any]) -> AttentionShape:
     return family_of(architecture_of(config)).attention_shape(config)
 
 
+def language_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of config.json: a vision-language model's text_config, else all of it."""
+    family = family_of(architecture_of(config))
+    return family.text_config(config) if hasattr(family, "text_config") else config
+
+
 def read_eos_token_ids(model_dir: str | Path, config: dict[str, Any]) -> tuple[int, ...]:
     """generation_config.json's eos_token_id (int or list), else config.json's, else none."""
     eos = None
@@ -88,7 +94,7 @@ def read_eos_token_ids(model_dir: str | Path, config: dict[str, Any]) -> tuple[i
     if generation_path.exists():
         eos = _read_json(generation_path).get("eos_token_id")
     if eos is None:
-        eos = config.get("eos_token_id")
+        eos = config.get("eos_token_id", language_config(config).get("eos_token_id"))
     if eos is None:
         return ()
     return tuple(int(token) for token in (eos if isinstance(eos, list) else [eos]))
@@ -97,11 +103,12 @@ def read_eos_token_ids(model_dir: str | Path, config: dict[str, Any]) -> tuple[i
 def read_model_info(model_dir: str | Path, dtype: torch.dtype) -> ModelInfo:
     config = read_config(model_dir)
     shape = attention_shape(config)
+    text = language_config(config)
     return ModelInfo(
-        architecture=architecture_of(config), vocab_size=config["vocab_size"],
-        hidden_size=config["hidden_size"], num_layers=shape.num_layers, num_heads=shape.num_heads,
+        architecture=architecture_of(config), vocab_size=text["vocab_size"],
+        hidden_size=text["hidden_size"], num_layers=shape.num_layers, num_heads=shape.num_heads,
         num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-        max_position_embeddings=config["max_position_embeddings"],
+        max_position_embeddings=text["max_position_embeddings"],
         eos_token_ids=read_eos_token_ids(model_dir, config), dtype=dtype, attention=shape)
 
 

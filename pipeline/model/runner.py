@@ -16,13 +16,16 @@ import structlog
 import torch
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
+from pipeline.image_input import VisionInfo
 from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.cpu_kernel import load_decode_kernel
 from pipeline.model.cpu_linear import onednn_linear_works, pack_linears
+from pipeline.model.encoder_cache import EncoderCache
 from pipeline.model.graphs import CUDAGraphRunner
 from pipeline.model.loader import (
     ModelInfo,
     attention_shape,
+    language_config,
     load_model,
     read_config,
     resolve_device,
@@ -80,9 +83,11 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # graph capture and profiling use the current device
         self.block_size = cache_config.block_size
-        self.max_model_len = model_config.max_model_len or read_config(model_dir)["max_position_embeddings"]
+        max_positions = language_config(read_config(model_dir))["max_position_embeddings"]
+        self.max_model_len = model_config.max_model_len or max_positions
         self.scheduler_config = scheduler_config
         self.model, self.info = self._load(model_config, model_dir)
+        self.vision, self.encoder_cache = self._vision_parts()
         self.vocab_size = self.info.vocab_size
         self.eos_token_ids = self.info.eos_token_ids
         self.num_kv_blocks = self._decide_num_blocks(cache_config)
@@ -102,10 +107,20 @@ class ModelRunner:
         if self.device.type == "cpu" and self.dtype == torch.float32:
             self.backend.decode_kernel = load_decode_kernel()
         model, info = load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
-                                 max_positions=max(self.max_model_len, config["max_position_embeddings"]))
+                                 max_positions=max(self.max_model_len,
+                                                   language_config(config)["max_position_embeddings"]))
         if self.device.type == "cpu" and model_config.cpu_linear == "onednn" and onednn_linear_works(self.dtype):
             log.info("linear layers packed for oneDNN", count=pack_linears(model))
         return model, info
+
+    def _vision_parts(self) -> tuple[VisionInfo | None, EncoderCache | None]:
+        """What intake needs to know of a vision-language model, and its encoder's cache (None, None: text only)."""
+        spec = getattr(self.model, "spec", None)
+        if spec is None:
+            return None, None
+        size = spec.vision.image_size
+        info = VisionInfo(spec.image_token_id, spec.num_image_tokens, (size, size))
+        return info, EncoderCache(self.model.encode_images, self.device)
 
     # ---- KV cache sizing -----------------------------------------------------------------------
 
@@ -130,6 +145,7 @@ class ModelRunner:
         inputs = dummy_prefill_inputs(sched.max_num_batched_tokens, sched.max_num_seqs, self.max_model_len)
         with torch.inference_mode():
             self._forward(inputs, self._allocate_kv_caches(1))
+            self._profile_vision_tower(sched.max_num_batched_tokens)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         total = torch.cuda.get_device_properties(self.device).total_memory
@@ -142,6 +158,13 @@ class ModelRunner:
                              "raise gpu_memory_utilization or lower max_num_batched_tokens")
         torch.cuda.empty_cache()
         return num_blocks
+
+    def _profile_vision_tower(self, max_num_batched_tokens: int) -> None:
+        """A vision model encodes up to a step's worth of images at once: count that peak too."""
+        if self.vision is None:
+            return
+        num_images = max(1, max_num_batched_tokens // self.vision.num_image_tokens)
+        self.model.encode_images(torch.zeros(num_images, 3, *self.vision.image_size, device=self.device))
 
     def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
         info = self.info
@@ -168,12 +191,15 @@ class ModelRunner:
         input_ids = torch.from_numpy(inputs.input_ids.astype(np.int64, copy=False)).to(self.device)
         positions = torch.from_numpy(inputs.positions.astype(np.int64, copy=False)).to(self.device)
         metadata = self.backend.build_metadata(inputs, self.device)
+        if inputs.images and self.encoder_cache is not None:
+            images = self.encoder_cache.embeddings(inputs.images)
+            return self.model(input_ids, positions, metadata, kv_caches, images=images)
         return self.model(input_ids, positions, metadata, kv_caches)
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Float32 logits [len(logits_indices), vocab_size] on self.device."""
         with torch.inference_mode():
-            if self.graph_runner is not None and self.graph_runner.can_run(inputs):
+            if self.graph_runner is not None and not inputs.images and self.graph_runner.can_run(inputs):
                 hidden = self.graph_runner.run(inputs)
             else:
                 hidden = self._forward(inputs, self.kv_caches)

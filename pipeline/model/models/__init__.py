@@ -5,7 +5,9 @@ Every family module provides
 - `build_model(config, backend, max_positions) -> nn.Module` on the current (meta) device, with
   `forward(input_ids, positions, metadata, kv_caches)`, `compute_logits(hidden)`,
   `load_weights(named_tensors)`, `tie_weights()` and `build_buffers(device)`.
-`config` is the checkpoint's config.json as a dict.
+`config` is the checkpoint's config.json as a dict. A vision-language family also provides
+`text_config(config)`, its language model's config, and its model `encode_images(pixel_values)` and
+an `images` argument to `forward` (pipeline/model/models/llava.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from types import ModuleType
 _FAMILIES: dict[str, str] = {
     "Gemma2ForCausalLM": "gemma2",
     "LlamaForCausalLM": "llama",
+    "LlavaForConditionalGeneration": "llava",
     "MistralForCausalLM": "llama",
     "MixtralForCausalLM": "mixtral",
     "Phi3ForCausalLM": "phi3",

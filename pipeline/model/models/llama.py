@@ -194,7 +194,11 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: object,
                 kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """input_ids, positions [T] -> hidden states [T, hidden_size], final norm applied."""
-        hidden = self.model.embed_tokens(input_ids)
+        return self.forward_embeddings(self.model.embed_tokens(input_ids), positions, metadata, kv_caches)
+
+    def forward_embeddings(self, hidden: torch.Tensor, positions: torch.Tensor, metadata: object,
+                           kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """Token embeddings [T, hidden_size] (a vision model's images merged in) -> final hidden states."""
         cos, sin = self.model.rotary_emb.lookup(positions, hidden.dtype)  # shared by every layer
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             hidden = layer(hidden, cos, sin, kv_cache, metadata)
