@@ -5,6 +5,7 @@ their id is readable, and are dead-lettered otherwise."""
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -25,13 +26,24 @@ DeadLetter = Callable[[Malformed], Awaitable[None]]
 ReplyReader = Callable[[str, str], Awaitable[list[WireReply]]]  # (reply_to, request id) -> entries so far
 
 
+def reply_to_allowed(reply_to: str, prefix: str, pattern: str | None = None) -> bool:
+    """Whether a worker may write replies to `reply_to`: a key under `{prefix}:out:`, or matching `pattern`
+    (a glob, e.g. 'myapp:replies:*') when one is set, and never the deployment's own request, control or
+    dead-letter streams (a client must not be able to make a worker write into them)."""
+    if reply_to in (f"{prefix}:requests", f"{prefix}:control", f"{prefix}:dead"):
+        return False
+    if pattern is not None:
+        return fnmatch.fnmatchcase(reply_to, pattern)
+    return reply_to.startswith(f"{prefix}:out:")
+
+
 class IntakeActor:
     name = "intake"
 
     def __init__(self, requests: Consumer[WireRequest | Malformed], builder: RequestBuilder, prefix: str,
                  admission: Admission, to_output: Producer[Any], to_scheduler: Producer[Any],
                  dead_letter: DeadLetter, reply_reader: ReplyReader | None = None, max_attempts: int = 3,
-                 ownership: Ownership | None = None, max_read: int = 32) -> None:
+                 ownership: Ownership | None = None, max_read: int = 32, reply_to_pattern: str | None = None) -> None:
         self.requests = requests
         self.builder = builder
         self.prefix = prefix
@@ -43,6 +55,7 @@ class IntakeActor:
         self.max_attempts = max_attempts
         self.ownership = ownership
         self.max_read = max_read
+        self.reply_to_pattern = reply_to_pattern
         self.log = structlog.get_logger(__name__).bind(actor=self.name)
 
     async def run(self) -> None:
@@ -57,6 +70,9 @@ class IntakeActor:
             await self._reject_malformed(message, delivery)
             return
         reply_to = message.reply_to or f"{self.prefix}:out:{message.id}"
+        if not reply_to_allowed(reply_to, self.prefix, self.reply_to_pattern):
+            await self._refuse_reply_to(message.id, reply_to, delivery)
+            return
         if message.id in self.admission.in_flight_ids:
             # Same id again while it runs here: its one reply stream already answers it.
             self.log.info("duplicate request id ignored while in flight", request_id=message.id)
@@ -103,9 +119,19 @@ class IntakeActor:
     def _build(self, message: WireRequest) -> Request:
         return build_request(self.builder, message)
 
+    async def _refuse_reply_to(self, request_id: str, reply_to: str, delivery: Delivery[Any]) -> None:
+        """The error goes to the request's default reply stream, never to the key it named."""
+        allowed = self.reply_to_pattern or f"{self.prefix}:out:*"
+        self.log.info("reply_to refused", request_id=request_id, reply_to=reply_to)
+        await self.to_output.send(ErrorReply(request_id, f"{self.prefix}:out:{request_id}", "invalid_request",
+                                             f"reply_to {reply_to!r} is not allowed: it must match {allowed!r}",
+                                             delivery))
+
     async def _reject_malformed(self, message: Malformed, delivery: Delivery[Any]) -> None:
         if message.request_id is not None:
             reply_to = message.reply_to or f"{self.prefix}:out:{message.request_id}"
+            if not reply_to_allowed(reply_to, self.prefix, self.reply_to_pattern):
+                reply_to = f"{self.prefix}:out:{message.request_id}"
             await self.to_output.send(ErrorReply(message.request_id, reply_to, "invalid_request", message.error,
                                                  delivery))
             return

@@ -64,6 +64,7 @@ class WorkerOptions:
     claim_idle_ms: int = 30_000  # take over requests of workers silent for this long
     max_attempts: int = 3  # deliveries of one request before it is dead-lettered
     max_queue_wait_ms: int | None = None  # a request not started within this ends with an error
+    reply_to_pattern: str | None = None  # glob a request's reply_to must match (default: {prefix}:out:*)
 
     @property
     def consumer_name(self) -> str:
@@ -82,7 +83,7 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
                 dead_letter_fn: DeadLetter, max_in_flight: int, metrics: WorkerMetrics | None = None,
                 edges: Edges | None = None, reply_reader: ReplyReader | None = None, max_attempts: int = 3,
                 ownership: Ownership | None = None, max_queue_wait_ms: int | None = None,
-                device: ThreadPoolExecutor | None = None) -> Graph:
+                device: ThreadPoolExecutor | None = None, reply_to_pattern: str | None = None) -> Graph:
     """The actors of one worker around `engine`'s pipeline objects (its model, scheduler, ...).
 
     `device`: the thread the engine was built on (actors/device.py); a new one when None."""
@@ -100,7 +101,7 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
         OutputActor(engine.outputs, sink, events_inbox, routes_inbox, to_scheduler, admission, metrics),
     ]
     intake = IntakeActor(requests, engine.builder, prefix, admission, to_routes, to_scheduler, dead_letter_fn,
-                         reply_reader, max_attempts, ownership)
+                         reply_reader, max_attempts, ownership, reply_to_pattern=reply_to_pattern)
     return Graph(actors, intake, admission, to_scheduler)
 
 
@@ -127,7 +128,7 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
     ownership = Ownership(redis, options.prefix, name, options.reply_expire_s)
     graph = build_graph(engine, consumer, RedisReplySink(redis, options.reply_expire_s), options.prefix,
                         dead_letter_fn, max_in_flight, metrics, edges, reply_reader, options.max_attempts, ownership,
-                        options.max_queue_wait_ms, device)
+                        options.max_queue_wait_ms, device, options.reply_to_pattern)
     await edges.start()
     actors = [*graph.actors, StatsReporter(engine, metrics, options.stats_interval_s),
               ControlActor(redis, options.prefix, graph.to_scheduler),

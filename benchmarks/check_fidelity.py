@@ -1,11 +1,8 @@
 """Greedy `aqueduct batch` vs HF transformers on tiny random models no test has seen.
 
-<<<<<<< HEAD
-Each case draws an architecture (any of tests/hf_models.py, with a sliding window drawn for the
-families that have one), a head layout, sizes, a weight
-=======
-Each case draws an architecture (llama, llama3, qwen2, qwen3, phi3, mixtral), a head layout, sizes, a weight
->>>>>>> phi3-mixtral
+Each case draws an architecture (any of tests/hf_models.py: llama, llama3, qwen2, qwen3, mistral,
+phi3, mixtral, gemma2, with a sliding window drawn for the families that have one), a head layout,
+sizes, a weight
 seed and tight engine limits (KV blocks, token budget, sequences per step, block size) from
 --seed, runs a batch file of mixed-length greedy requests through `aqueduct batch`, and compares
 every request with HF `generate` on that request alone. A divergence passes only at a near-tie of

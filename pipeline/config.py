@@ -15,6 +15,9 @@ CPU_LINEARS = ("onednn", "torch")
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's flag values (SAMPLING.md, stage 14)
 
 
+ATTENTION_BACKENDS = ("auto", "torch", "flex")
+
+
 def parse_size(text: str | int) -> int:
     """'2GiB' -> 2147483648, '512MB' -> 512000000, 1024 -> 1024."""
     if isinstance(text, int):
@@ -43,6 +46,7 @@ class ModelConfig:
     cpu_linear: str = "onednn"  # CPU matmuls: oneDNN with packed weights, or torch's nn.Linear (model/cpu_linear.py)
     logprobs_mode: str = "processed_logprobs"  # returned logprobs: after the sampler chain, or the model's
     max_logprobs: int = 20  # the largest `logprobs` / `prompt_logprobs` a request may ask for
+    attention_backend: str = "auto"  # auto: flex on CUDA, torch (+ native decode kernel) on CPU (model/backends.py)
     max_image_bytes: int = 20 * 2**20  # vision models: the largest encoded image a request may send
     max_image_pixels: int = 6000 * 6000  # vision models: the largest image (width x height) a request may send
 
@@ -56,6 +60,8 @@ class ModelConfig:
         _require(self.logprobs_mode in LOGPROBS_MODES,
                  f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         _require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        _require(self.attention_backend in ATTENTION_BACKENDS,
+                 f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         _require(self.max_image_bytes >= 1, f"max_image_bytes must be >= 1, got {self.max_image_bytes}")
         _require(self.max_image_pixels >= 1, f"max_image_pixels must be >= 1, got {self.max_image_pixels}")
 

@@ -7,10 +7,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from pipeline.host_to_device import to_device
+
 
 def column(values: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """[R] numpy -> [R, 1] tensor, ready to broadcast against [R, V] logits."""
-    return torch.as_tensor(np.ascontiguousarray(values), device=device).to(dtype)[:, None]
+    return to_device(values, device).to(dtype)[:, None]
 
 
 def on_rows(logits: torch.Tensor, rows_np: np.ndarray,
@@ -21,7 +23,7 @@ def on_rows(logits: torch.Tensor, rows_np: np.ndarray,
         return logits
     if len(rows_np) == logits.shape[0]:
         return stage(logits, rows_np)
-    rows = torch.from_numpy(rows_np).to(logits.device)
+    rows = to_device(rows_np, logits.device)
     logits[rows] = stage(logits[rows], rows_np)
     return logits
 

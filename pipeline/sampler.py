@@ -23,6 +23,7 @@ import torch
 from pipeline import rng
 from pipeline.config import LOGPROBS_MODES
 from pipeline.dry import SequenceBreakers, dry_penalties
+from pipeline.host_to_device import to_device
 from pipeline.logit_penalties import apply_bans, apply_logit_bias, apply_penalties, needs_penalties
 from pipeline.reshaping import (
     apply_mirostat,
@@ -117,24 +118,23 @@ class Sampler:
             advanced.dry_allowed_length[dry_rows])
         if len(rows) > 0:
             device = logits.device
-            batch_rows = torch.from_numpy(dry_rows[rows]).to(device)
-            logits[batch_rows, torch.from_numpy(tokens).to(device)] -= torch.from_numpy(
-                penalties.astype(np.float32)).to(device)
+            batch_rows = to_device(dry_rows[rows], device)
+            logits[batch_rows, to_device(tokens, device)] -= to_device(penalties, device, torch.float32)
         return logits
 
     def _choose_tokens(self, processed: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         device = processed.device
         token_ids = torch.empty(processed.shape[0], dtype=torch.int64, device=device)
         greedy_np = batch.temperature == 0
-        greedy_rows = torch.from_numpy(np.flatnonzero(greedy_np)).to(device)
+        greedy_rows = to_device(np.flatnonzero(greedy_np), device)
         random_rows_np = np.flatnonzero(~greedy_np)
-        random_rows = torch.from_numpy(random_rows_np).to(device)
+        random_rows = to_device(random_rows_np, device)
         if len(greedy_rows) > 0:
             token_ids[greedy_rows] = argmax_rows(processed[greedy_rows])
         if len(random_rows_np) > 0:
             uniforms_np = rng.uniforms(batch.seeds[random_rows_np], batch.choice_index[random_rows_np],
                                        batch.output_position[random_rows_np])
-            uniforms = torch.from_numpy(uniforms_np).to(device)
+            uniforms = to_device(uniforms_np, device)
             token_ids[random_rows] = sample_inverse_cdf(processed[random_rows], uniforms)
         return token_ids
 

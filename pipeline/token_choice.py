@@ -28,7 +28,8 @@ def sample_inverse_cdf(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
     tokens = torch.searchsorted(cdf, thresholds, right=True).squeeze(1)
     vocab_size = logits.shape[1]
     overflow = tokens >= vocab_size
-    if overflow.any():
+    # On CUDA always take the fix-up path: testing overflow.any() first would sync with the host.
+    if tokens.is_cuda or overflow.any():
         last_nonzero = vocab_size - 1 - torch.argmax((probs.flip(-1) > 0).to(torch.int8), dim=-1)
         tokens = torch.where(overflow, last_nonzero, tokens)
     return tokens

@@ -134,3 +134,28 @@ async def test_a_bug_is_500_and_an_unreachable_queue_503_in_the_same_shape() -> 
         _assert_openai_error(await client.post("/v1/completions", json=BODY), 500, "internal_error")
     async with _client(_RedisDownBackend()) as client:
         _assert_openai_error(await client.post("/v1/completions", json=BODY), 503, "unavailable")
+
+
+class _QueueDiesMidStream(SilentBackend):
+    """Answers one token, then its Redis connection fails."""
+
+    async def replies(self, request):
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        from queue_adapters.codec import WireChoice, WireReply
+
+        yield WireReply(id=request.id, seq=0, choices=[WireChoice(index=0, token_ids=[5], text="x")])
+        raise RedisConnectionError("connection reset by peer")
+
+
+async def test_a_queue_failure_mid_stream_is_an_error_event_then_done() -> None:
+    backend = _QueueDiesMidStream()
+    async with _client(backend) as client:
+        response = await client.post("/v1/completions", json={**BODY, "stream": True})
+    assert response.status_code == 200
+    events = [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
+    assert '"text": "x"' in events[0]
+    assert '"code": "unavailable"' in events[1] and "connection reset" in events[1]
+    assert events[2:] == ["[DONE]"]
+    await asyncio.sleep(0.05)
+    assert backend.cancelled == []  # the worker finishes it, for a retry with the same id

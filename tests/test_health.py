@@ -220,8 +220,8 @@ def test_urllib_client_can_read_all_endpoints():
         (b"GET /healthz\r\n\r\n", 400),
         (b"GET healthz HTTP/1.1\r\n\r\n", 400),
         (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n", 400),
-        (b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n", 431),
-        (b"GET /healthz HTTP/1.1\r\n" + b"X-Pad: 1\r\n" * 200 + b"\r\n", 431),
+        (b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n", 400),
+        (b"GET /healthz HTTP/1.1\r\n" + b"X-Pad: 1234567890\r\n" * 2000 + b"\r\n", 400),
     ],
 )
 def test_malformed_requests_get_an_error_and_the_server_keeps_serving(payload: bytes, status: int):
@@ -242,7 +242,7 @@ def test_client_that_connects_and_closes_at_once_gets_nothing_and_harms_nothing(
 
 def test_half_closed_client_still_gets_its_reply():
     async def scenario(server: HealthServer) -> None:
-        data = await raw_exchange(server.port, b"GET /healthz HTTP/1.1\r\n\r\n", half_close=True)
+        data = await raw_exchange(server.port, b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n", half_close=True)
         assert parse_reply(data).status == 200
 
     serve(scenario)

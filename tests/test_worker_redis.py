@@ -237,3 +237,33 @@ async def test_requests_that_wait_too_long_end_with_an_error_and_the_queue_stays
     assert long[-1]["usage"]["completion_tokens"] == 400
     timed_out = [o for o in outcomes if o.get("error")]
     assert timed_out and all(o["error"]["code"] == "queue_timeout" for o in timed_out)
+
+
+async def test_reply_to_outside_the_allowed_keys_is_an_error_on_the_default_stream(model_dir, prefix):
+    params = {"max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    refused = {"to-requests": f"{prefix}:requests", "to-control": f"{prefix}:control", "elsewhere": "other-app:x"}
+    async with running_workers(model_dir, prefix) as (redis, _):
+        for request_id, reply_to in refused.items():
+            await push(redis, prefix, {"id": request_id, "prompt_token_ids": [5, 6], "params": params,
+                                       "reply_to": reply_to})
+        await push(redis, prefix, {"id": "ok", "prompt_token_ids": [5, 6], "params": params,
+                                   "reply_to": f"{prefix}:out:mine"})
+        for request_id in refused:
+            (entry,) = await read_replies(redis, f"{prefix}:out:{request_id}")
+            assert entry["error"]["code"] == "invalid_request" and "reply_to" in entry["error"]["message"]
+        assert len(tokens_of(await read_replies(redis, f"{prefix}:out:mine"))) == 3
+        assert await redis.xlen(f"{prefix}:requests") == 4  # only what we pushed: no reply written there
+        assert not await redis.exists("other-app:x")
+        assert await pending_count(redis, prefix) == 0
+
+
+async def test_reply_to_pattern_replaces_the_default_keys(model_dir, prefix):
+    params = {"max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    async with running_workers(model_dir, prefix, reply_to_pattern=f"{prefix}:mine:*") as (redis, _):
+        await push(redis, prefix, {"id": "a", "prompt_token_ids": [5], "params": params,
+                                   "reply_to": f"{prefix}:mine:a"})
+        await push(redis, prefix, {"id": "b", "prompt_token_ids": [5], "params": params,
+                                   "reply_to": f"{prefix}:out:b"})
+        assert len(tokens_of(await read_replies(redis, f"{prefix}:mine:a"))) == 2
+        (entry,) = await read_replies(redis, f"{prefix}:out:b")
+        assert entry["error"]["code"] == "invalid_request" and f"{prefix}:mine:*" in entry["error"]["message"]

@@ -17,11 +17,12 @@ from tests.engine_helpers import make_engine
 
 @asynccontextmanager
 async def running_workers(model_dir, prefix, count=1, redis_edges=frozenset(), claim_idle_ms=30_000,
-                          max_in_flight=None, max_queue_wait_ms=None, **engine_kwargs):
+                          max_in_flight=None, max_queue_wait_ms=None, reply_to_pattern=None, **engine_kwargs):
     stop = asyncio.Event()
     engines = [make_engine(model_dir, **engine_kwargs) for _ in range(count)]
     options = [WorkerOptions(REDIS_URL, prefix, name=f"w{i}", redis_edges=redis_edges, claim_idle_ms=claim_idle_ms,
-                             max_in_flight=max_in_flight, max_queue_wait_ms=max_queue_wait_ms)
+                             max_in_flight=max_in_flight, max_queue_wait_ms=max_queue_wait_ms,
+                             reply_to_pattern=reply_to_pattern)
                for i in range(count)]
     tasks = [asyncio.create_task(run_worker(engine, option, stop))
              for engine, option in zip(engines, options, strict=True)]

@@ -113,7 +113,7 @@ def _worker(args: argparse.Namespace) -> int:
                             drain_timeout_s=args.drain_timeout, max_in_flight=args.max_in_flight,
                             redis_edges=frozenset(filter(None, args.redis_edges.split(","))),
                             claim_idle_ms=args.claim_idle_ms, max_attempts=args.max_attempts,
-                            max_queue_wait_ms=args.max_queue_wait_ms)
+                            max_queue_wait_ms=args.max_queue_wait_ms, reply_to_pattern=args.reply_to_pattern)
     return asyncio.run(run_worker(engine, options, device=device))
 
 
@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="deliveries of one request before it goes to {prefix}:dead")
     worker.add_argument("--max-queue-wait-ms", type=int, default=None,
                         help="a request not started within this many ms ends with an error (default: no limit)")
+    worker.add_argument("--reply-to-pattern", default=None,
+                        help="glob a request's reply_to must match, e.g. 'myapp:replies:*' (default: {prefix}:out:*); "
+                             "other keys get an error reply on {prefix}:out:{id}")
     worker.add_argument("--redis-edges", default="",
                         help="internal edges to run over Redis, comma-separated: scheduler,tensor_prep,output_events")
     add_engine_args(worker)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pipeline.config import (
+    ATTENTION_BACKENDS,
     CPU_LINEARS,
     DTYPES,
     LOGPROBS_MODES,
@@ -37,6 +38,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     group.add_argument("--cpu-linear", choices=CPU_LINEARS, default="onednn",
                        help="CPU matmuls: oneDNN with packed weights (faster), or torch's nn.Linear (HF's kernels)")
+    group.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                       help="auto = flex (torch FlexAttention over the paged cache) on CUDA, torch (SDPA + the "
+                            "native decode kernel) on CPU")
     group.add_argument("--cpu-threads", type=int, default=None,
                        help="torch compute threads (default: the CPUs this process may use: its CPU affinity, "
                             "capped by a cgroup CPU quota); 1 per worker when several share a box")
@@ -61,7 +65,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                           max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                           cpu_linear=args.cpu_linear, logprobs_mode=args.logprobs_mode,
                           max_logprobs=args.max_logprobs, max_image_bytes=parse_size(args.max_image_bytes),
-                          max_image_pixels=args.max_image_pixels),
+                          max_image_pixels=args.max_image_pixels, attention_backend=args.attention_backend),
         cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory=parse_size(args.kv_cache_memory),
                           gpu_memory_utilization=args.gpu_memory_utilization,

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
@@ -55,22 +56,31 @@ class Backend(Protocol):
         ...
 
 
+_SPARE_CONNECTIONS = 32  # beyond one per streaming request: submits, cancels, health pings, heartbeat scans
+
+
 class RemoteBackend:
-    """A stateless gateway: requests onto `{prefix}:requests`, replies from `{prefix}:out:{id}`."""
+    """A stateless gateway: requests onto `{prefix}:requests`, replies from `{prefix}:out:{id}`.
+
+    Each request waiting for replies holds one Redis connection (a blocking XREAD on its reply stream),
+    so the pool is sized for `max_pending` of them (redis-py's default of 100 would fail the 101st)."""
 
     def __init__(self, redis_url: str, prefix: str, model_name: str, tokenizer: Any,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, max_pending: int = 256) -> None:
         self.redis_url, self.prefix = redis_url, prefix
         self.model_name, self.tokenizer, self.max_model_len = model_name, tokenizer, max_model_len
+        self.max_connections = max_pending + _SPARE_CONNECTIONS
         self.worker_metrics = None  # each worker serves its own /metrics
         self.client: AqueductClient | None = None
+        self._redis: aioredis.Redis | None = None
 
     async def start(self) -> None:
-        self.client = AqueductClient(self.redis_url, self.prefix, block_ms=500)
+        self._redis = aioredis.Redis.from_url(self.redis_url, max_connections=self.max_connections)
+        self.client = AqueductClient(self.redis_url, self.prefix, redis=self._redis, block_ms=500)
 
     async def close(self) -> None:
-        if self.client is not None:
-            await self.client.close()
+        if self._redis is not None:
+            await self._redis.aclose()
 
     async def submit(self, request: WireRequest) -> None:
         # A duplicate id is acked by the worker that owns it; replies() reads its stream from the start.

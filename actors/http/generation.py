@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from actors.http.backends import Backend
 from actors.http.bodies import GatewayRequest, parse_body
-from actors.http.chunks import ChunkWriter
+from actors.http.chunks import DONE_EVENT, ChunkWriter, event
 from actors.http.errors import ApiError, from_engine_error, invalid
 from actors.http.gateway_metrics import GatewayMetrics
 from actors.http.limits import PendingLimit, check_api_key, read_body_limited
@@ -148,8 +148,15 @@ class Generation:
 
         async def events() -> AsyncIterator[str]:
             nonlocal finished
-            async for event_text in writer.events(replies, first):
-                yield event_text
+            try:
+                async for event_text in writer.events(replies, first):
+                    yield event_text
+            except (RedisError, OSError) as error:  # the status is sent already: report in-band, end cleanly
+                log.warning("request queue failed mid-stream", request_id=request.wire.id, error=str(error))
+                yield event(ApiError(503, f"the request queue is unreachable: {error}", code="unavailable").body())
+                yield DONE_EVENT
+            # Not cancelled after a queue failure either: the worker goes on, so a retry with the same
+            # X-Request-Id gets the whole answer.
             finished = True
 
         def closed() -> None:

@@ -1,97 +1,72 @@
-"""The worker's health and metrics endpoint: a tiny HTTP/1.1 server on asyncio streams, no web framework.
+"""The worker's health and metrics endpoint: a small Starlette app on uvicorn, inside the worker's event loop.
 
 GET /healthz -> 200 "ok" while the process runs; GET /readyz -> 200 when `await ready()` is true, else 503;
-GET /metrics -> Prometheus text. Each connection carries one request and is then closed (Connection: close),
-which is all a probe or a scraper needs. Reading the request head, the readiness check and the write each
-have a deadline, so a slow, silent or half-closed client costs one handler task for a bounded time and
-never takes the server down.
+GET /metrics -> Prometheus text. Every response closes its connection (Connection: close), which is all a
+probe or a scraper needs. The same HTTP stack as `aqueduct serve`: uvicorn parses the requests (a malformed
+one gets its 400 there), and the readiness check has a deadline, so a hanging check is a 503, not a hang.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from http import HTTPStatus
+import socket
+from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import Self
 
 import structlog
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from actors.metrics import METRICS_CONTENT_TYPE, WorkerMetrics
 
 log = structlog.get_logger(__name__, actor="health")
 
-TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
-MAX_LINE_BYTES = 8192
-MAX_HEADER_LINES = 100
-LINGER_S = 1.0
-LINGER_MAX_BYTES = 1 << 20
+_CLOSE = {"Connection": "close"}
 
 
-class BadRequest(Exception):
-    """The request head is not one we can answer; `status` is what to reply."""
+class _EmbeddedServer(uvicorn.Server):
+    """A uvicorn server that leaves signals alone: it runs as a task of the worker, whose runtime owns
+    SIGTERM/SIGINT (uvicorn's own handlers would replace the worker's and re-raise the signal on exit)."""
 
-    def __init__(self, status: HTTPStatus, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-
-
-class ClientGone(Exception):
-    """The client closed the connection before sending anything; there is no one to answer."""
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
-    status: HTTPStatus
-    body: bytes
-    content_type: str = TEXT_CONTENT_TYPE
-    extra_headers: tuple[tuple[str, str], ...] = ()
+class _ProbeProtocol(H11Protocol):
+    """uvicorn's h11 protocol with two guards a probe endpoint wants. A client that shuts its sending side still
+    gets its answer (uvicorn would let asyncio drop the connection), or a 400 if it stopped inside the head.
+    A client that sends no complete head within `timeout_keep_alive` gets a 408 and is closed, so a silent
+    connection costs a socket for a bounded time."""
 
-    def encode(self) -> bytes:
-        lines = [
-            f"HTTP/1.1 {self.status.value} {self.status.phrase}",
-            f"Content-Type: {self.content_type}",
-            f"Content-Length: {len(self.body)}",
-            "Connection: close",
-            *(f"{name}: {value}" for name, value in self.extra_headers),
-        ]
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + self.body
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._head_timer = self.loop.call_later(self.timeout_keep_alive, self._head_timed_out)
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_timer.cancel()
+        super().connection_lost(exc)
 
-def text_response(status: HTTPStatus, text: str, extra_headers: tuple[tuple[str, str], ...] = ()) -> Response:
-    return Response(status, (text + "\n").encode(), extra_headers=extra_headers)
+    def eof_received(self) -> bool:
+        if self.cycle is not None and not self.cycle.response_complete:
+            return True  # keep the socket for the reply; Connection: close ends it afterwards
+        if self.cycle is None and self.conn.trailing_data[0]:  # part of a head, then EOF
+            self.conn.receive_data(b"")
+            self.handle_events()  # h11 reports the incomplete head; uvicorn answers it with a 400
+        return False
 
-
-async def _read_line(reader: asyncio.StreamReader, *, first: bool) -> str:
-    try:
-        line = await reader.readuntil(b"\n")
-    except asyncio.IncompleteReadError as exc:
-        if first and not exc.partial:
-            raise ClientGone from exc
-        raise BadRequest(HTTPStatus.BAD_REQUEST, "connection closed inside the request head") from exc
-    except asyncio.LimitOverrunError as exc:
-        raise BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "request line or header too long") from exc
-    return line.decode("latin-1").rstrip("\r\n")
-
-
-def parse_request_line(line: str) -> tuple[str, str]:
-    """'GET /readyz?x=1 HTTP/1.1' -> ('GET', '/readyz'); anything else is a BadRequest."""
-    parts = line.split(" ")
-    if len(parts) != 3 or not parts[0].isalpha() or not parts[1].startswith("/") or not parts[2].startswith("HTTP/1."):
-        raise BadRequest(HTTPStatus.BAD_REQUEST, "malformed request line")
-    method, target, _version = parts
-    return method, target.split("?", 1)[0]
-
-
-async def read_request_head(reader: asyncio.StreamReader) -> tuple[str, str]:
-    """Reads the request line and skips the headers (we need none); returns (method, path)."""
-    method, path = parse_request_line(await _read_line(reader, first=True))
-    for _ in range(MAX_HEADER_LINES):
-        if not await _read_line(reader, first=False):
-            return method, path
-    raise BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "too many header lines")
+    def _head_timed_out(self) -> None:
+        if self.cycle is None and not self.transport.is_closing():
+            body = b"request head not received in time\n"
+            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                                 b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+            self.transport.close()
 
 
 class HealthServer:
@@ -113,32 +88,43 @@ class HealthServer:
         self._ready = ready
         self.io_timeout_s = io_timeout_s
         self.ready_timeout_s = ready_timeout_s
-        self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
-        self._routes: dict[str, Callable[[], Awaitable[Response]]] = {
-            "/healthz": self._healthz,
-            "/readyz": self._readyz,
-            "/metrics": self._metrics,
-        }
+        self._server: _EmbeddedServer | None = None
+        self._serving: asyncio.Task[None] | None = None
+
+    def app(self) -> Starlette:
+        routes = [Route("/healthz", self._healthz), Route("/readyz", self._readyz), Route("/metrics", self._metrics)]
+        return Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
 
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("health server already started")
-        self._server = await asyncio.start_server(self._handle_connection, self.host, self.port, limit=MAX_LINE_BYTES)
-        # With host "localhost" or "" several sockets may be bound; with port 0 each gets its own, report the first.
-        self.port = self._server.sockets[0].getsockname()[1]
+        # We bind the socket ourselves: a port in use is then an OSError here, where uvicorn would sys.exit().
+        sock = _bind(self.host, self.port)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app(), log_config=None, access_log=False, lifespan="off", http=_ProbeProtocol,
+                                timeout_keep_alive=self.io_timeout_s,  # type: ignore[arg-type]  # a float works
+                                timeout_graceful_shutdown=self.io_timeout_s)  # type: ignore[arg-type]
+        self._server = _EmbeddedServer(config)
+        self._serving = asyncio.create_task(self._server.serve(sockets=[sock]), name="health-server")
+        while not self._server.started:
+            if self._serving.done():  # failed before listening: surface its error
+                self._server = None
+                self._serving.result()
+                raise RuntimeError("health server stopped before it started")
+            await asyncio.sleep(0.01)
         log.info("health server listening", host=self.host, port=self.port)
 
     async def stop(self) -> None:
-        """Stops listening and cancels in-flight connections; safe to call twice."""
-        server, self._server = self._server, None
-        if server is None:
+        """Stops listening, closes idle connections, lets in-flight responses finish; safe to call twice."""
+        server, serving = self._server, self._serving
+        self._server = self._serving = None
+        if server is None or serving is None:
             return
-        server.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
-        await server.wait_closed()
+        server.should_exit = True
+        try:
+            await serving
+        except Exception:
+            log.exception("health server failed while stopping")
         log.info("health server stopped", port=self.port)
 
     async def __aenter__(self) -> Self:
@@ -150,81 +136,36 @@ class HealthServer:
     ) -> None:
         await self.stop()
 
-    async def _handle_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None  # always inside the task start_server created for this connection
-        self._connections.add(task)
-        try:
-            response = await self._response_for(reader)
-            if response is not None:
-                await self._send(writer, response)
-                if response.status >= HTTPStatus.BAD_REQUEST:
-                    await self._linger(reader, writer)
-        except Exception:
-            log.exception("health connection failed")
-        finally:
-            self._connections.discard(task)
-            await self._close(writer)
+    async def _healthz(self, _: Request) -> Response:
+        return _text(200, "ok")
 
-    async def _response_for(self, reader: asyncio.StreamReader) -> Response | None:
-        try:
-            async with asyncio.timeout(self.io_timeout_s):
-                method, path = await read_request_head(reader)
-        except ClientGone:
-            return None
-        except TimeoutError:
-            return text_response(HTTPStatus.REQUEST_TIMEOUT, "request head not received in time")
-        except BadRequest as exc:
-            log.debug("bad health request", status=exc.status.value, reason=str(exc))
-            return text_response(exc.status, str(exc))
-        return await self._route(method, path)
-
-    async def _route(self, method: str, path: str) -> Response:
-        handler = self._routes.get(path)
-        if handler is None:
-            return text_response(HTTPStatus.NOT_FOUND, "not found")
-        if method != "GET":
-            return text_response(HTTPStatus.METHOD_NOT_ALLOWED, "method not allowed", extra_headers=(("Allow", "GET"),))
-        return await handler()
-
-    async def _send(self, writer: asyncio.StreamWriter, response: Response) -> None:
-        try:
-            writer.write(response.encode())
-            async with asyncio.timeout(self.io_timeout_s):
-                await writer.drain()
-        except (ConnectionError, TimeoutError) as exc:
-            log.debug("health client went away before the response was sent", error=repr(exc))
-
-    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Drains what the client is still sending before we close: closing with unread input makes the kernel
-        send a reset, which can destroy the error reply before the client reads it. Bounded in time and bytes."""
-        with contextlib.suppress(ConnectionError, TimeoutError):
-            if writer.can_write_eof():
-                writer.write_eof()
-            async with asyncio.timeout(min(LINGER_S, self.io_timeout_s)):
-                discarded = 0
-                while discarded < LINGER_MAX_BYTES and (chunk := await reader.read(65536)):
-                    discarded += len(chunk)
-
-    async def _close(self, writer: asyncio.StreamWriter) -> None:
-        writer.close()
-        with contextlib.suppress(ConnectionError, TimeoutError):
-            async with asyncio.timeout(self.io_timeout_s):
-                await writer.wait_closed()
-
-    async def _healthz(self) -> Response:
-        return text_response(HTTPStatus.OK, "ok")
-
-    async def _readyz(self) -> Response:
+    async def _readyz(self, _: Request) -> Response:
         try:
             async with asyncio.timeout(self.ready_timeout_s):
                 is_ready = await self._ready()
         except Exception:
             log.exception("readiness check failed")
-            return text_response(HTTPStatus.SERVICE_UNAVAILABLE, "not ready: readiness check failed")
-        if is_ready:
-            return text_response(HTTPStatus.OK, "ready")
-        return text_response(HTTPStatus.SERVICE_UNAVAILABLE, "not ready")
+            return _text(503, "not ready: readiness check failed")
+        return _text(200, "ready") if is_ready else _text(503, "not ready")
 
-    async def _metrics(self) -> Response:
-        return Response(HTTPStatus.OK, self.metrics.render(), content_type=METRICS_CONTENT_TYPE)
+    async def _metrics(self, _: Request) -> Response:
+        return Response(self.metrics.render(), media_type=METRICS_CONTENT_TYPE, headers=_CLOSE)
+
+
+def _text(status: int, text: str, headers: dict[str, str] | None = None) -> Response:
+    return PlainTextResponse(text + "\n", status_code=status, headers={**_CLOSE, **(headers or {})})
+
+
+async def _not_found(_: Request, __: Exception) -> Response:
+    return _text(404, "not found")
+
+
+async def _not_allowed(_: Request, __: Exception) -> Response:
+    return _text(405, "method not allowed", {"Allow": "GET"})
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family)
+    sock.setblocking(False)
+    return sock

@@ -18,14 +18,14 @@ from actors.http.options import GatewayOptions
 log = structlog.get_logger(__name__)
 
 
-def build_backend(args: argparse.Namespace, engine_config: Any) -> Backend:
+def build_backend(args: argparse.Namespace, engine_config: Any, max_pending: int = 256) -> Backend:
     """Embedded: load the engine now, before serving anything. Gateway: only the tokenizer of --model
     (for /tokenize, /detokenize and logprob token strings); the workers must serve that model."""
     if args.redis_url:
         from actors.frontends.cli import _remote_tokenizer
 
         tokenizer, model_name = _remote_tokenizer(args)
-        return RemoteBackend(args.redis_url, args.prefix, model_name, tokenizer, args.max_model_len)
+        return RemoteBackend(args.redis_url, args.prefix, model_name, tokenizer, args.max_model_len, max_pending)
     from actors.device import device_thread, load_engine
 
     device = device_thread()
@@ -33,7 +33,7 @@ def build_backend(args: argparse.Namespace, engine_config: Any) -> Backend:
 
 
 def run_serve(args: argparse.Namespace, engine_config: Any, options: GatewayOptions) -> int:
-    backend = build_backend(args, engine_config)
+    backend = build_backend(args, engine_config, options.max_pending)
     app = create_app(backend, options)
     log.info("serving", host=args.host, port=args.port, model=backend.model_name,
              mode="gateway" if args.redis_url else "embedded")

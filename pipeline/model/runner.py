@@ -16,9 +16,9 @@ import structlog
 import torch
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
+from pipeline.host_to_device import to_device
 from pipeline.image_input import VisionInfo
-from pipeline.model.attention import TorchPagedAttention
-from pipeline.model.cpu_kernel import load_decode_kernel
+from pipeline.model.backends import make_backend
 from pipeline.model.cpu_linear import onednn_linear_works, pack_linears
 from pipeline.model.encoder_cache import EncoderCache
 from pipeline.model.graphs import CUDAGraphRunner
@@ -31,6 +31,7 @@ from pipeline.model.loader import (
     resolve_device,
     resolve_dtype,
 )
+from pipeline.model.memory_profile import profile_memory
 from pipeline.step_inputs import StepInputs
 
 log = structlog.get_logger(__name__)
@@ -90,22 +91,19 @@ class ModelRunner:
         self.vision, self.encoder_cache = self._vision_parts()
         self.vocab_size = self.info.vocab_size
         self.eos_token_ids = self.info.eos_token_ids
+        self.use_graphs = self.device.type == "cuda" and not model_config.enforce_eager
         self.num_kv_blocks = self._decide_num_blocks(cache_config)
-        use_graphs = self.device.type == "cuda" and not model_config.enforce_eager
-        self.kv_caches = self._allocate_kv_caches(self.num_kv_blocks + int(use_graphs))
-        self.graph_runner = self._capture_graphs() if use_graphs else None
+        self.kv_caches = self._allocate_kv_caches(self.num_kv_blocks + int(self.use_graphs))
+        self.graph_runner = self._capture_graphs() if self.use_graphs else None
         log.info("model runner ready", device=str(self.device), dtype=str(self.dtype),
                  num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
-                 max_model_len=self.max_model_len, cuda_graphs=use_graphs)
+                 max_model_len=self.max_model_len, cuda_graphs=self.use_graphs,
+                 attention_backend=type(self.backend).__name__)
 
     def _load(self, model_config: ModelConfig, model_dir: str) -> tuple[torch.nn.Module, ModelInfo]:
         config = read_config(model_dir)
         shape = attention_shape(config)
-        self.backend = TorchPagedAttention(shape.num_heads, shape.num_kv_heads, shape.head_dim, self.block_size,
-                                           scale=shape.scale, windows=shape.windows,
-                                           logit_softcap=shape.logit_softcap)
-        if self.device.type == "cpu" and self.dtype == torch.float32:
-            self.backend.decode_kernel = load_decode_kernel()
+        self.backend = make_backend(model_config.attention_backend, shape, self.block_size, self.device, self.dtype)
         model, info = load_model(model_dir, self.backend, dtype=self.dtype, device=self.device,
                                  max_positions=max(self.max_model_len,
                                                    language_config(config)["max_position_embeddings"]))
@@ -138,25 +136,27 @@ class ModelRunner:
         return self._profile_num_blocks(cache_config.gpu_memory_utilization)
 
     def _profile_num_blocks(self, gpu_memory_utilization: float) -> int:
-        """Run a max-size step without a cache; whatever memory it leaves under the limit holds KV."""
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
+        """Measure a max-size step (and a max-batch decode when graphs are on) without a KV cache;
+        whatever stays under the utilization limit holds KV (model/memory_profile.py)."""
         sched = self.scheduler_config
-        inputs = dummy_prefill_inputs(sched.max_num_batched_tokens, sched.max_num_seqs, self.max_model_len)
-        with torch.inference_mode():
-            self._forward(inputs, self._allocate_kv_caches(1))
-            self._profile_vision_tower(sched.max_num_batched_tokens)
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        available = int(gpu_memory_utilization * total) - peak
-        num_blocks = available // self.bytes_per_block
-        log.info("profiled memory", peak_bytes=peak, total_bytes=total, kv_bytes=available,
-                 num_blocks=num_blocks)
+        scratch = self._allocate_kv_caches(1)
+
+        def run(inputs: StepInputs, with_images: bool) -> None:
+            with torch.inference_mode():
+                hidden = self._forward(inputs, scratch)
+                self.model.compute_logits(hidden[to_device(inputs.logits_indices, self.device, torch.long)])
+                if with_images:
+                    self._profile_vision_tower(sched.max_num_batched_tokens)
+
+        prefill = dummy_prefill_inputs(sched.max_num_batched_tokens, sched.max_num_seqs, self.max_model_len)
+        decode = dummy_prefill_inputs(sched.max_num_seqs, sched.max_num_seqs, 1)  # one token per sequence
+        profile = profile_memory(self.device, lambda: run(prefill, True), lambda: run(decode, False),
+                                 sched.max_num_seqs, self.vocab_size, self.use_graphs)
+        num_blocks = profile.kv_cache_bytes(gpu_memory_utilization) // self.bytes_per_block
+        log.info("kv cache sized", num_blocks=num_blocks, bytes_per_block=self.bytes_per_block)
         if num_blocks < 1:
-            raise ValueError(f"no memory left for the KV cache: peak {peak} bytes of {total}; "
-                             "raise gpu_memory_utilization or lower max_num_batched_tokens")
-        torch.cuda.empty_cache()
+            raise ValueError(f"no memory left for the KV cache: {profile}; "
+                             "raise gpu_memory_utilization or lower max_num_batched_tokens / max_num_seqs")
         return num_blocks
 
     def _profile_vision_tower(self, max_num_batched_tokens: int) -> None:
@@ -188,8 +188,8 @@ class ModelRunner:
     # ---- the step ------------------------------------------------------------------------------
 
     def _forward(self, inputs: StepInputs, kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        input_ids = torch.from_numpy(inputs.input_ids.astype(np.int64, copy=False)).to(self.device)
-        positions = torch.from_numpy(inputs.positions.astype(np.int64, copy=False)).to(self.device)
+        input_ids = to_device(inputs.input_ids, self.device, torch.long)
+        positions = to_device(inputs.positions, self.device, torch.long)
         metadata = self.backend.build_metadata(inputs, self.device)
         if inputs.images and self.encoder_cache is not None:
             images = self.encoder_cache.embeddings(inputs.images)
@@ -203,5 +203,5 @@ class ModelRunner:
                 hidden = self.graph_runner.run(inputs)
             else:
                 hidden = self._forward(inputs, self.kv_caches)
-            logits_indices = torch.from_numpy(inputs.logits_indices.astype(np.int64, copy=False))
-            return self.model.compute_logits(hidden[logits_indices.to(self.device)])
+            logits_indices = to_device(inputs.logits_indices, self.device, torch.long)
+            return self.model.compute_logits(hidden[logits_indices])

@@ -1,0 +1,78 @@
+"""The gateway's own cost: the HTTP app in this process over an instant backend (no Redis, no worker), and
+a raw-socket client on one keep-alive connection, so neither a client library nor the queue is measured."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import statistics
+import time
+from collections.abc import AsyncIterator
+
+import structlog
+import uvicorn
+from gateway_deployment import free_port
+
+from actors.http.app import create_app
+from actors.http.options import GatewayOptions
+from queue_adapters.codec import WireChoice, WireReply, WireRequest, WireUsage
+
+
+class InstantBackend:
+    """Answers every request at once with `tokens` reply entries of one token each."""
+
+    model_name, tokenizer, max_model_len, worker_metrics = "instant", None, 128, None
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def submit(self, request: WireRequest) -> None: ...
+
+    async def replies(self, request: WireRequest) -> AsyncIterator[WireReply]:
+        for seq in range(self.tokens):
+            last = seq == self.tokens - 1
+            yield WireReply(id=request.id, seq=seq, choices=[WireChoice(index=0, token_ids=[5], text="x",
+                                                                        finish_reason="length" if last else None)],
+                            usage=WireUsage(prompt_tokens=1, completion_tokens=self.tokens) if last else None)
+
+    async def cancel(self, request_id: str) -> None: ...
+
+    async def healthy(self) -> bool:
+        return True
+
+    async def workers_alive(self) -> bool:
+        return True
+
+
+async def first_token_ms(requests: int = 200, tokens: int = 4) -> tuple[float, float]:
+    """(p50, p90) ms from writing a streamed /v1/completions request to reading its first token chunk."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))  # no per-request log
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(InstantBackend(tokens), GatewayOptions()), host="127.0.0.1",
+                                           port=port, log_config=None, access_log=False))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    body = json.dumps({"prompt": "hi", "max_tokens": tokens, "stream": True}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    samples = []
+    for _ in range(requests):
+        started, first, received = time.perf_counter(), None, b""
+        writer.write(head + body)
+        while not received.endswith(b"0\r\n\r\n"):  # the chunked body's last chunk
+            received += await reader.read(65536)
+            if first is None and b'"token_ids": [5]' in received:
+                first = time.perf_counter() - started
+        samples.append((first or 0.0) * 1000)
+    writer.close()
+    server.should_exit = True
+    await serving
+    quantiles = statistics.quantiles(samples, n=10)
+    return statistics.median(samples), quantiles[8]
