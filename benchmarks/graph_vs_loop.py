@@ -5,8 +5,8 @@
     python benchmarks/graph_vs_loop.py --model smollm2 -n 1 --prompt-len 16 16 --output-len 128 128
 
 One engine, built on its device thread, serves the same workload three ways in turn:
-- loop:   `aqueduct batch --step-loop` (LLMEngine.step on the device thread, replies encoded and dropped)
-- memory: `aqueduct batch` (the actor graph over memory streams, replies to a memory sink)
+- loop:   `aqueduct batch` (LLMEngine.step on the device thread, replies encoded and dropped)
+- memory: `aqueduct batch --actor-graph` (the actor graph over memory streams, replies to a memory sink)
 - redis:  `aqueduct worker` (the graph behind a Redis consumer group; a client submits every request
           and reads all replies from one shared reply stream)
 Each round runs the three in a rotating order, so a drift of the (shared, noisy) machine hits them

@@ -13,7 +13,7 @@ def _line(custom_id, body, **envelope):
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body, **envelope})
 
 
-@pytest.mark.parametrize("runner", [[], ["--step-loop"]], ids=["actor-graph", "step-loop"])
+@pytest.mark.parametrize("runner", [[], ["--actor-graph"]], ids=["engine-loop", "actor-graph"])
 def test_batch_file_round_trip_with_bad_lines(tmp_path, default_model_path, monkeypatch, runner):
     monkeypatch.setenv("AQUEDUCT_CACHE_DIR", str(default_model_path.parent))
     lines = [

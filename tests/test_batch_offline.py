@@ -1,4 +1,4 @@
-"""`aqueduct batch --step-loop` runs the engine loop (run_offline); it must answer exactly as the actor graph does."""
+"""`aqueduct batch` runs the engine loop (run_offline); it must answer exactly as the actor graph does."""
 
 from __future__ import annotations
 

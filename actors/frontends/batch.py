@@ -1,9 +1,9 @@
 """`aqueduct batch`: an OpenAI batch file (/v1/completions and /v1/chat/completions lines) through the engine.
 
-Embedded (default): the worker's actor graph over memory streams runs in this process; it plans
-and prepares each step while the previous one runs on the device thread (pipeline/lookahead.py).
---step-loop runs the engine's plain step loop instead, on the device thread. With --redis-url:
-the lines are submitted to a running deployment and the replies collected.
+Embedded (default): the engine's step loop runs in this process, on the device thread. Offline
+work streams to nobody, so the actor graph (whose stages overlap to keep a server responsive)
+would only compete with the forward for the CPU. With --redis-url: the lines are submitted to a
+running deployment and the replies collected.
 Both produce the same output file: one line per input line, in input order; a bad line yields an
 error line for its custom_id and the rest of the file is still processed.
 """
@@ -78,7 +78,11 @@ def _parse_line(text: str, number: int, seen: set[str]) -> BatchLine:
         # output does not depend on where it sits in the file.
         params.setdefault("seed", seed_from_request_id(custom_id))
         # Wire ids are restricted to [A-Za-z0-9._:-]; custom_ids are free text.
-        return BatchLine(custom_id, WireRequest(id=f"batch-line-{number}", params=params, **prompt_fields), chat=chat)
+        # As vLLM: the body's `model` names a LoRA adapter; the base model's name means none.
+        model = item["body"].get("model")
+        lora = model if isinstance(model, str) and model else None
+        return BatchLine(custom_id, WireRequest(id=f"batch-line-{number}", params=params, lora=lora, **prompt_fields),
+                         chat=chat)
     except (ValueError, CodecError) as error:  # json.JSONDecodeError is a ValueError
         log.warning("rejected batch line", line=number, custom_id=custom_id, error=str(error))
         return BatchLine(custom_id, None, str(error))
@@ -149,7 +153,7 @@ async def run_embedded(engine: LLMEngine, requests: list[WireRequest], progress:
                        device: ThreadPoolExecutor | None = None) -> dict[str, dict]:
     """The worker's actor graph over memory streams, in this process (`device`: see build_graph).
 
-    What `aqueduct batch` runs by default: the serving path end to end."""
+    `aqueduct batch` uses run_offline; this runs the serving path end to end (tests, benchmarks)."""
     from actors.worker import build_graph
 
     inbox: MemoryStream[WireRequest | Malformed] = MemoryStream(maxsize=len(requests) + 1)

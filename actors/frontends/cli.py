@@ -37,10 +37,10 @@ def _batch(args: argparse.Namespace) -> int:
         results = asyncio.run(run_remote(args.redis_url, args.prefix, requests, progress))
         tokenizer, model_name = _remote_tokenizer(args)
     else:
-        if args.step_loop:
-            results = _run_offline_interruptibly(device, engine, requests, progress)
-        else:
+        if args.actor_graph:
             results = asyncio.run(run_embedded(engine, requests, progress, device))
+        else:
+            results = _run_offline_interruptibly(device, engine, requests, progress)
         tokenizer, model_name = engine.tokenizer, engine.model_name
     progress.close()
     summary = write_results(lines, results, Path(args.output), model_name, tokenizer)
@@ -170,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--no-progress", action="store_true", help="no progress bar")
     batch.add_argument("--redis-url", default=None,
                        help="submit to a running deployment instead of running the engine here")
-    batch.add_argument("--step-loop", action="store_true",
-                       help="run the engine's plain step loop instead of the worker's actor graph over memory streams")
+    batch.add_argument("--actor-graph", action="store_true",
+                       help="run through the worker's actor graph over memory streams (default: the engine loop)")
     batch.add_argument("--prefix", default=_env("AQUEDUCT_PREFIX", "aqueduct"), help="deployment key prefix")
     add_engine_args(batch)
     batch.set_defaults(handler=_batch)
