@@ -6,13 +6,11 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-import torch
-
 from pipeline.image_input import ImageInput
 from pipeline.outputs import PromptLogprobsEvent, TokenEvent
 from pipeline.request import FinishReason, Request, ResumeState
 from pipeline.sampling_params import SamplingParams
-from pipeline.tensor_prep import PreparedStep
+from pipeline.step_result import StepResult
 from queue_adapters.base import Delivery
 
 
@@ -89,13 +87,13 @@ class Cancel:
 
 
 @dataclass(slots=True)
-class ForwardOutput:
-    """GPU -> Sampling (memory only: device tensors never cross a process).
+class PendingStep:
+    """GPU -> Sampling (memory only: a future of the device thread never crosses a process).
 
-    `logits` is the forward still queued or running on the device thread."""
+    `result` is the step's forward and sampling, still queued or running on the device thread."""
 
-    prepared: PreparedStep
-    logits: Future[torch.Tensor]
+    step_id: int
+    result: Future[StepResult]
 
 
 @dataclass(slots=True)

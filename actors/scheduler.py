@@ -1,14 +1,17 @@
-"""Scheduler actor: owns the pipeline Scheduler; keeps one step in flight at a time.
+"""Scheduler actor: owns the pipeline Scheduler; keeps up to two steps in flight.
 
 Inbox: Admit, StepResult, StopStringFinish, Cancel. After each batch of mail it expires
-deadlines and, when no step is running, schedules the next one. A step's token events go to
-Output only after the next plan is sent: streams wake their readers in order, so tensor prep
-runs before Output processes those tokens and the device does not wait on the output work.
+deadlines and plans: with no step in flight, the next one; with one in flight, the one after it,
+from predicted lengths (pipeline/lookahead.py), so that tensor prep builds step N + 1 while the
+device runs N and the device never waits on host work (`overlap=False`: one step at a time, as
+the plain step loop). A step's token events go to Output only after the next plan is sent:
+streams wake their readers in order, so tensor prep runs before Output processes those tokens.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 from actors.base import Actor
@@ -24,16 +27,17 @@ class SchedulerActor(Actor):
     tick_s = 0.05  # deadline checks while idle
 
     def __init__(self, scheduler: Scheduler, inbox: Consumer[Any], to_tensor_prep: Producer[Any],
-                 to_output: Producer[Any], metrics: Any | None = None, max_queue_wait_ms: int | None = None) -> None:
+                 to_output: Producer[Any], metrics: Any | None = None, max_queue_wait_ms: int | None = None,
+                 overlap: bool = True) -> None:
         super().__init__("scheduler", inbox)
         self.metrics = metrics
         self.max_queue_wait_ms = max_queue_wait_ms
         self.queued_since: dict[str, float] = {}  # admitted, not scheduled yet
-        self.step_started = 0.0
+        self.steps_started: deque[float] = deque()  # per step in flight, oldest first
+        self.max_steps_in_flight = 2 if overlap else 1
         self.scheduler = scheduler
         self.to_tensor_prep = to_tensor_prep
         self.to_output = to_output
-        self.step_in_flight = False
         self.deadlines_ms: dict[str, int] = {}
         self.pending_events: list = []  # for Output, in order; sent after the next plan
 
@@ -46,9 +50,9 @@ class SchedulerActor(Actor):
             if message.deadline_ms is not None:
                 self.deadlines_ms[message.request_id] = message.deadline_ms
         elif isinstance(message, StepResult):
-            self.step_in_flight = False
+            started = self.steps_started.popleft()
             if self.metrics is not None:
-                self.metrics.observe_step(time.perf_counter() - self.step_started, len(message.token_ids))
+                self.metrics.observe_step(time.perf_counter() - started, len(message.token_ids))
             self._emit(self.scheduler.apply_step_result(message))
         elif isinstance(message, StopStringFinish):
             self.scheduler.finish_by_stop_string(message)
@@ -67,16 +71,15 @@ class SchedulerActor(Actor):
             await self.to_output.send(StepEvents.of(events))
 
     async def _schedule_next(self) -> None:
-        if self.step_in_flight or not self.scheduler.has_unfinished:
-            return
-        plan = self.scheduler.schedule()
-        for request_id, error in self.scheduler.take_lora_failures():
-            await self.to_output.send(RequestFailed(request_id, "lora_unavailable", error))
-        for new in plan.new_sequences:
-            self.queued_since.pop(self.scheduler.sequences[new.seq_id].request.request_id, None)
-        if not plan.is_empty:
-            self.step_in_flight = True
-            self.step_started = time.perf_counter()
+        while len(self.steps_started) < self.max_steps_in_flight and self.scheduler.has_unfinished:
+            plan = self.scheduler.schedule_ahead() if self.steps_started else self.scheduler.schedule()
+            for request_id, error in self.scheduler.take_lora_failures():
+                await self.to_output.send(RequestFailed(request_id, "lora_unavailable", error))
+            if plan is None or plan.is_empty:
+                return
+            for new in plan.new_sequences:
+                self.queued_since.pop(self.scheduler.sequences[new.seq_id].request.request_id, None)
+            self.steps_started.append(time.perf_counter())
             await self.to_tensor_prep.send(plan)
 
     def _expire_deadlines(self) -> None:

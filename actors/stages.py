@@ -2,10 +2,11 @@
 
 All device work (forward and sampling) runs on one dedicated thread, so the event loop never
 blocks on the device and the device sees one stream of work in order. Like kernels on a CUDA
-stream, work is queued there without waiting for what is ahead of it: the GPU actor hands the
-sampling actor the pending forward, and sampling is queued right behind it. So a step's forward
-and sampling run back to back, however busy the event loop is (say, with the previous step's
-output) when the forward ends.
+stream, work is queued there without waiting for what is ahead of it: the GPU actor queues a
+step's forward and its sampling back to back, and hands the sampling actor the pending result.
+So a step's forward and sampling run back to back, and the next step (planned ahead while this
+one runs, pipeline/lookahead.py) can be queued right behind them: its placeholder input ids are
+filled on the device thread with the tokens this step sampled, just before its forward.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from actors.base import Actor
-from actors.messages import ForwardOutput
+from actors.messages import PendingStep
 from pipeline.model.runner import ModelRunner
 from pipeline.sampler import Sampler
 from pipeline.step_plan import StepPlan
@@ -36,33 +37,46 @@ class TensorPrepActor(Actor):
         await self.to_gpu.send(self.tensor_prep.prepare(message))
 
 
-class GPUActor(Actor):
-    def __init__(self, runner: ModelRunner, device: ThreadPoolExecutor, inbox: Consumer[PreparedStep],
-                 to_sampling: Producer[ForwardOutput]) -> None:
-        super().__init__("gpu", inbox)
+class DeviceSteps:
+    """A step's forward and sampling, as run on the device thread (and only there), in step order."""
+
+    def __init__(self, runner: ModelRunner, sampler: Sampler) -> None:
         self.runner = runner
+        self.sampler = sampler
+        self.last_sampled: dict[int, int] = {}  # seq_id -> token of the step sampled last
+
+    def forward(self, prepared: PreparedStep) -> torch.Tensor:
+        prepared.fill_placeholders(self.last_sampled)
+        return self.runner.execute(prepared.inputs)
+
+    def sample(self, prepared: PreparedStep, pending_logits: Future[torch.Tensor]) -> StepResult:
+        # The device thread runs work in order, so the forward queued before us has finished.
+        result = sample_step(self.sampler, prepared, pending_logits.result())
+        self.last_sampled = dict(zip(result.seq_ids, result.token_ids, strict=True))
+        return result
+
+
+class GPUActor(Actor):
+    def __init__(self, runner: ModelRunner, sampler: Sampler, device: ThreadPoolExecutor,
+                 inbox: Consumer[PreparedStep], to_sampling: Producer[PendingStep]) -> None:
+        super().__init__("gpu", inbox)
+        self.steps = DeviceSteps(runner, sampler)
         self.device = device
         self.to_sampling = to_sampling
 
     async def handle(self, message: PreparedStep) -> None:
-        # Not awaited here: a failed forward raises where sampling waits on it (a crash either way).
-        pending_logits = self.device.submit(self.runner.execute, message.inputs)
-        await self.to_sampling.send(ForwardOutput(message, pending_logits))
+        # Queued back to back, nothing awaited: a failed forward raises where sampling waits on it.
+        pending_logits = self.device.submit(self.steps.forward, message)
+        pending_result = self.device.submit(self.steps.sample, message, pending_logits)
+        await self.to_sampling.send(PendingStep(message.plan.step_id, pending_result))
 
 
 class SamplingActor(Actor):
-    def __init__(self, sampler: Sampler, device: ThreadPoolExecutor, inbox: Consumer[ForwardOutput],
-                 to_scheduler: Producer[Any]) -> None:
+    """Waits for each step's sampled tokens (off the event loop) and sends them to the scheduler."""
+
+    def __init__(self, inbox: Consumer[PendingStep], to_scheduler: Producer[Any]) -> None:
         super().__init__("sampling", inbox)
-        self.sampler = sampler
-        self.device = device
         self.to_scheduler = to_scheduler
 
-    async def handle(self, message: ForwardOutput) -> None:
-        pending = self.device.submit(_sample_after_forward, self.sampler, message.prepared, message.logits)
-        await self.to_scheduler.send(await asyncio.wrap_future(pending))
-
-
-def _sample_after_forward(sampler: Sampler, prepared: PreparedStep, pending_logits: Future[torch.Tensor]) -> StepResult:
-    # The device thread runs work in order, so the forward queued before us has finished.
-    return sample_step(sampler, prepared, pending_logits.result())
+    async def handle(self, message: PendingStep) -> None:
+        await self.to_scheduler.send(await asyncio.wrap_future(message.result))

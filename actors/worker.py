@@ -97,8 +97,8 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
     actors: list[Runnable] = [
         SchedulerActor(engine.scheduler, scheduler_inbox, to_prep, to_events, metrics, max_queue_wait_ms),
         TensorPrepActor(engine.tensor_prep, prep_inbox, to_gpu),
-        GPUActor(engine.runner, device, gpu_inbox, to_sampling),
-        SamplingActor(engine.sampler, device, sampling_inbox, to_scheduler),
+        GPUActor(engine.runner, engine.sampler, device, gpu_inbox, to_sampling),
+        SamplingActor(sampling_inbox, to_scheduler),
         OutputActor(engine.outputs, sink, events_inbox, routes_inbox, to_scheduler, admission, metrics),
     ]
     intake = IntakeActor(requests, engine.builder, prefix, admission, to_routes, to_scheduler, dead_letter_fn,

@@ -132,7 +132,8 @@ class KVCacheManager:
     def _cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Publish the blocks that are full once the scheduled tokens are computed. Steps run in
         order on the device, so a later step may read them even if this one is still running."""
-        num_full = num_tokens // self.block_size
+        # A block holding a placeholder (pipeline/lookahead.py) is published once its value is known.
+        num_full = min(num_tokens, seq.num_known_tokens) // self.block_size
         self._extend_hashes(seq, num_full)
         for index in range(seq.num_published_blocks, num_full):
             self.pool.cache_block(seq.block_ids[index], seq.block_hashes[index], self._block_tokens(seq, index))

@@ -59,7 +59,7 @@ class PersistentBatch:
             self._add(new)
         for running in plan.running_sequences:
             row = self.row_of[running.seq_id]
-            self._append_tokens(row, running.new_token_ids)
+            self._append_tokens(row, running.new_token_ids, running.token_start)
             self._append_blocks(row, running.new_block_ids)
             self.num_computed[row] = running.num_computed_tokens
             self.advanced.set_mirostat_mu(row, running.mirostat_mu)
@@ -100,8 +100,8 @@ class PersistentBatch:
         self.images[row] = new.images
         self.has_images[row] = len(new.images) > 0
 
-    def _append_tokens(self, row: int, token_ids: list[int]) -> None:
-        start = self.num_tokens[row]
+    def _append_tokens(self, row: int, token_ids: list[int], start: int | None = None) -> None:
+        start = self.num_tokens[row] if start is None else start
         self.token_ids[row, start:start + len(token_ids)] = token_ids
         self.num_tokens[row] = start + len(token_ids)
 

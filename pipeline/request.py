@@ -46,6 +46,8 @@ class Sequence:
     num_published_blocks: int = 0  # leading blocks already offered to the prefix cache
     num_released_blocks: int = 0  # leading blocks released outside the sliding window (now NULL_BLOCK)
     num_sent_tokens: int = 0  # tokens tensor prep has been told about (the rest go in the next plan)
+    # The last token is a placeholder for one a step in flight is sampling (pipeline/lookahead.py).
+    has_placeholder: bool = False
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
@@ -57,6 +59,11 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose values are known (all but a placeholder)."""
+        return len(self.token_ids) - self.has_placeholder
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from pipeline.beam_scheduling import new_beam_search, on_beam_candidates
 from pipeline.config import SchedulerConfig
 from pipeline.kv_cache_manager import KVCacheManager
+from pipeline.lookahead import add_placeholders, drop_placeholder, fill_placeholder
 from pipeline.lora.registry import LoRARegistry
 from pipeline.lora.slots import LoRASlots
 from pipeline.outputs import PromptLogprobsEvent, StopStringFinish, TokenEvent
@@ -75,6 +76,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.kv_cache.free(seq)
+        drop_placeholder(seq)
         seq.finish(reason, stop_reason)
         del self.sequences[seq.seq_id]
         if seq.request.is_finished:
@@ -124,7 +126,16 @@ class Scheduler:
             self._schedule_waiting(plan, budget)
         if self.lora_slots is not None:
             plan.lora_loads = self.lora_slots.take_loads()
+        if plan.is_empty:  # not sent: the next plan tells tensor prep of the removed rows
+            self._removed_seq_ids = plan.removed_seq_ids + self._removed_seq_ids
         return plan
+
+    def schedule_ahead(self) -> StepPlan | None:
+        """The next plan while a step is still running (pipeline/lookahead.py); None when a
+        sequence of the running step needs its result before it can be planned."""
+        if not add_placeholders(self):
+            return None
+        return self.schedule()
 
     def _schedule_running(self, plan: StepPlan, budget: int) -> tuple[int, bool]:
         preempted = False
@@ -148,6 +159,7 @@ class Scheduler:
                 new_block_ids=seq.block_ids[num_blocks_before:],
                 num_computed_tokens=seq.num_computed_tokens,
                 mirostat_mu=seq.mirostat_mu,
+                token_start=seq.num_sent_tokens,
             ))
             self._commit(seq, num_new, plan)
             budget -= num_new
@@ -158,6 +170,8 @@ class Scheduler:
         skipped: list[Sequence] = []  # their adapter has no slot now: later ones may still start
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.has_placeholder:  # preempted while a step samples its next token: wait for it
+                break
             if not self._adapter_servable(seq):
                 continue
             if not self._adapter_can_run(seq):
@@ -282,7 +296,10 @@ class Scheduler:
 
     def append_token(self, seq: Sequence, token_id: int) -> None:
         """Record a sampled token and finish the sequence if a stop condition holds."""
-        seq.token_ids.append(token_id)
+        if seq.has_placeholder:  # planned ahead: the token takes its placeholder's place
+            fill_placeholder(seq, token_id)
+        else:
+            seq.token_ids.append(token_id)
         self.num_generated_tokens += 1
         lora_name = seq.request.lora_name
         if lora_name is not None:

@@ -31,10 +31,11 @@ class NewSequence:
 @dataclass(slots=True)
 class RunningSequence:
     seq_id: int
-    new_token_ids: list[int]
+    new_token_ids: list[int]  # token ids from index token_start on (a placeholder's real value is sent again)
     new_block_ids: list[int]
     num_computed_tokens: int  # before this step
     mirostat_mu: float | None = None  # mu after the new tokens (mirostat choices); None = unchanged
+    token_start: int | None = None  # index of new_token_ids[0] in the sequence; None = after the known ones
 
 
 @dataclass(slots=True)

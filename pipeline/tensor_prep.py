@@ -7,15 +7,18 @@ the flat per-token arrays of the step are then built with numpy gathers, no loop
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from pipeline.image_input import overlapping
+from pipeline.lookahead import PLACEHOLDER_TOKEN
 from pipeline.persistent_batch import PersistentBatch
 from pipeline.sampling_batch import SamplingBatch
 from pipeline.step_inputs import ImageSlice, StepInputs
 from pipeline.step_plan import StepPlan
+
+_NO_INDICES = np.zeros(0, np.int64)
 
 
 @dataclass(slots=True)
@@ -38,6 +41,19 @@ class PreparedStep:
     sample_seq_ids: list[int]  # sequence of each sampling row
     prompt_logprob_segments: list[PromptLogprobSegment]
     prompt_logprob_targets: np.ndarray  # [P] int64, token scored by each prompt-logprob row
+    # Input ids still placeholders (pipeline/lookahead.py): their flat indices and sequences.
+    placeholder_indices: np.ndarray = field(default_factory=lambda: _NO_INDICES)
+    placeholder_seq_ids: list[int] = field(default_factory=list)
+
+    def fill_placeholders(self, sampled: dict[int, int]) -> None:
+        """Write the tokens the previous step sampled (seq_id -> token) into the placeholders."""
+        if not self.placeholder_seq_ids:
+            return
+        missing = [seq_id for seq_id in self.placeholder_seq_ids if seq_id not in sampled]
+        if missing:
+            raise RuntimeError(f"step {self.plan.step_id} was planned ahead for sequences {missing}, "
+                               "which the step before it did not sample")
+        self.inputs.input_ids[self.placeholder_indices] = [sampled[seq_id] for seq_id in self.placeholder_seq_ids]
 
 
 class TensorPrep:
@@ -59,6 +75,9 @@ class TensorPrep:
         segments, targets = self._prompt_logprob_rows(plan, rows, num_scheduled, inputs)
         batch.num_computed[rows] = inputs.seq_lens
         seq_ids = list(plan.num_scheduled_tokens)
+        placeholders = np.flatnonzero(inputs.input_ids == PLACEHOLDER_TOKEN)
+        # flat token index -> its sequence: query_start_loc [0, 2, 7], index 5 -> sequence 1
+        placeholder_seqs = np.searchsorted(inputs.query_start_loc, placeholders, side="right") - 1
         return PreparedStep(
             plan=plan,
             inputs=inputs,
@@ -66,6 +85,8 @@ class TensorPrep:
             sample_seq_ids=[seq_ids[i] for i in np.flatnonzero(samples)],
             prompt_logprob_segments=segments,
             prompt_logprob_targets=targets,
+            placeholder_indices=placeholders,
+            placeholder_seq_ids=[seq_ids[i] for i in placeholder_seqs],
         )
 
     def _build_inputs(self, rows: np.ndarray, num_scheduled: np.ndarray, samples: np.ndarray) -> StepInputs:

@@ -12,7 +12,7 @@ import structlog
 
 from actors.frontends.engine_args import add_engine_args, engine_config_from_args
 from actors.frontends.logging_setup import configure_logging
-from actors.process_tuning import startup_collector_paused, tune_glibc_malloc
+from actors.process_tuning import set_compute_threads, startup_collector_paused, tune_glibc_malloc
 
 log = structlog.get_logger(__name__)
 
@@ -262,10 +262,17 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level)
     tune_glibc_malloc()
     try:
+        if _runs_an_engine(args):
+            set_compute_threads(args.cpu_threads)
         return args.handler(args)
     except (ValueError, FileNotFoundError) as error:
         log.error("failed", error=str(error))
         return 2
+
+
+def _runs_an_engine(args: argparse.Namespace) -> bool:
+    """Commands with the engine flags, except those that only talk to a deployment (--redis-url)."""
+    return hasattr(args, "cpu_threads") and not (args.command in ("batch", "serve") and args.redis_url)
 
 
 def entry_point() -> None:

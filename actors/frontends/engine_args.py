@@ -55,6 +55,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                        help="auto = flex (torch FlexAttention over the paged cache) on CUDA, torch (SDPA + the "
                             "native decode kernel) on CPU")
+    group.add_argument("--cpu-threads", type=int, default=None,
+                       help="torch compute threads (default: the CPUs this process may use: its CPU affinity, "
+                            "capped by a cgroup CPU quota); 1 per worker when several share a box")
     group.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="processed_logprobs",
                        help="returned logprobs: of the distribution after the sampler chain, or the model's own")
     group.add_argument("--max-logprobs", type=int, default=20,
