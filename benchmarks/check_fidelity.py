@@ -9,6 +9,10 @@ every request with HF `generate` on that request alone. A divergence passes only
 HF's logits (top-2 margin < 1e-3). Exit status 1 if any divergence is not a near-tie.
 
     python benchmarks/check_fidelity.py --seed 7 --cases 4
+    python benchmarks/check_fidelity.py --seed 41 --cases 4 --tensor-parallel-size 2
+
+With --tensor-parallel-size N the engine runs N ranks, and cases are drawn among the dense
+families with a head count N divides (mixture-of-experts models are not sharded).
 """
 
 from __future__ import annotations
@@ -61,6 +65,17 @@ def draw_case(rng: random.Random) -> Case:
     flags = ["--block-size", str(block_size), "--num-kv-blocks", str(rng.randint(min_blocks, 3 * min_blocks)),
              "--max-num-batched-tokens", str(rng.randint(16, 96)), "--max-num-seqs", str(rng.randint(2, 8))]
     return Case(arch, rng.randrange(1000), config, flags)
+
+
+def draw_case_for(rng: random.Random, tensor_parallel_size: int) -> Case:
+    """A case the engine can shard over `tensor_parallel_size` ranks (redrawn until it can)."""
+    while True:
+        case = draw_case(rng)
+        if tensor_parallel_size == 1:
+            return case
+        if case.arch != "mixtral" and case.config["num_attention_heads"] % tensor_parallel_size == 0:
+            case.flags += ["--tensor-parallel-size", str(tensor_parallel_size)]
+            return case
 
 
 def write_requests(path: Path, rng: random.Random, count: int) -> list[tuple[str, list[int], int]]:
@@ -125,12 +140,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", type=int, default=4)
     parser.add_argument("--requests", type=int, default=18, help="requests per case")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     failures = 0
     for index in range(args.cases):
         with tempfile.TemporaryDirectory(prefix=f"fidelity-{index}-") as workdir:
-            failures += check_case(draw_case(rng), Path(workdir), rng, args.requests)
+            failures += check_case(draw_case_for(rng, args.tensor_parallel_size), Path(workdir), rng, args.requests)
     print("FAIL" if failures else "OK: every divergence (if any) is at a near-tie")
     return 1 if failures else 0
 
