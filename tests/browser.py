@@ -4,11 +4,13 @@ of the playground page. Only what those tests need: open a page, evaluate JavaSc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -80,12 +82,16 @@ class Page:
 @asynccontextmanager
 async def headless_page(binary: str, url: str) -> AsyncIterator[Page]:
     """A fresh headless Chromium (own profile, killed afterwards) with one tab loaded at `url`."""
-    with tempfile.TemporaryDirectory(prefix="aq-chromium-") as profile, open(f"{profile}.log", "w+") as log:
+    # Chromium's helper processes may still be writing the profile for a moment after the kill:
+    # a leftover file there is no test failure.
+    with tempfile.TemporaryDirectory(prefix="aq-chromium-", ignore_cleanup_errors=True) as profile, \
+            open(f"{profile}.log", "w+") as log:
         process = subprocess.Popen(
             [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              "--no-first-run", "--window-size=1280,1024", "--no-default-browser-check", "--remote-debugging-port=0",
              f"--user-data-dir={profile}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=log)  # a file, not a pipe: a full pipe would stall the browser
+            stdout=subprocess.DEVNULL, stderr=log,  # a file, not a pipe: a full pipe would stall the browser
+            start_new_session=True)  # its own process group, so the kill reaches the helper processes too
         try:
             browser_url = await _devtools_url(process, log.name)
             page_socket_url = await asyncio.to_thread(_first_page_socket, browser_url)
@@ -96,7 +102,8 @@ async def headless_page(binary: str, url: str) -> AsyncIterator[Page]:
                 await page.wait_for("document.readyState === 'complete' && location.href !== 'about:blank'")
                 yield page
         finally:
-            process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
             os.unlink(log.name)
 
