@@ -122,4 +122,8 @@ def test_the_worker_still_serves_after_the_fuzzing(worker):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert sum(len(c["token_ids"]) for e in entries for c in e["choices"]) == 3
+    # The ack follows the final reply entry's write: give it a moment.
+    ack_deadline = time.monotonic() + 10
+    while worker.redis.xpending(f"{worker.prefix}:requests", "workers")["pending"] and time.monotonic() < ack_deadline:
+        time.sleep(0.01)
     assert worker.redis.xpending(f"{worker.prefix}:requests", "workers")["pending"] == 0
