@@ -12,6 +12,10 @@ which reading the bfloat16 weights once per token takes all of the box's measure
 
 from __future__ import annotations
 
+from actors.process_tuning import passive_omp_wait
+
+passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
+
 import argparse
 import math
 import statistics

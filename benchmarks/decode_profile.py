@@ -9,6 +9,10 @@ decode steps after a warm-up, and prints the ops that took the most self time ov
 
 from __future__ import annotations
 
+from actors.process_tuning import passive_omp_wait
+
+passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
+
 import argparse
 import time
 

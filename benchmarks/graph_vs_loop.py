@@ -16,6 +16,10 @@ another's prefix-cache hits. Greedy, ignore_eos: every request generates exactly
 
 from __future__ import annotations
 
+from actors.process_tuning import passive_omp_wait
+
+passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
+
 import argparse
 import asyncio
 import statistics

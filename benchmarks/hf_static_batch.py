@@ -7,6 +7,10 @@ process (`time python benchmarks/hf_static_batch.py ...`) next to `time aqueduct
 
 from __future__ import annotations
 
+from actors.process_tuning import passive_omp_wait
+
+passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
+
 import argparse
 import json
 import time

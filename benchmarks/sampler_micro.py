@@ -8,6 +8,10 @@ show what the fast paths cost when every new sampler is off. The others cost wha
 
 from __future__ import annotations
 
+from actors.process_tuning import passive_omp_wait
+
+passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
+
 import argparse
 import json
 import statistics

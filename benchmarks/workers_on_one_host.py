@@ -12,6 +12,10 @@ count (sized from the CPUs the process may use) and with 1 thread each.
 
 from __future__ import annotations
 
+from actors.process_tuning import passive_omp_wait
+
+passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
+
 import argparse
 import multiprocessing as mp
 import time

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-CPU_LINEARS = ("onednn", "torch")
+CPU_LINEARS = ("auto", "onednn", "torch")
 QUANTIZATIONS = ("none", "gguf", "int8")  # weight-only, CPU (pipeline/model/quantized_linear.py)
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")  # auto: the model's dtype (pipeline/model/kv_quant.py)
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's flag values (SAMPLING.md, stage 14)
@@ -45,7 +45,8 @@ class ModelConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enforce_eager: bool = False  # disable CUDA graphs (always eager on CPU)
     seed: int = 0  # weight-independent engine seed (e.g. for profiling inputs)
-    cpu_linear: str = "onednn"  # CPU matmuls: oneDNN with packed weights, or torch's nn.Linear (model/cpu_linear.py)
+    cpu_linear: str = "auto"  # CPU matmuls: oneDNN with packed weights (auto: single rows through MKL where
+    # that is faster), or torch's nn.Linear (model/cpu_linear.py)
     quantization: str = "none"  # gguf: keep a GGUF file's Q4_0/Q4_1/Q8_0 weights; int8: per-channel at load
     logprobs_mode: str = "processed_logprobs"  # returned logprobs: after the sampler chain, or the model's
     max_logprobs: int = 20  # the largest `logprobs` / `prompt_logprobs` a request may ask for

@@ -12,7 +12,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
-from pipeline.model.cpu_linear import PackedLinear, onednn_linear_works, pack_linears, padded_row_count
+from pipeline.model.cpu_linear import (
+    PackedLinear,
+    onednn_linear_works,
+    pack_linears,
+    padded_row_count,
+    single_rows_plain,
+)
 from pipeline.model.runner import ModelRunner, dummy_prefill_inputs
 from tests.hf_models import make_tiny_hf_model
 
@@ -70,3 +76,23 @@ def test_runner_logits_agree_with_and_without_onednn(tmp_path: Path, arch: str) 
     inputs = dummy_prefill_inputs(40, 3, 64)
     inputs.input_ids[:] = np.random.default_rng(0).integers(3, 500, size=inputs.num_tokens)
     torch.testing.assert_close(packed.execute(inputs), plain.execute(inputs), atol=1e-4, rtol=1e-4)
+
+
+def test_single_rows_plain_sends_one_row_to_the_plain_weight_and_more_rows_to_the_packed_one() -> None:
+    torch.manual_seed(3)
+    linear = nn.Linear(64, 48)
+    hybrid = PackedLinear(linear, single_rows_plain=True)
+    one, many = torch.randn(1, 1, 64), torch.randn(5, 64)
+    with torch.no_grad():
+        assert torch.equal(hybrid(one), F.linear(one, linear.weight, linear.bias))  # the very same kernel
+        torch.testing.assert_close(hybrid(many), PackedLinear(linear)(many))
+    assert PackedLinear(linear).plain_weight is None
+
+
+def test_auto_keeps_the_plain_weight_only_for_float32_without_avx512(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert single_rows_plain("auto", torch.float32)
+    assert not single_rows_plain("auto", torch.bfloat16)
+    assert not single_rows_plain("onednn", torch.float32)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert not single_rows_plain("auto", torch.float32)

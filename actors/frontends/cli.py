@@ -12,7 +12,7 @@ import structlog
 
 from actors.frontends.engine_args import add_engine_args, engine_config_from_args
 from actors.frontends.logging_setup import configure_logging
-from actors.process_tuning import set_compute_threads, startup_collector_paused, tune_glibc_malloc
+from actors.process_tuning import passive_omp_wait, set_compute_threads, startup_collector_paused, tune_glibc_malloc
 
 log = structlog.get_logger(__name__)
 
@@ -258,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    passive_omp_wait()  # before anything imports torch
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
     tune_glibc_malloc()

@@ -46,8 +46,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step")
     group.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    group.add_argument("--cpu-linear", choices=CPU_LINEARS, default="onednn",
-                       help="CPU matmuls: oneDNN with packed weights (faster), or torch's nn.Linear (HF's kernels)")
+    group.add_argument("--cpu-linear", choices=CPU_LINEARS, default="auto",
+                       help="CPU matmuls: oneDNN with packed weights; auto = that, with single rows through MKL on "
+                            "CPUs without AVX-512 (float32, twice the weight memory); torch = nn.Linear (HF's kernels)")
     group.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
                        help="CPU weight-only quantization: gguf = keep a GGUF file's Q4_0/Q4_1 weights as they "
                             "are (other quantized types as int8), int8 = quantize every linear per channel at "

@@ -10,6 +10,15 @@ Both accumulate in float32 but in different orders, so results differ from HF tr
 (MKL) in the last bits: greedy tokens agree except at near-ties, as with any reordering.
 `cpu_linear="torch"` keeps nn.Linear for bit-level comparisons.
 
+On CPUs without AVX-512 the picture splits by row count. On an AMD EPYC (Zen 3, AVX2, 2 vCPUs),
+float32, SmolLM2's weights: a single row (single-stream decode) ran 1.5-2.2x as fast through
+MKL's matrix-vector product as through the packed weight (576x576: 60 vs 130 us; the whole decode
+step 83 vs 119 ms), while 8-256 rows ran up to 3x as fast packed (32 requests decoding together:
+60 vs 41 tokens/s). `cpu_linear="auto"` (the default) therefore keeps the plain float32 weight
+beside the packed one on such CPUs and sends single rows to MKL: the fastest of both, for twice
+the linear layers' weight memory. With AVX-512 (measured on Zen 4 and on a Xeon with AMX) a
+single row was about as fast packed, and auto is plain oneDNN.
+
 oneDNN builds and caches one primitive per input shape, ~0.6 MiB each whatever the weight size
 (measured), and a step's row count takes any value up to the token budget: unpadded, a long run
 grew the process by 0.9 GiB (5M model) and a sweep of row counts by several GiB, between the
@@ -37,17 +46,21 @@ _BUFFERED_ROWS = 8  # inputs padded to this many rows (decode of 1-7 sequences) 
 class PackedLinear(nn.Module):
     """y = x W^T + b with W held in oneDNN's blocked layout (not a Parameter: not trainable)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, single_rows_plain: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         # batch-size hint None: the layout suits every row count (measured: within noise of a hint).
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.bias = linear.bias
+        # The plain weight too, for one-row inputs through F.linear (MKL's gemv): see the module docstring.
+        self.plain_weight = linear.weight.detach() if single_rows_plain else None
         self._small_rows = torch.zeros(_BUFFERED_ROWS, self.in_features, dtype=linear.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         num_rows = rows.shape[0]
+        if num_rows == 1 and self.plain_weight is not None:
+            return F.linear(x, self.plain_weight, self.bias)
         padded = padded_row_count(num_rows)
         if padded != num_rows and padded == _BUFFERED_ROWS and rows.dtype == self._small_rows.dtype:
             self._small_rows[:num_rows].copy_(rows)
@@ -58,7 +71,15 @@ class PackedLinear(nn.Module):
         return out[:num_rows].view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"single_rows_plain={self.plain_weight is not None}")
+
+
+def single_rows_plain(cpu_linear: str, dtype: torch.dtype) -> bool:
+    """Whether `cpu_linear` sends one-row float32 inputs to MKL on this CPU (module docstring).
+
+    Only float32: MKL has no bfloat16 product, torch would route bfloat16 back to oneDNN."""
+    return cpu_linear == "auto" and dtype == torch.float32 and torch.backends.cpu.get_cpu_capability() != "AVX512"
 
 
 def padded_row_count(rows: int) -> int:
@@ -92,7 +113,7 @@ def onednn_linear_works(dtype: torch.dtype) -> bool:
                                                             rtol=tolerance)
 
 
-def pack_linears(model: nn.Module) -> int:
+def pack_linears(model: nn.Module, single_rows_plain: bool = False) -> int:
     """Replace every nn.Linear in `model` by a PackedLinear of the same weights; returns how many.
 
     A weight tied to another module (lm_head and embed_tokens) is copied into the packed layout;
@@ -102,6 +123,6 @@ def pack_linears(model: nn.Module) -> int:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, PackedLinear(child))
+                setattr(parent, name, PackedLinear(child, single_rows_plain))
                 replaced += 1
     return replaced

@@ -23,7 +23,7 @@ from pipeline.image_input import VisionInfo
 from pipeline.lora.registry import LoRARegistry
 from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.backends import make_backend
-from pipeline.model.cpu_linear import onednn_linear_works, pack_linears
+from pipeline.model.cpu_linear import onednn_linear_works, pack_linears, single_rows_plain
 from pipeline.model.encoder_cache import EncoderCache
 from pipeline.model.graphs import CUDAGraphRunner
 from pipeline.model.kv_quant import FP8_DTYPES, Fp8KVCache, allocate_fp8_caches
@@ -163,8 +163,9 @@ class ModelRunner:
         if model_config.quantization != "none":  # before pack_linears, and before LoRA wraps the projections
             self._check_quantization(model_config.quantization)
             quantize_linears(model, model_config.quantization, model_dir)
-        if self.device.type == "cpu" and model_config.cpu_linear == "onednn" and onednn_linear_works(self.dtype):
-            log.info("linear layers packed for oneDNN", count=pack_linears(model))
+        if self.device.type == "cpu" and model_config.cpu_linear != "torch" and onednn_linear_works(self.dtype):
+            plain = single_rows_plain(model_config.cpu_linear, self.dtype)
+            log.info("linear layers packed for oneDNN", count=pack_linears(model, plain), single_rows_plain=plain)
         return model, info
 
     def _check_quantization(self, mode: str) -> None:
