@@ -12,12 +12,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
+from pipeline.model.cpu_kernel import load_few_rows_linear_kernel
 from pipeline.model.cpu_linear import (
+    FewRowsLinear,
     PackedLinear,
+    few_rows_kernel_for,
     onednn_linear_works,
     pack_linears,
     padded_row_count,
-    single_rows_plain,
 )
 from pipeline.model.runner import ModelRunner, dummy_prefill_inputs
 from tests.hf_models import make_tiny_hf_model
@@ -78,21 +80,41 @@ def test_runner_logits_agree_with_and_without_onednn(tmp_path: Path, arch: str) 
     torch.testing.assert_close(packed.execute(inputs), plain.execute(inputs), atol=1e-4, rtol=1e-4)
 
 
-def test_single_rows_plain_sends_one_row_to_the_plain_weight_and_more_rows_to_the_packed_one() -> None:
+def test_few_rows_path_takes_mkl_for_one_row_the_kernel_for_up_to_8_and_onednn_above() -> None:
+    kernel = load_few_rows_linear_kernel()
+    if kernel is None:
+        pytest.skip("no C compiler")
     torch.manual_seed(3)
-    linear = nn.Linear(64, 48)
-    hybrid = PackedLinear(linear, single_rows_plain=True)
-    one, many = torch.randn(1, 1, 64), torch.randn(5, 64)
+    linear = nn.Linear(68, 48)  # 68: the kernel's 16-wide loop, its 8-wide loop and a scalar tail
+    hybrid = PackedLinear(linear, kernel)
+    one, few, many = torch.randn(1, 1, 68), torch.randn(2, 3, 68), torch.randn(12, 68)
     with torch.no_grad():
         assert torch.equal(hybrid(one), F.linear(one, linear.weight, linear.bias))  # the very same kernel
+        torch.testing.assert_close(hybrid(few), F.linear(few, linear.weight, linear.bias), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(hybrid(many), PackedLinear(linear)(many))
+        assert hybrid(torch.randn(0, 68)).shape == (0, 48)  # a step with no logits rows
     assert PackedLinear(linear).plain_weight is None
 
 
-def test_auto_keeps_the_plain_weight_only_for_float32_without_avx512(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("rows", [1, 5, 8])
+def test_few_rows_kernel_reads_bfloat16_weights(rows: int) -> None:
+    kernel = load_few_rows_linear_kernel()
+    if kernel is None:
+        pytest.skip("no C compiler")
+    torch.manual_seed(rows)
+    linear = nn.Linear(40, 24).to(torch.bfloat16)
+    x = torch.randn(rows, 40)
+    expected = F.linear(x, linear.weight.float(), linear.bias.float())  # float32 sums of the same values
+    torch.testing.assert_close(FewRowsLinear(linear, kernel)(x), expected, atol=1e-5, rtol=1e-5)
+    many = torch.randn(9, 40, dtype=torch.bfloat16)  # above 8 rows: torch's own product
+    assert torch.equal(FewRowsLinear(linear, kernel)(many), F.linear(many, linear.weight, linear.bias))
+
+
+def test_auto_uses_the_few_rows_kernel_only_without_avx512(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    assert single_rows_plain("auto", torch.float32)
-    assert not single_rows_plain("auto", torch.bfloat16)
-    assert not single_rows_plain("onednn", torch.float32)
+    assert few_rows_kernel_for("auto", torch.float32) is load_few_rows_linear_kernel()
+    assert few_rows_kernel_for("auto", torch.bfloat16) is load_few_rows_linear_kernel()
+    assert few_rows_kernel_for("onednn", torch.float32) is None
+    assert few_rows_kernel_for("auto", torch.float16) is None
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    assert not single_rows_plain("auto", torch.float32)
+    assert few_rows_kernel_for("auto", torch.float32) is None

@@ -21,7 +21,7 @@ from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerCon
 from pipeline.engine import LLMEngine
 from pipeline.model.attention_shape import AttentionShape
 from pipeline.model.parallel import LocalHeads, local_heads
-from pipeline.model.tp_group import pack, unpack
+from pipeline.model.tp_group import backend_for, check_world, pack, rank_device, unpack
 from pipeline.sampling_params import SamplingParams
 from pipeline.step_inputs import StepInputs
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, run_requests
@@ -103,6 +103,39 @@ def test_bad_sizes_are_clear_errors(tmp_path, monkeypatch) -> None:
     mixtral = make_tiny_hf_model("mixtral", tmp_path / "mixtral")
     with pytest.raises(ValueError, match="does not support mixture-of-experts models yet"):
         _engine(mixtral, tp=2)
+
+
+def test_cuda_ranks_take_nccl_and_one_device_each(monkeypatch) -> None:
+    assert backend_for(torch.device("cpu")) == "gloo" and backend_for(torch.device("cuda")) == "nccl"
+    assert [rank_device(torch.device("cuda:1"), rank) for rank in range(3)] == [
+        torch.device("cuda", 1), torch.device("cuda", 2), torch.device("cuda", 3)]
+    assert rank_device(torch.device("cpu"), 1) == torch.device("cpu")
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_world(2, torch.device("cuda"))
+    with pytest.raises(ValueError, match="tensor_parallel_size 2 from cuda:1 needs 3 CUDA devices; this machine has 2"):
+        check_world(2, torch.device("cuda:1"))
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: False)
+    with pytest.raises(ValueError, match="needs NCCL"):
+        check_world(2, torch.device("cuda"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_two_nccl_ranks_match_one_rank_on_cuda(tmp_path) -> None:
+    path = make_tiny_hf_model("llama", tmp_path / "llama")
+    requests = _requests(seed=5)
+    parallel = _engine(path, tp=2, device="cuda", dtype="float32")
+    try:
+        results = run_requests(parallel, requests)
+    finally:
+        parallel.runner.close()
+    single = run_requests(_engine(path, tp=1, device="cuda", dtype="float32"), requests)
+    hf = AutoModelForCausalLM.from_pretrained(path).eval()
+    for request_id, (prompt, params) in requests.items():
+        ours = results[request_id]["choices"][0]["token_ids"]
+        theirs, logits = hf_greedy(hf, prompt, params.max_tokens)  # near-ties may flip under a new sum order
+        assert_greedy_equal(ours, theirs, logits, f"NCCL {request_id} vs HF")
+        assert_greedy_equal(ours, single[request_id]["choices"][0]["token_ids"], logits, f"NCCL {request_id} vs TP=1")
 
 
 _SERVE_FOREVER = textwrap.dedent("""

@@ -20,6 +20,7 @@ import msgspec
 import redis.asyncio as aioredis
 import structlog
 
+from actors import event_loop
 from actors.frontends.bench import make_workload
 from actors.frontends.engine_args import engine_config_from_args
 from actors.replies import MemoryReplySink
@@ -152,7 +153,7 @@ def _ms(values: list[float], q: float) -> float:
 
 def run_bench_redis(args: argparse.Namespace) -> None:
     config = engine_config_from_args(args)
-    results = asyncio.run(_compare(args, (LLMEngine(config), LLMEngine(config))))
+    results = event_loop.run(_compare(args, (LLMEngine(config), LLMEngine(config))))
     ttfts, seconds, tokens = results["ttfts"], results["seconds"], results["tokens"]
     print(f"time to first token, {args.num_ttft} single requests one at a time, alternating paths "
           f"(prompt 16-64 tokens):")

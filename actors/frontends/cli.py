@@ -10,6 +10,7 @@ from typing import Any
 
 import structlog
 
+from actors import event_loop
 from actors.frontends.engine_args import add_engine_args, engine_config_from_args
 from actors.frontends.logging_setup import configure_logging
 from actors.process_tuning import passive_omp_wait, set_compute_threads, startup_collector_paused, tune_glibc_malloc
@@ -18,7 +19,6 @@ log = structlog.get_logger(__name__)
 
 
 def _batch(args: argparse.Namespace) -> int:
-    import asyncio
 
     with startup_collector_paused():
         from actors.frontends.batch import read_batch_file, run_embedded, run_remote, write_results
@@ -34,11 +34,11 @@ def _batch(args: argparse.Namespace) -> int:
     requests = [line.request for line in lines if line.request is not None]
     progress = tqdm(total=len(requests), disable=args.no_progress, desc="requests", unit="req")
     if args.redis_url:
-        results = asyncio.run(run_remote(args.redis_url, args.prefix, requests, progress))
+        results = event_loop.run(run_remote(args.redis_url, args.prefix, requests, progress))
         tokenizer, model_name = _remote_tokenizer(args)
     else:
         if args.actor_graph:
-            results = asyncio.run(run_embedded(engine, requests, progress, device))
+            results = event_loop.run(run_embedded(engine, requests, progress, device))
         else:
             results = _run_offline_interruptibly(device, engine, requests, progress)
         tokenizer, model_name = engine.tokenizer, engine.model_name
@@ -98,7 +98,6 @@ def _loadtest(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    import asyncio
 
     if not args.redis_url:
         raise ValueError("--redis-url (or AQUEDUCT_REDIS_URL) is required")
@@ -114,7 +113,7 @@ def _worker(args: argparse.Namespace) -> int:
                             redis_edges=frozenset(filter(None, args.redis_edges.split(","))),
                             claim_idle_ms=args.claim_idle_ms, max_attempts=args.max_attempts,
                             max_queue_wait_ms=args.max_queue_wait_ms, reply_to_pattern=args.reply_to_pattern)
-    return asyncio.run(run_worker(engine, options, device=device))
+    return event_loop.run(run_worker(engine, options, device=device))
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
+from actors import event_loop
 from actors.frontends.bench import make_workload
 from queue_adapters.codec import WireRequest, decode_reply, encode
 from queue_adapters.redis_streams import DATA_FIELD
@@ -108,7 +109,7 @@ def _percentiles(values: list[float]) -> str:
 
 
 def run_loadtest(args: argparse.Namespace) -> int:
-    result = asyncio.run(_run(args))
+    result = event_loop.run(_run(args))
     tracked: dict[str, _Tracked] = result["tracked"]
     completed = [t for t in tracked.values() if t.final_s is not None and not t.error]
     errors = sum(1 for t in tracked.values() if t.error)

@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 import uvicorn
 
+from actors import event_loop
 from actors.http.app import create_app
 from actors.http.backends import Backend, EmbeddedBackend, RemoteBackend
 from actors.http.options import GatewayOptions
@@ -41,7 +42,7 @@ def run_serve(args: argparse.Namespace, engine_config: Any, options: GatewayOpti
              mode="gateway" if args.redis_url else "embedded")
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, access_log=False,
                             timeout_graceful_shutdown=10)
-    asyncio.run(_serve_until_signalled(uvicorn.Server(config)))
+    event_loop.run(_serve_until_signalled(uvicorn.Server(config)))
     return 0
 
 

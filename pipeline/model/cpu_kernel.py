@@ -1,6 +1,6 @@
 """Native CPU kernels, compiled on first use with the system C compiler: paged decode attention
-(csrc/paged_decode_attention.c) and the rotary embedding fused with the KV cache write
-(csrc/rope_kv_write.c).
+(csrc/paged_decode_attention.c), the rotary embedding fused with the KV cache write
+(csrc/rope_kv_write.c) and linear layers for a few rows (csrc/few_rows_linear.c).
 
 They are plain C (the first with OpenMP), loaded through ctypes, so building takes about a second
 and needs no torch headers. Each shared object is cached by source and flags hash under
@@ -95,6 +95,32 @@ class RopeKVKernel:
                 and slots.dtype == torch.int64 and slots.shape[0] == qkv.shape[0] and qkv.device.type == "cpu")
 
 
+class FewRowsLinearKernel:
+    """y = x W^T + b for 1-8 rows of x, W float32 or bfloat16 (csrc/few_rows_linear.c)."""
+
+    MAX_ROWS = 8
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._fn = library.few_rows_linear
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        self._fn.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_int, ctypes.c_int]
+        self._fn.restype = ctypes.c_int
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [M, I] (M <= 8, any float dtype; summed in float32), weight [O, I] contiguous float32 or
+        bfloat16, bias [O] or None -> [M, O] in x's dtype."""
+        rows = x.shape[0]
+        x_f32 = x.float().contiguous()
+        bias_f32 = bias.float().contiguous() if bias is not None else None
+        out = torch.empty(rows, weight.shape[0], dtype=torch.float32)
+        failed = self._fn(out.data_ptr(), x_f32.data_ptr(), weight.data_ptr(),
+                          bias_f32.data_ptr() if bias_f32 is not None else None, rows, weight.shape[0],
+                          weight.shape[1], int(weight.dtype == torch.bfloat16), torch.get_num_threads())
+        if failed:
+            raise ValueError(f"the few-rows linear kernel takes 1-{self.MAX_ROWS} rows, got {rows}")
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
 def _halves(kv_cache: torch.Tensor) -> tuple[int, int]:
     """Addresses of kv_cache[0] (K) and kv_cache[1] (V), without two indexing ops per layer."""
     start = kv_cache.data_ptr()
@@ -134,6 +160,12 @@ def _load_library(name: str, flags: list[str]) -> ctypes.CDLL | None:
 def load_decode_kernel() -> DecodeKernel | None:
     library = _load_library("paged_decode_attention", _FLAGS)
     return DecodeKernel(library) if library is not None else None
+
+
+@functools.cache
+def load_few_rows_linear_kernel() -> FewRowsLinearKernel | None:
+    library = _load_library("few_rows_linear", _FLAGS)
+    return FewRowsLinearKernel(library) if library is not None else None
 
 
 @functools.cache

@@ -11,31 +11,28 @@ Both accumulate in float32 but in different orders, so results differ from HF tr
 `cpu_linear="torch"` keeps nn.Linear for bit-level comparisons.
 
 On CPUs without AVX-512 the picture splits by row count. On an AMD EPYC (Zen 3, AVX2, 2 vCPUs),
-float32, SmolLM2's weights: a single row (single-stream decode) ran 1.5-2.2x as fast through
-MKL's matrix-vector product as through the packed weight (576x576: 60 vs 130 us; the whole decode
-step 83 vs 119 ms), while 8-256 rows ran up to 3x as fast packed (32 requests decoding together:
-60 vs 41 tokens/s). `cpu_linear="auto"` (the default) therefore keeps the plain float32 weight
-beside the packed one on such CPUs and sends single rows to MKL: the fastest of both, for twice
-the linear layers' weight memory. With AVX-512 (measured on Zen 4 and on a Xeon with AMX) a
-single row was about as fast packed, and auto is plain oneDNN.
-
-oneDNN builds and caches one primitive per input shape, ~0.6 MiB each whatever the weight size
-(measured), and a step's row count takes any value up to the token budget: unpadded, a long run
-grew the process by 0.9 GiB (5M model) and a sweep of row counts by several GiB, between the
-cached primitives and the heap fragmentation of their churn. So inputs are padded with zero rows
-to a few row counts (padded_row_count), which bounds the cache at 49 shapes per weight shape up
-to 2048 rows, for at most 7 extra rows (up to 128) or 1/8 more rows (above). Up to 8 rows the
-padding is a small per-layer buffer the rows are copied into (one copy, not F.pad's allocate, fill and
-copy for every layer of every decode step); what its spare rows hold is irrelevant, since each
-output row depends on its own input row only.
+SmolLM2's weights: for one row (single-stream decode) MKL's float32 matrix-vector product was
+1.5-3x as fast as the packed weight (576x576: 55 vs 250 us), for 2-8 rows our few-rows kernel
+(csrc/few_rows_linear.c: each weight read once for all rows) was fastest (576x3072, 4 rows: 0.44
+vs 1.0 ms), and above that oneDNN packed (32 requests decoding together: 60 vs 41 tokens/s with
+MKL alone). oneDNN packs bfloat16 there only with AVX-512 or AVX-NE-CONVERT, and torch's
+bfloat16 product was 2-5x slower than the few-rows kernel. So `cpu_linear="auto"` (the default)
+on such CPUs: float32 keeps the plain weight beside the packed one (twice the linear layers'
+weight memory) and sends 1 row to MKL, 2-8 rows to the kernel, more to oneDNN; bfloat16 sends
+1-8 rows to the kernel and more to torch. With AVX-512 (measured on Zen 4 and on a Xeon with
+AMX) a single row was about as fast packed, and auto is plain oneDNN.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import structlog
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pipeline.model.cpu_kernel import FewRowsLinearKernel, load_few_rows_linear_kernel
 
 log = structlog.get_logger(__name__)
 
@@ -46,21 +43,25 @@ _BUFFERED_ROWS = 8  # inputs padded to this many rows (decode of 1-7 sequences) 
 class PackedLinear(nn.Module):
     """y = x W^T + b with W held in oneDNN's blocked layout (not a Parameter: not trainable)."""
 
-    def __init__(self, linear: nn.Linear, single_rows_plain: bool = False) -> None:
+    def __init__(self, linear: nn.Linear, few_rows: FewRowsLinearKernel | None = None) -> None:
+        """few_rows: keep the plain weight too, for 1 row through F.linear (MKL) and 2-8 rows
+        through this kernel (module docstring)."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         # batch-size hint None: the layout suits every row count (measured: within noise of a hint).
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.bias = linear.bias
-        # The plain weight too, for one-row inputs through F.linear (MKL's gemv): see the module docstring.
-        self.plain_weight = linear.weight.detach() if single_rows_plain else None
+        self.few_rows = few_rows
+        self.plain_weight = linear.weight.detach() if few_rows is not None else None
         self._small_rows = torch.zeros(_BUFFERED_ROWS, self.in_features, dtype=linear.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         num_rows = rows.shape[0]
-        if num_rows == 1 and self.plain_weight is not None:
-            return F.linear(x, self.plain_weight, self.bias)
+        if self.few_rows is not None and 0 < num_rows <= self.few_rows.MAX_ROWS:
+            if num_rows == 1:
+                return F.linear(x, self.plain_weight, self.bias)
+            return self.few_rows(rows, self.plain_weight, self.bias).view(*x.shape[:-1], self.out_features)
         padded = padded_row_count(num_rows)
         if padded != num_rows and padded == _BUFFERED_ROWS and rows.dtype == self._small_rows.dtype:
             self._small_rows[:num_rows].copy_(rows)
@@ -72,14 +73,42 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"single_rows_plain={self.plain_weight is not None}")
+                f"few_rows={self.few_rows is not None}")
 
 
-def single_rows_plain(cpu_linear: str, dtype: torch.dtype) -> bool:
-    """Whether `cpu_linear` sends one-row float32 inputs to MKL on this CPU (module docstring).
+class FewRowsLinear(nn.Module):
+    """nn.Linear whose 1-8 row inputs go through the few-rows kernel (for weights oneDNN cannot pack here)."""
 
-    Only float32: MKL has no bfloat16 product, torch would route bfloat16 back to oneDNN."""
-    return cpu_linear == "auto" and dtype == torch.float32 and torch.backends.cpu.get_cpu_capability() != "AVX512"
+    def __init__(self, linear: nn.Linear, few_rows: FewRowsLinearKernel) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias, self.few_rows = linear.weight, linear.bias, few_rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if not 0 < rows.shape[0] <= self.few_rows.MAX_ROWS:
+            return F.linear(x, self.weight, self.bias)
+        return self.few_rows(rows, self.weight.detach(), self.bias).view(*x.shape[:-1], self.out_features)
+
+
+def few_rows_kernel_for(cpu_linear: str, dtype: torch.dtype) -> FewRowsLinearKernel | None:
+    """The few-rows kernel when `cpu_linear` uses it on this CPU (auto, no AVX-512; module docstring)."""
+    if cpu_linear != "auto" or dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        return None
+    return load_few_rows_linear_kernel()
+
+
+def prepare_cpu_linears(model: nn.Module, cpu_linear: str, dtype: torch.dtype) -> dict[str, int]:
+    """Swap `model`'s nn.Linear layers for the CPU paths `cpu_linear` picks on this CPU; returns counts."""
+    few_rows = few_rows_kernel_for(cpu_linear, dtype)
+    if cpu_linear in ("auto", "onednn") and onednn_linear_works(dtype):
+        return {"packed": pack_linears(model, few_rows if dtype == torch.float32 else None),
+                "with_few_rows_path": int(few_rows is not None and dtype == torch.float32)}
+    if few_rows is not None:
+        return {"few_rows": _replace_linears(model, lambda linear: FewRowsLinear(linear, few_rows))}
+    return {}
 
 
 def padded_row_count(rows: int) -> int:
@@ -113,16 +142,20 @@ def onednn_linear_works(dtype: torch.dtype) -> bool:
                                                             rtol=tolerance)
 
 
-def pack_linears(model: nn.Module, single_rows_plain: bool = False) -> int:
+def pack_linears(model: nn.Module, few_rows: FewRowsLinearKernel | None = None) -> int:
     """Replace every nn.Linear in `model` by a PackedLinear of the same weights; returns how many.
 
     A weight tied to another module (lm_head and embed_tokens) is copied into the packed layout;
     the other module keeps the original.
     """
+    return _replace_linears(model, lambda linear: PackedLinear(linear, few_rows))
+
+
+def _replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> int:
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, PackedLinear(child, single_rows_plain))
+                setattr(parent, name, make(child))
                 replaced += 1
     return replaced

@@ -23,7 +23,7 @@ from pipeline.image_input import VisionInfo
 from pipeline.lora.registry import LoRARegistry
 from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.backends import make_backend
-from pipeline.model.cpu_linear import onednn_linear_works, pack_linears, single_rows_plain
+from pipeline.model.cpu_linear import prepare_cpu_linears
 from pipeline.model.encoder_cache import EncoderCache
 from pipeline.model.graphs import CUDAGraphRunner
 from pipeline.model.kv_quant import FP8_DTYPES, Fp8KVCache, allocate_fp8_caches
@@ -41,7 +41,7 @@ from pipeline.model.memory_profile import profile_memory
 from pipeline.model.parallel import check_tensor_parallel, local_heads, shard_model
 from pipeline.model.quantize import quantize_linears
 from pipeline.model.quantized_linear import quantized_kernels_work
-from pipeline.model.tp_group import DriverGroup, check_world, receive_steps
+from pipeline.model.tp_group import DriverGroup, check_world, rank_device, receive_steps, smallest_across_ranks
 from pipeline.step_inputs import StepInputs
 
 log = structlog.get_logger(__name__)
@@ -90,7 +90,7 @@ def _rank_main(rank: int, world: int, model_config: ModelConfig, cache_config: C
                scheduler_config: SchedulerConfig, model_dir: str) -> None:
     """A tensor-parallel rank process (tp_group.py): its own shard of the model and KV cache."""
     runner = ModelRunner(model_config, cache_config, scheduler_config, model_dir, tp_rank=rank)
-    receive_steps(runner.execute)
+    receive_steps(runner.execute, runner.device)
 
 
 class ModelRunner:
@@ -102,15 +102,15 @@ class ModelRunner:
         if lora_config is not None and model_config.tensor_parallel_size > 1:
             # The ranks would need the adapters' shards and each step's slot mapping: not built yet.
             raise ValueError("LoRA adapters with --tensor-parallel-size > 1 are not supported yet")
-        self.device = resolve_device(model_config.device)
         self.tp_rank, self.tp_world = tp_rank, model_config.tensor_parallel_size
+        self.device = rank_device(resolve_device(model_config.device), tp_rank)
         self.tp_group: DriverGroup | None = None
         if self.tp_world > 1 and tp_rank == 0:
             config = read_config(model_dir)
             check_tensor_parallel(config, attention_shape(config), self.tp_world)  # errors before any rank starts
             check_world(self.tp_world, self.device)
             self.tp_group = DriverGroup(self.tp_world, _rank_main,
-                                        (model_config, cache_config, scheduler_config, model_dir))
+                                        (model_config, cache_config, scheduler_config, model_dir), self.device)
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # graph capture and profiling use the current device
@@ -133,7 +133,8 @@ class ModelRunner:
         self.vision, self.encoder_cache = self._vision_parts()
         self.vocab_size = self.info.vocab_size
         self.eos_token_ids = self.info.eos_token_ids
-        self.use_graphs = self.device.type == "cuda" and not model_config.enforce_eager
+        # Tensor-parallel steps run eager: capturing NCCL collectives in CUDA graphs is not built yet.
+        self.use_graphs = self.device.type == "cuda" and not model_config.enforce_eager and self.tp_world == 1
         self.num_kv_blocks = self._decide_num_blocks(cache_config)
         self.kv_caches = self._allocate_kv_caches(self.num_kv_blocks + int(self.use_graphs))
         self.graph_runner = self._capture_graphs() if self.use_graphs else None
@@ -163,9 +164,9 @@ class ModelRunner:
         if model_config.quantization != "none":  # before pack_linears, and before LoRA wraps the projections
             self._check_quantization(model_config.quantization)
             quantize_linears(model, model_config.quantization, model_dir)
-        if self.device.type == "cpu" and model_config.cpu_linear != "torch" and onednn_linear_works(self.dtype):
-            plain = single_rows_plain(model_config.cpu_linear, self.dtype)
-            log.info("linear layers packed for oneDNN", count=pack_linears(model, plain), single_rows_plain=plain)
+        if self.device.type == "cpu" and model_config.cpu_linear != "torch":
+            log.info("CPU linear layers", cpu_linear=model_config.cpu_linear,
+                     **prepare_cpu_linears(model, model_config.cpu_linear, self.dtype))
         return model, info
 
     def _check_quantization(self, mode: str) -> None:
@@ -216,6 +217,8 @@ class ModelRunner:
         profile = profile_memory(self.device, lambda: run(prefill, True), lambda: run(decode, False),
                                  sched.max_num_seqs, self.vocab_size, self.use_graphs)
         num_blocks = profile.kv_cache_bytes(gpu_memory_utilization) // self.bytes_per_block
+        if self.tp_world > 1:  # each rank profiled its own device; the driver's block ids must fit them all
+            num_blocks = smallest_across_ranks(num_blocks, self.device)
         log.info("kv cache sized", num_blocks=num_blocks, bytes_per_block=self.bytes_per_block)
         if num_blocks < 1:
             raise ValueError(f"no memory left for the KV cache: {profile}; "
