@@ -1,10 +1,12 @@
-"""Where one decode step of a single sequence goes: wall time per step, then torch.profiler's table.
+"""Where a decode step goes: wall time per step, the matmuls' share, then torch.profiler's table.
 
-    python benchmarks/decode_profile.py --model smollm2 [--dtype bfloat16] [--quantization gguf]
+    python benchmarks/decode_profile.py --model smollm2 [--dtype bfloat16] [--quantization gguf] [--batch 32]
 
-Runs one greedy request through the engine's step loop (prompt 16 tokens), times `--steps`
-decode steps after a warm-up, and prints the ops that took the most self time over
-`--profile-steps` further steps (the whole step: scheduler, tensor prep, forward, sampler).
+Runs `--batch` greedy requests (prompt 16 tokens each) through the engine's step loop, times
+`--steps` decode steps after a warm-up, then times the model's linear layers alone, each on
+`--batch` rows as in a step, and prints step time / matmul time. Last, the ops that took the most
+self time over `--profile-steps` further steps (the whole step: scheduler, tensor prep, forward,
+sampler).
 """
 
 from __future__ import annotations
@@ -32,24 +34,45 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--rows", type=int, default=25, help="rows of the profiler table")
+    parser.add_argument("--batch", type=int, default=1, help="sequences decoding together")
     args = parser.parse_args()
     engine = LLMEngine(EngineConfig(model=ModelConfig(model=args.model, dtype=args.dtype,
                                                       quantization=args.quantization)))
     total = 8 + args.steps + args.profile_steps + 4
-    engine.add_request("profile", list(range(1, 17)), SamplingParams(max_tokens=total, temperature=0.0,
-                                                                      ignore_eos=True))
+    for index in range(args.batch):
+        engine.add_request(f"profile-{index}", [1 + index, *range(2, 17)],
+                           SamplingParams(max_tokens=total, temperature=0.0, ignore_eos=True))
     for _ in range(8):  # prefill and warm-up decodes
         engine.step()
     started = time.perf_counter()
     for _ in range(args.steps):
         engine.step()
     per_step = (time.perf_counter() - started) / args.steps
-    print(f"decode step: {per_step * 1e3:.2f} ms ({1 / per_step:.1f} tokens/s), "
+    print(f"decode step, batch {args.batch}: {per_step * 1e3:.2f} ms ({args.batch / per_step:.1f} tokens/s), "
           f"{torch.get_num_threads()} threads, dtype {engine.runner.dtype}, quantization {args.quantization}")
+    matmuls = matmul_seconds(engine.runner.model, args.batch, engine.runner.dtype)
+    print(f"the step's linear layers alone ({args.batch} rows each): {matmuls * 1e3:.2f} ms; "
+          f"step / matmuls = {per_step / matmuls:.2f}")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.profile_steps):
             engine.step()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+
+
+def matmul_seconds(model: torch.nn.Module, rows: int, dtype: torch.dtype, repeats: int = 20) -> float:
+    """Seconds for one pass over every linear layer of `model` (the modules with in/out features and no
+    such module inside: packed, quantized or plain), each on `rows` random rows; median of `repeats`."""
+    layers = [m for m in model.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")
+              and not any(hasattr(c, "in_features") for c in m.children())]
+    inputs = [torch.randn(rows, layer.in_features).to(dtype) for layer in layers]
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 2):
+            started = time.perf_counter()
+            for layer, x in zip(layers, inputs, strict=True):
+                layer(x)
+            times.append(time.perf_counter() - started)
+    return sorted(times[2:])[repeats // 2]
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import httpx
 from gateway_deployment import Deployment, Process
 from gateway_floor import first_token_ms
 
+from actors import event_loop
 from queue_adapters.client import AqueductClient
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "1, 2, 3,", "Water flows", "In the beginning",
@@ -226,4 +227,4 @@ def parse_args() -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    event_loop.run(main(parse_args()))

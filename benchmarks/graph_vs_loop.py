@@ -16,6 +16,7 @@ another's prefix-cache hits. Greedy, ignore_eos: every request generates exactly
 
 from __future__ import annotations
 
+from actors import event_loop
 from actors.process_tuning import passive_omp_wait
 
 passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
@@ -62,7 +63,7 @@ def run_loop(engine: LLMEngine, device: ThreadPoolExecutor, requests: list[WireR
 
 def run_memory(engine: LLMEngine, device: ThreadPoolExecutor, requests: list[WireRequest]) -> float:
     started = time.perf_counter()
-    asyncio.run(run_embedded(engine, requests, tqdm(disable=True), device))
+    event_loop.run(run_embedded(engine, requests, tqdm(disable=True), device))
     return time.perf_counter() - started
 
 
@@ -100,7 +101,7 @@ async def _redis_round(engine: LLMEngine, device: ThreadPoolExecutor, requests: 
 
 
 def run_redis(engine: LLMEngine, device: ThreadPoolExecutor, requests: list[WireRequest], redis_url: str) -> float:
-    return asyncio.run(_redis_round(engine, device, requests, redis_url))
+    return event_loop.run(_redis_round(engine, device, requests, redis_url))
 
 
 def main() -> None:
