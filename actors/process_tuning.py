@@ -46,13 +46,15 @@ def tune_glibc_malloc() -> bool:
 def passive_omp_wait() -> bool:
     """Idle OpenMP threads sleep instead of spinning: OMP_WAIT_POLICY=PASSIVE unless the user set a policy.
 
-    A decode step runs hundreds of small parallel regions (one or more per matmul, norm and
-    kernel call) with serial Python between them. By default libgomp keeps the pool's idle
-    threads spinning for a while after each region, and on a 2-vCPU box that spinning took the
-    CPU time the Python thread (and a worker's event loop) needed between regions: one decode
-    step of SmolLM2-135M (float32, one sequence) took 174 ms spinning and 94 ms passive, the
-    built-in 5M model 8.8 and 5.5 ms (AMD EPYC, KVM). libgomp reads the policy once, when torch
-    loads it, so this must run before `import torch`; returns whether it could still apply.
+    A decode step runs hundreds of small parallel regions (matmuls, norms, kernel calls) with
+    serial Python between them, and by default libgomp keeps the pool's idle threads spinning for
+    a while after each region. Alone on a 2-core box that made no difference beyond the noise
+    (SmolLM2 float32 decode steps of 49-57 ms spinning vs 56-88 ms passive, three alternating
+    runs), but with one other busy process on the box (a gateway, a second worker, Redis under
+    load) the spinning threads took the CPU it and the Python thread needed: 174 ms spinning vs
+    94 ms passive per step (AMD EPYC, KVM). Deployments share hosts, so passive is the default.
+    libgomp reads the policy once, when torch loads it, so this must run before `import torch`;
+    returns whether it could still apply.
     """
     if "torch" in sys.modules:
         return False

@@ -10,17 +10,16 @@ Both accumulate in float32 but in different orders, so results differ from HF tr
 (MKL) in the last bits: greedy tokens agree except at near-ties, as with any reordering.
 `cpu_linear="torch"` keeps nn.Linear for bit-level comparisons.
 
-On CPUs without AVX-512 the picture splits by row count. On an AMD EPYC (Zen 3, AVX2, 2 vCPUs),
-SmolLM2's weights: for one row (single-stream decode) MKL's float32 matrix-vector product was
-1.5-3x as fast as the packed weight (576x576: 55 vs 250 us), for 2-8 rows our few-rows kernel
-(csrc/few_rows_linear.c: each weight read once for all rows) was fastest (576x3072, 4 rows: 0.44
-vs 1.0 ms), and above that oneDNN packed (32 requests decoding together: 60 vs 41 tokens/s with
-MKL alone). oneDNN packs bfloat16 there only with AVX-512 or AVX-NE-CONVERT, and torch's
-bfloat16 product was 2-5x slower than the few-rows kernel. So `cpu_linear="auto"` (the default)
-on such CPUs: float32 keeps the plain weight beside the packed one (twice the linear layers'
-weight memory) and sends 1 row to MKL, 2-8 rows to the kernel, more to oneDNN; bfloat16 sends
-1-8 rows to the kernel and more to torch. With AVX-512 (measured on Zen 4 and on a Xeon with
-AMX) a single row was about as fast packed, and auto is plain oneDNN.
+On CPUs without AVX-512 the picture splits by row count. On an AMD EPYC (Zen 3, AVX2, 2 cores),
+SmolLM2's weights, 2 threads: for 1-4 rows our few-rows kernel (csrc/few_rows_linear.c: each
+weight read once for all rows) was fastest, 1.5-2x MKL's float32 product for one row (the 49k-row
+LM head: 8.3 vs 16.3 ms, at the box's read bandwidth) and up to 8x for 4 rows, where MKL takes a
+slow path; from about 8 rows on the packed weight won. oneDNN packs bfloat16 there only with
+AVX-512 or AVX-NE-CONVERT, and torch's bfloat16 product was 2-5x slower than the kernel for 1-8
+rows. So `cpu_linear="auto"` (the default) on such CPUs: float32 keeps the plain weight beside
+the packed one (twice the linear layers' weight memory), 1-4 rows go to the kernel and more to
+oneDNN; bfloat16 sends 1-8 rows to the kernel and more to torch. With AVX-512 (measured on Zen 4
+and on a Xeon with AMX) a single row was about as fast packed, and auto is plain oneDNN.
 """
 
 from __future__ import annotations
@@ -43,9 +42,10 @@ _BUFFERED_ROWS = 8  # inputs padded to this many rows (decode of 1-7 sequences) 
 class PackedLinear(nn.Module):
     """y = x W^T + b with W held in oneDNN's blocked layout (not a Parameter: not trainable)."""
 
+    FEW_ROWS = 4  # float32 inputs up to this many rows take the few-rows kernel when one is given
+
     def __init__(self, linear: nn.Linear, few_rows: FewRowsLinearKernel | None = None) -> None:
-        """few_rows: keep the plain weight too, for 1 row through F.linear (MKL) and 2-8 rows
-        through this kernel (module docstring)."""
+        """few_rows: keep the plain weight too, for 1-FEW_ROWS rows through this kernel (module docstring)."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         # batch-size hint None: the layout suits every row count (measured: within noise of a hint).
@@ -58,9 +58,7 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         num_rows = rows.shape[0]
-        if self.few_rows is not None and 0 < num_rows <= self.few_rows.MAX_ROWS:
-            if num_rows == 1:
-                return F.linear(x, self.plain_weight, self.bias)
+        if self.few_rows is not None and 0 < num_rows <= self.FEW_ROWS:
             return self.few_rows(rows, self.plain_weight, self.bias).view(*x.shape[:-1], self.out_features)
         padded = padded_row_count(num_rows)
         if padded != num_rows and padded == _BUFFERED_ROWS and rows.dtype == self._small_rows.dtype:
