@@ -56,9 +56,16 @@ class Generation:
             response = error.response()
             log.info("request refused", endpoint=endpoint, status=error.status, code=error.code, error=error.message)
         self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
-        # One line per request (a stream's is written when it starts: its status is known then).
-        log.info("http request", endpoint=endpoint, status=response.status_code,
-                 request_id=request.headers.get("x-request-id"), seconds=round(time.monotonic() - started, 3))
+        request_id = request.headers.get("x-request-id")
+
+        def log_line() -> None:  # one line per request
+            log.info("http request", endpoint=endpoint, status=response.status_code, request_id=request_id,
+                     seconds=round(time.monotonic() - started, 3))
+
+        if isinstance(response, _ClosingStreamingResponse):
+            response.also_on_closed(log_line)  # when the stream ends: not between the first token and the client
+        else:
+            log_line()
         return response
 
     async def _handle(self, request: Request, chat: bool) -> Response:
@@ -203,10 +210,14 @@ class _ClosingStreamingResponse(StreamingResponse):
 
     def __init__(self, content: AsyncIterator[str], on_closed: Callable[[], None], **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
-        self.on_closed = on_closed
+        self.on_closed = [on_closed]
+
+    def also_on_closed(self, callback: Callable[[], None]) -> None:
+        self.on_closed.append(callback)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.on_closed()
+            for callback in self.on_closed:
+                callback()
