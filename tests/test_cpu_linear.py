@@ -120,3 +120,15 @@ def test_auto_uses_the_few_rows_kernel_only_without_avx512(monkeypatch: pytest.M
     assert few_rows_kernel_for("auto", torch.float16) is None
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     assert few_rows_kernel_for("auto", torch.float32) is None
+
+
+def test_few_rows_kernel_takes_and_returns_bfloat16_rounding_its_float32_sums_as_torch_does() -> None:
+    kernel = load_few_rows_linear_kernel()
+    if kernel is None:
+        pytest.skip("no C compiler")
+    torch.manual_seed(11)
+    linear = nn.Linear(40, 24).to(torch.bfloat16)
+    x = torch.randn(3, 40).to(torch.bfloat16)
+    ours = kernel(x, linear.weight.detach(), linear.bias)
+    assert ours.dtype == torch.bfloat16
+    assert torch.equal(ours, kernel(x.float(), linear.weight.detach(), linear.bias).to(torch.bfloat16))

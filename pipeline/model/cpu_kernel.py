@@ -103,22 +103,26 @@ class FewRowsLinearKernel:
     def __init__(self, library: ctypes.CDLL) -> None:
         self._fn = library.few_rows_linear
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._fn.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_int, ctypes.c_int]
+        self._fn.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         self._fn.restype = ctypes.c_int
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x [M, I] (M <= 8, any float dtype; summed in float32), weight [O, I] contiguous float32 or
-        bfloat16, bias [O] or None -> [M, O] in x's dtype."""
+        """x [M, I] (M <= 8) float32 or bfloat16 (other dtypes go through float32), weight [O, I]
+        contiguous float32 or bfloat16, bias [O] or None -> [M, O] in x's dtype; sums in float32."""
         rows = x.shape[0]
-        x_f32 = x.float().contiguous()
-        bias_f32 = bias.float().contiguous() if bias is not None else None
-        out = torch.empty(rows, weight.shape[0], dtype=torch.float32)
-        failed = self._fn(out.data_ptr(), x_f32.data_ptr(), weight.data_ptr(),
-                          bias_f32.data_ptr() if bias_f32 is not None else None, rows, weight.shape[0],
-                          weight.shape[1], int(weight.dtype == torch.bfloat16), torch.get_num_threads())
-        if failed:
+        io_bf16 = x.dtype == torch.bfloat16
+        x_in = (x if io_bf16 else x.float()).contiguous()
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+            bias = bias.float().contiguous()
+        out = torch.empty(rows, weight.shape[0], dtype=x_in.dtype)
+        failed = self._fn(out.data_ptr(), x_in.data_ptr(), weight.data_ptr(),
+                          bias.data_ptr() if bias is not None else None, rows, weight.shape[0], weight.shape[1],
+                          int(weight.dtype == torch.bfloat16), int(io_bf16), torch.get_num_threads())
+        if failed == 1:
             raise ValueError(f"the few-rows linear kernel takes 1-{self.MAX_ROWS} rows, got {rows}")
-        return out if x.dtype == torch.float32 else out.to(x.dtype)
+        if failed:
+            raise MemoryError("the few-rows linear kernel could not allocate its scratch buffer")
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 def _halves(kv_cache: torch.Tensor) -> tuple[int, int]:

@@ -6,11 +6,13 @@
  * compiler targets them, plain C otherwise), so results differ from MKL's or oneDNN's in the last
  * bits (another summation order), as theirs differ from each other.
  *
- * x [M, I] float32, W [O, I] (bfloat16 = the top 16 bits of a float32), bias [O] float32 or NULL,
- * y [M, O] float32; all contiguous, 1 <= M <= 8.
+ * x [M, I] and y [M, O] float32 or bfloat16 (x is widened once, y rounded to nearest even as torch
+ * rounds), W [O, I] float32 or bfloat16 (the top 16 bits of a float32), bias [O] float32 or NULL;
+ * all contiguous, 1 <= M <= 8.
  * Worked example (M = 2, I = 2, O = 1): x = [[1, 2], [3, 4]], W = [[5, 6]] -> y = [[17], [39]].
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_ROWS 8
@@ -20,6 +22,15 @@ static inline float bf16_to_float(uint16_t x) {
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
+}
+
+/* Round to nearest even (NaN kept a quiet NaN), as torch converts float to bfloat16. */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
 }
 
 static inline float weight_at(const void *weight, int bf16, int64_t index) {
@@ -45,10 +56,12 @@ static inline float horizontal_sum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Output column o for M rows; two accumulators per row hide the FMA latency when M is small. */
-#define DEFINE_COLUMN(M)                                                                               \
-    static void column_##M(float *y, const float *x, const void *weight, const float *bias,          \
-                           int64_t out_features, int64_t in_features, int bf16, int64_t o) {          \
+/* Output column o for M rows; two accumulators per row hide the FMA latency when M is small.
+ * BF16 is a constant per instance, so the weight format's branch leaves the inner loop. */
+#define DEFINE_COLUMN_FORMAT(M, BF16)                                                                  \
+    static void column_##M##_##BF16(float *y, const float *x, const void *weight, const float *bias, \
+                                    int64_t out_features, int64_t in_features, int64_t o) {           \
+        const int bf16 = BF16;                                                                         \
         __m256 even[M], odd[M];                                                                        \
         for (int m = 0; m < M; m++) even[m] = odd[m] = _mm256_setzero_ps();                            \
         const int64_t row = o * in_features;                                                          \
@@ -76,9 +89,10 @@ static inline float horizontal_sum(__m256 v) {
 
 #else  /* portable: the compiler vectorizes what it can */
 
-#define DEFINE_COLUMN(M)                                                                               \
-    static void column_##M(float *y, const float *x, const void *weight, const float *bias,          \
-                           int64_t out_features, int64_t in_features, int bf16, int64_t o) {          \
+#define DEFINE_COLUMN_FORMAT(M, BF16)                                                                  \
+    static void column_##M##_##BF16(float *y, const float *x, const void *weight, const float *bias, \
+                                    int64_t out_features, int64_t in_features, int64_t o) {           \
+        const int bf16 = BF16;                                                                         \
         float sums[M] = {0};                                                                           \
         for (int64_t i = 0; i < in_features; i++) {                                                    \
             const float w = weight_at(weight, bf16, o * in_features + i);                              \
@@ -89,6 +103,7 @@ static inline float horizontal_sum(__m256 v) {
 
 #endif
 
+#define DEFINE_COLUMN(M) DEFINE_COLUMN_FORMAT(M, 0) DEFINE_COLUMN_FORMAT(M, 1)
 DEFINE_COLUMN(1)
 DEFINE_COLUMN(2)
 DEFINE_COLUMN(3)
@@ -98,17 +113,29 @@ DEFINE_COLUMN(6)
 DEFINE_COLUMN(7)
 DEFINE_COLUMN(8)
 
-typedef void (*column_fn)(float *, const float *, const void *, const float *, int64_t, int64_t, int, int64_t);
-static const column_fn COLUMNS[MAX_ROWS] = {column_1, column_2, column_3, column_4,
-                                            column_5, column_6, column_7, column_8};
+typedef void (*column_fn)(float *, const float *, const void *, const float *, int64_t, int64_t, int64_t);
+static const column_fn COLUMNS[2][MAX_ROWS] = {
+    {column_1_0, column_2_0, column_3_0, column_4_0, column_5_0, column_6_0, column_7_0, column_8_0},
+    {column_1_1, column_2_1, column_3_1, column_4_1, column_5_1, column_6_1, column_7_1, column_8_1}};
 
-/* Returns 0, or 1 when rows is out of range (the caller takes another path). */
-int few_rows_linear(float *y, const float *x, const void *weight, const float *bias, int64_t rows,
-                    int64_t out_features, int64_t in_features, int bf16, int num_threads) {
+/* Returns 0; 1 when rows is out of range (the caller takes another path), 2 when out of memory. */
+int few_rows_linear(void *y, const void *x, const void *weight, const float *bias, int64_t rows,
+                    int64_t out_features, int64_t in_features, int bf16, int io_bf16, int num_threads) {
     if (rows < 1 || rows > MAX_ROWS) return 1;
-    const column_fn column = COLUMNS[rows - 1];
+    const column_fn column = COLUMNS[bf16 != 0][rows - 1];
+    float *x_f32 = (float *)x, *y_f32 = (float *)y;
+    if (io_bf16) {  /* sums run in float32: widen x once, round y once at the end */
+        x_f32 = malloc(sizeof(float) * rows * (in_features + out_features));
+        if (!x_f32) return 2;
+        y_f32 = x_f32 + rows * in_features;
+        for (int64_t i = 0; i < rows * in_features; i++) x_f32[i] = bf16_to_float(((const uint16_t *)x)[i]);
+    }
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t o = 0; o < out_features; o++)
-        column(y, x, weight, bias, out_features, in_features, bf16, o);
+        column(y_f32, x_f32, weight, bias, out_features, in_features, o);
+    if (io_bf16) {
+        for (int64_t i = 0; i < rows * out_features; i++) ((uint16_t *)y)[i] = float_to_bf16(y_f32[i]);
+        free(x_f32);
+    }
     return 0;
 }
