@@ -147,7 +147,8 @@ def _load_library(name: str, flags: list[str]) -> ctypes.CDLL | None:
     if os.environ.get("AQUEDUCT_CPU_KERNEL", "1") == "0":
         return None
     source = _CSRC / f"{name}.c"
-    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    headers = b"".join(header.read_bytes() for header in sorted(_CSRC.glob("*.h")))  # what the sources include
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(flags).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"{name}-{digest}.so"
     try:
         if not target.exists():

@@ -15,23 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define MAX_ROWS 8
-
-static inline float bf16_to_float(uint16_t x) {
-    const uint32_t bits = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* Round to nearest even (NaN kept a quiet NaN), as torch converts float to bfloat16. */
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x40);
-    bits += 0x7FFFu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
 
 static inline float weight_at(const void *weight, int bf16, int64_t index) {
     return bf16 ? bf16_to_float(((const uint16_t *)weight)[index]) : ((const float *)weight)[index];

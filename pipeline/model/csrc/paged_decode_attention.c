@@ -36,6 +36,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "bf16.h"
 
 /* GCC in -std=c11 mode never contracts a * b + c into one FMA instruction (clang does by
  * default); every accumulation here wants the FMA: half the instructions, one rounding not two. */
@@ -64,13 +65,6 @@ static inline vec load_bf16(const uint16_t *p) {
     hvec h;
     memcpy(&h, p, sizeof h);
     return (vec)(__builtin_convertvector(h, ivec) << 16);
-}
-
-static inline float bf16_to_float(uint16_t x) {
-    const uint32_t bits = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
 }
 
 /* Lane loads and scalar reads of a K/V row, float32 or bfloat16 (kv_bf16 is a constant after inlining). */

@@ -1,0 +1,25 @@
+/* bfloat16 <-> float32 for the CPU kernels: a bfloat16 is the high half of a float32's bits.
+ * Worked example: 0x3FC0 -> 0x3FC00000 = 1.5. */
+#ifndef AQUEDUCT_BF16_H
+#define AQUEDUCT_BF16_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline float bf16_to_float(uint16_t x) {
+    const uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Round to nearest even (NaN kept a quiet NaN), as torch converts float to bfloat16. */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+#endif
