@@ -19,7 +19,6 @@ log = structlog.get_logger(__name__)
 
 
 def _batch(args: argparse.Namespace) -> int:
-
     with startup_collector_paused():
         from actors.frontends.batch import read_batch_file, run_embedded, run_remote, write_results
 
@@ -98,7 +97,6 @@ def _loadtest(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-
     if not args.redis_url:
         raise ValueError("--redis-url (or AQUEDUCT_REDIS_URL) is required")
     with startup_collector_paused():

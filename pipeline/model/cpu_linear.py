@@ -20,6 +20,16 @@ rows. So `cpu_linear="auto"` (the default) on such CPUs: float32 keeps the plain
 the packed one (twice the linear layers' weight memory), 1-4 rows go to the kernel and more to
 oneDNN; bfloat16 sends 1-8 rows to the kernel and more to torch. With AVX-512 (measured on Zen 4
 and on a Xeon with AMX) a single row was about as fast packed, and auto is plain oneDNN.
+
+oneDNN builds and caches one primitive per input shape, ~0.6 MiB each whatever the weight size
+(measured), and a step's row count takes any value up to the token budget: unpadded, a long run
+grew the process by 0.9 GiB (5M model) and a sweep of row counts by several GiB, between the
+cached primitives and the heap fragmentation of their churn. So inputs are padded with zero rows
+to a few row counts (padded_row_count), which bounds the cache at 49 shapes per weight shape up
+to 2048 rows, for at most 7 extra rows (up to 128) or 1/8 more rows (above). Up to 8 rows the
+padding is a small per-layer buffer the rows are copied into (one copy, not F.pad's allocate, fill and
+copy for every layer of every decode step); what its spare rows hold is irrelevant, since each
+output row depends on its own input row only.
 """
 
 from __future__ import annotations
