@@ -1,6 +1,7 @@
 """Native CPU kernels, compiled on first use with the system C compiler: paged decode attention
 (csrc/paged_decode_attention.c), the rotary embedding fused with the KV cache write
-(csrc/rope_kv_write.c) and linear layers for a few rows (csrc/few_rows_linear.c).
+(csrc/rope_kv_write.c), linear layers for a few rows (csrc/few_rows_linear.c) and RMSNorm
+(csrc/rms_norm.c).
 
 They are plain C (the first with OpenMP), loaded through ctypes, so building takes about a second
 and needs no torch headers. Each shared object is cached by source and flags hash under
@@ -125,6 +126,27 @@ class FewRowsLinearKernel:
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
+class RMSNormKernel:
+    """Llama's RMSNorm over a step's rows in one call (csrc/rms_norm.c)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._fn = library.rms_norm
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        self._fn.argtypes = [p, p, p, i64, i64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+        self._fn.restype = None
+
+    @staticmethod
+    def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+        return (x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == x.dtype and x.device.type == "cpu"
+                and x.is_contiguous() and weight.is_contiguous())
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        out = torch.empty_like(x)
+        self._fn(out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps,
+                 int(x.dtype == torch.bfloat16), torch.get_num_threads())
+        return out
+
+
 def _halves(kv_cache: torch.Tensor) -> tuple[int, int]:
     """Addresses of kv_cache[0] (K) and kv_cache[1] (V), without two indexing ops per layer."""
     start = kv_cache.data_ptr()
@@ -171,6 +193,12 @@ def load_decode_kernel() -> DecodeKernel | None:
 def load_few_rows_linear_kernel() -> FewRowsLinearKernel | None:
     library = _load_library("few_rows_linear", _FLAGS)
     return FewRowsLinearKernel(library) if library is not None else None
+
+
+@functools.cache
+def load_rms_norm_kernel() -> RMSNormKernel | None:
+    library = _load_library("rms_norm", _FLAGS)
+    return RMSNormKernel(library) if library is not None else None
 
 
 @functools.cache

@@ -27,6 +27,7 @@ from pipeline.model.cpu_linear import prepare_cpu_linears
 from pipeline.model.encoder_cache import EncoderCache
 from pipeline.model.graphs import CUDAGraphRunner
 from pipeline.model.kv_quant import FP8_DTYPES, Fp8KVCache, allocate_fp8_caches
+from pipeline.model.layers import use_native_norms
 from pipeline.model.loader import (
     ModelInfo,
     attention_shape,
@@ -164,9 +165,10 @@ class ModelRunner:
         if model_config.quantization != "none":  # before pack_linears, and before LoRA wraps the projections
             self._check_quantization(model_config.quantization)
             quantize_linears(model, model_config.quantization, model_dir)
-        if self.device.type == "cpu" and model_config.cpu_linear != "torch":
+        if self.device.type == "cpu" and model_config.cpu_linear != "torch":  # torch: HF's kernels, bit for bit
             log.info("CPU linear layers", cpu_linear=model_config.cpu_linear,
                      **prepare_cpu_linears(model, model_config.cpu_linear, self.dtype))
+            log.info("native RMSNorm", count=use_native_norms(model))
         return model, info
 
     def _check_quantization(self, mode: str) -> None:

@@ -22,4 +22,6 @@ static inline uint16_t float_to_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
+static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
 #endif

@@ -21,8 +21,6 @@
 
 #include "bf16.h"
 
-static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
-
 static void rotate_f32(float *head, const float *cos, const float *sin, int64_t half) {
     for (int64_t i = 0; i < half; ++i) {
         const float x1 = head[i], x2 = head[i + half];
