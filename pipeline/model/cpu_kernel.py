@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import structlog
 import torch
@@ -40,11 +41,9 @@ _FORMATS: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 3}
 
 class DecodeKernel:
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._fn = library.paged_decode_attention
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._fn.argtypes = [p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64,
-                             ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_float, ctypes.c_int]
-        self._fn.restype = ctypes.c_int
+        p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+        self._fn = _bind(library, "paged_decode_attention",
+                         [p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, f32, i64, i64, f32, i32, f32, f32, i32], i32)
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, max_seq_len: int, scale: float, window: int = 0,
@@ -76,10 +75,8 @@ class RopeKVKernel:
     """Rotate q and k in place in a step's qkv rows and write k, v into the cache (csrc/rope_kv_write.c)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._fn = library.rope_kv_write
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._fn.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64]
-        self._fn.restype = None
+        self._fn = _bind(library, "rope_kv_write", [p, p, p, p, p, p, i64, i64, i64, i64, i64], None)
 
     def __call__(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                  slots: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
@@ -102,10 +99,8 @@ class FewRowsLinearKernel:
     MAX_ROWS = 8
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._fn = library.few_rows_linear
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._fn.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        self._fn.restype = ctypes.c_int
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        self._fn = _bind(library, "few_rows_linear", [p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [M, I] (M <= 8) float32 or bfloat16 (other dtypes go through float32), weight [O, I]
@@ -130,10 +125,8 @@ class RMSNormKernel:
     """Llama's RMSNorm over a step's rows in one call (csrc/rms_norm.c)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._fn = library.rms_norm
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._fn.argtypes = [p, p, p, i64, i64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
-        self._fn.restype = None
+        self._fn = _bind(library, "rms_norm", [p, p, p, i64, i64, ctypes.c_float, ctypes.c_int, ctypes.c_int], None)
 
     @staticmethod
     def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -145,6 +138,13 @@ class RMSNormKernel:
         self._fn(out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps,
                  int(x.dtype == torch.bfloat16), torch.get_num_threads())
         return out
+
+
+def _bind(library: ctypes.CDLL, name: str, argtypes: list[Any], restype: Any) -> Any:
+    """`library`'s C function `name`, with its argument and result types declared for ctypes."""
+    function = getattr(library, name)
+    function.argtypes, function.restype = argtypes, restype
+    return function
 
 
 def _halves(kv_cache: torch.Tensor) -> tuple[int, int]:
