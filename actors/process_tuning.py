@@ -51,7 +51,7 @@ def passive_omp_wait() -> bool:
     a while after each region. Alone on a 2-core box that made no difference beyond the noise
     (SmolLM2 float32 decode steps of 49-57 ms spinning vs 56-88 ms passive, three alternating
     runs), but with one other busy process on the box (a gateway, a second worker, Redis under
-    load) the spinning threads took the CPU it and the Python thread needed: 174 ms spinning vs
+    load) the spinning threads took CPU that process and the Python thread needed: 174 ms spinning vs
     94 ms passive per step (AMD EPYC, KVM). Deployments share hosts, so passive is the default.
     libgomp reads the policy once, when torch loads it, so this must run before `import torch`;
     returns whether it could still apply.

@@ -12,7 +12,7 @@ import redis
 
 from actors.process_tuning import passive_omp_wait
 
-passive_omp_wait()  # as the CLI does, before torch is imported (a 2-vCPU box ran steps ~1.6x faster)
+passive_omp_wait()  # as the CLI does (before torch is imported), so tests run what deployments run
 
 from pipeline.default_model import default_model_dir  # noqa: E402
 
