@@ -96,7 +96,7 @@ class FewRowsLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if not 0 < rows.shape[0] <= self.few_rows.MAX_ROWS:
             return F.linear(x, self.weight, self.bias)
-        return self.few_rows(rows, self.weight.detach(), self.bias).view(*x.shape[:-1], self.out_features)
+        return self.few_rows(rows, self.weight, self.bias).view(*x.shape[:-1], self.out_features)  # reads data_ptr
 
 
 def few_rows_kernel_for(cpu_linear: str, dtype: torch.dtype) -> FewRowsLinearKernel | None:
