@@ -85,7 +85,7 @@ def test_few_rows_path_takes_the_kernel_for_up_to_4_rows_and_onednn_above() -> N
     if kernel is None:
         pytest.skip("no C compiler")
     torch.manual_seed(3)
-    linear = nn.Linear(68, 48)  # 68: the kernel's 16-wide loop, its 8-wide loop and a scalar tail
+    linear = nn.Linear(68, 48)  # 68: the kernel's 32- or 16-wide loop and a scalar tail
     hybrid = PackedLinear(linear, kernel)
     one, few, many = torch.randn(1, 1, 68), torch.randn(2, 2, 68), torch.randn(5, 68)
     with torch.no_grad():
@@ -110,6 +110,36 @@ def test_few_rows_kernel_reads_bfloat16_weights(rows: int) -> None:
     torch.testing.assert_close(FewRowsLinear(linear, kernel)(x), expected, atol=1e-5, rtol=1e-5)
     many = torch.randn(9, 40, dtype=torch.bfloat16)  # above 8 rows: torch's own product
     assert torch.equal(FewRowsLinear(linear, kernel)(many), F.linear(many, linear.weight, linear.bias))
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", range(1, 9))
+def test_few_rows_kernel_matches_float64_for_every_row_count(rows: int, weight_dtype: torch.dtype) -> None:
+    kernel = load_few_rows_linear_kernel()
+    if kernel is None:
+        pytest.skip("no C compiler")
+    torch.manual_seed(rows)
+    weight = torch.randn(24, 56).to(weight_dtype)  # 56: a two-chunk step, a one-chunk step and a tail of 8
+    x = torch.randn(rows, 56)
+    expected = x.double() @ weight.double().t()
+    torch.testing.assert_close(kernel(x, weight, None).double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_few_rows_kernel_splits_a_large_weight_across_threads() -> None:
+    kernel = load_few_rows_linear_kernel()
+    if kernel is None:
+        pytest.skip("no C compiler")
+    torch.manual_seed(5)
+    weight, bias = torch.randn(2100, 1000), torch.randn(2100)  # 8.4 MB: above the one-thread size
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for rows in (1, 3):
+            x = torch.randn(rows, 1000)
+            expected = (x.double() @ weight.double().t() + bias.double()).float()
+            torch.testing.assert_close(kernel(x, weight, bias), expected, atol=1e-4, rtol=1e-4)
+    finally:
+        torch.set_num_threads(previous)
 
 
 def test_auto_uses_the_few_rows_kernel_only_without_avx512(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,10 +1,16 @@
 /* y = x W^T (+ b) for a few rows of x (decode of 1-8 sequences), W float32 or bfloat16 (CPU).
  *
  * With one to eight rows a linear layer is bound by reading W once: each chunk of a weight row
- * is loaded once and multiplied into every input row while it sits in a register. Threads split
- * W's rows. Sums run in float32 with fused multiply-adds, 8 lanes wide (AVX2 + FMA when the
- * compiler targets them, plain C otherwise), so results differ from MKL's or oneDNN's in the last
- * bits (another summation order), as theirs differ from each other.
+ * is loaded once and multiplied into every input row while it sits in a register. Sums run in
+ * float32 with fused multiply-adds, 8 lanes wide (AVX2 + FMA when the compiler targets them,
+ * plain C otherwise), so results differ from MKL's or oneDNN's in the last bits (another
+ * summation order), as theirs differ from each other.
+ *
+ * bfloat16 weights are widened without shuffles: one 256-bit load holds 16 of them, and as 32-bit
+ * lanes the even-indexed ones are the low halves (shift left 16 -> float32) and the odd-indexed
+ * ones the high halves (mask the low half off). So x is reordered to match, once per call: in
+ * every 16-element chunk its 8 even-indexed values, then its 8 odd-indexed ones.
+ * Worked example, one chunk: x = (x0, x1, ..., x15) -> (x0, x2, ..., x14, x1, x3, ..., x15).
  *
  * x [M, I] and y [M, O] float32 or bfloat16 (x is widened once, y rounded to nearest even as torch
  * rounds), W [O, I] float32 or bfloat16 (the top 16 bits of a float32), bias [O] float32 or NULL;
@@ -16,23 +22,46 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "threads.h"
 
 #define MAX_ROWS 8
+#define CHUNK 16 /* weights per row and inner-loop step: two 8-lane vectors */
+/* Columns a thread takes at a time: a thread that is descheduled (a busy host) holds up the others
+ * by one task at most, since the rest take its share. */
+#define COLUMNS_PER_TASK 32
 
 static inline float weight_at(const void *weight, int bf16, int64_t index) {
     return bf16 ? bf16_to_float(((const uint16_t *)weight)[index]) : ((const float *)weight)[index];
 }
 
+/* Where x's element i sits in the reordered copy (the module comment's worked example). */
+static inline int64_t reordered(int64_t i, int64_t in_features, int bf16) {
+    const int64_t chunk_start = i - i % CHUNK;
+    if (!bf16 || chunk_start + CHUNK > in_features) return i; /* the tail keeps its order */
+    const int64_t offset = i % CHUNK;
+    return chunk_start + (offset % 2 ? CHUNK / 2 : 0) + offset / 2;
+}
+
+static inline void store(void *y, int io_bf16, int64_t index, float value) {
+    if (io_bf16)
+        ((uint16_t *)y)[index] = float_to_bf16(value);
+    else
+        ((float *)y)[index] = value;
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-#define VECTOR 8
 
-static inline __m256 load_weights(const void *weight, int bf16, int64_t index) {
-    if (bf16) {  /* 8 bfloat16 -> 8 float32: widen to 32 bits, shift into the top half */
-        const __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)weight + index));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+/* A chunk of 16 weights as two float32 vectors, in the order x was reordered to. */
+static inline void load_chunk(const void *weight, int bf16, int64_t index, __m256 *first, __m256 *second) {
+    if (bf16) {
+        const __m256i both = _mm256_loadu_si256((const __m256i *)((const uint16_t *)weight + index));
+        *first = _mm256_castsi256_ps(_mm256_slli_epi32(both, 16));                          /* even */
+        *second = _mm256_castsi256_ps(_mm256_and_si256(both, _mm256_set1_epi32(-65536)));  /* odd */
+    } else {
+        *first = _mm256_loadu_ps((const float *)weight + index);
+        *second = _mm256_loadu_ps((const float *)weight + index + 8);
     }
-    return _mm256_loadu_ps((const float *)weight + index);
 }
 
 static inline float horizontal_sum(__m256 v) {
@@ -42,49 +71,63 @@ static inline float horizontal_sum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Output column o for M rows; two accumulators per row hide the FMA latency when M is small.
+/* Output column o for M rows. Each row sums into two accumulators (one per vector of the chunk)
+ * or, for one row, four (two chunks per step), so enough independent FMA chains run to hide
+ * their latency without running out of the 16 vector registers at eight rows.
  * BF16 is a constant per instance, so the weight format's branch leaves the inner loop. */
 #define DEFINE_COLUMN_FORMAT(M, BF16)                                                                  \
-    static void column_##M##_##BF16(float *y, const float *x, const void *weight, const float *bias, \
-                                    int64_t out_features, int64_t in_features, int64_t o) {           \
+    static void column_##M##_##BF16(void *y, int io_bf16, const float *x, const void *weight,          \
+                                    const float *bias, int64_t out_features, int64_t in_features,      \
+                                    int64_t o) {                                                       \
         const int bf16 = BF16;                                                                         \
-        __m256 even[M], odd[M];                                                                        \
-        for (int m = 0; m < M; m++) even[m] = odd[m] = _mm256_setzero_ps();                            \
+        __m256 first[M], second[M], third[M], fourth[M];                                               \
+        for (int m = 0; m < M; m++) first[m] = second[m] = third[m] = fourth[m] = _mm256_setzero_ps(); \
         const int64_t row = o * in_features;                                                          \
         int64_t i = 0;                                                                                 \
-        for (; i + 2 * VECTOR <= in_features; i += 2 * VECTOR) {                                       \
-            const __m256 w0 = load_weights(weight, bf16, row + i);                                     \
-            const __m256 w1 = load_weights(weight, bf16, row + i + VECTOR);                            \
-            for (int m = 0; m < M; m++) {                                                              \
-                even[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * in_features + i), w0, even[m]);      \
-                odd[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * in_features + i + VECTOR), w1, odd[m]); \
+        __m256 w0, w1, w2, w3;                                                                         \
+        if (M == 1) {                                                                                  \
+            for (; i + 2 * CHUNK <= in_features; i += 2 * CHUNK) {                                     \
+                load_chunk(weight, bf16, row + i, &w0, &w1);                                           \
+                load_chunk(weight, bf16, row + i + CHUNK, &w2, &w3);                                   \
+                first[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), w0, first[0]);                      \
+                second[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), w1, second[0]);                \
+                third[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), w2, third[0]);                 \
+                fourth[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), w3, fourth[0]);               \
             }                                                                                          \
         }                                                                                              \
-        for (; i + VECTOR <= in_features; i += VECTOR) {                                               \
-            const __m256 w0 = load_weights(weight, bf16, row + i);                                     \
-            for (int m = 0; m < M; m++)                                                                \
-                even[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * in_features + i), w0, even[m]);      \
+        for (; i + CHUNK <= in_features; i += CHUNK) {                                                \
+            load_chunk(weight, bf16, row + i, &w0, &w1);                                               \
+            for (int m = 0; m < M; m++) {                                                              \
+                const float *xm = x + m * in_features + i;                                             \
+                first[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xm), w0, first[m]);                         \
+                second[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xm + 8), w1, second[m]);                   \
+            }                                                                                          \
         }                                                                                              \
         for (int m = 0; m < M; m++) {                                                                  \
-            float sum = horizontal_sum(_mm256_add_ps(even[m], odd[m]));                                \
+            const __m256 pairs = _mm256_add_ps(_mm256_add_ps(first[m], second[m]),                     \
+                                               _mm256_add_ps(third[m], fourth[m]));                    \
+            float sum = horizontal_sum(pairs);                                                         \
             for (int64_t j = i; j < in_features; j++)                                                  \
                 sum += x[m * in_features + j] * weight_at(weight, bf16, row + j);                      \
-            y[m * out_features + o] = sum + (bias ? bias[o] : 0.0f);                                   \
+            store(y, io_bf16, m * out_features + o, sum + (bias ? bias[o] : 0.0f));                    \
         }                                                                                              \
     }
 
-#else  /* portable: the compiler vectorizes what it can */
+#else /* portable: the compiler vectorizes what it can */
 
 #define DEFINE_COLUMN_FORMAT(M, BF16)                                                                  \
-    static void column_##M##_##BF16(float *y, const float *x, const void *weight, const float *bias, \
-                                    int64_t out_features, int64_t in_features, int64_t o) {           \
+    static void column_##M##_##BF16(void *y, int io_bf16, const float *x, const void *weight,          \
+                                    const float *bias, int64_t out_features, int64_t in_features,      \
+                                    int64_t o) {                                                       \
         const int bf16 = BF16;                                                                         \
         float sums[M] = {0};                                                                           \
         for (int64_t i = 0; i < in_features; i++) {                                                    \
             const float w = weight_at(weight, bf16, o * in_features + i);                              \
-            for (int m = 0; m < M; m++) sums[m] += x[m * in_features + i] * w;                         \
+            const int64_t at = reordered(i, in_features, bf16);                                        \
+            for (int m = 0; m < M; m++) sums[m] += x[m * in_features + at] * w;                        \
         }                                                                                              \
-        for (int m = 0; m < M; m++) y[m * out_features + o] = sums[m] + (bias ? bias[o] : 0.0f);       \
+        for (int m = 0; m < M; m++)                                                                    \
+            store(y, io_bf16, m * out_features + o, sums[m] + (bias ? bias[o] : 0.0f));                \
     }
 
 #endif
@@ -99,29 +142,34 @@ DEFINE_COLUMN(6)
 DEFINE_COLUMN(7)
 DEFINE_COLUMN(8)
 
-typedef void (*column_fn)(float *, const float *, const void *, const float *, int64_t, int64_t, int64_t);
+typedef void (*column_fn)(void *, int, const float *, const void *, const float *, int64_t, int64_t, int64_t);
 static const column_fn COLUMNS[2][MAX_ROWS] = {
     {column_1_0, column_2_0, column_3_0, column_4_0, column_5_0, column_6_0, column_7_0, column_8_0},
     {column_1_1, column_2_1, column_3_1, column_4_1, column_5_1, column_6_1, column_7_1, column_8_1}};
+
+/* x widened to float32 and, for bfloat16 weights, reordered chunk by chunk (module comment). */
+static void prepare_rows(float *out, const void *x, int64_t rows, int64_t in_features, int io_bf16, int bf16) {
+    for (int64_t m = 0; m < rows; m++)
+        for (int64_t i = 0; i < in_features; i++) {
+            const int64_t index = m * in_features + i;
+            const float value = io_bf16 ? bf16_to_float(((const uint16_t *)x)[index]) : ((const float *)x)[index];
+            out[m * in_features + reordered(i, in_features, bf16)] = value;
+        }
+}
 
 /* Returns 0; 1 when rows is out of range (the caller takes another path), 2 when out of memory. */
 int few_rows_linear(void *y, const void *x, const void *weight, const float *bias, int64_t rows,
                     int64_t out_features, int64_t in_features, int bf16, int io_bf16, int num_threads) {
     if (rows < 1 || rows > MAX_ROWS) return 1;
     const column_fn column = COLUMNS[bf16 != 0][rows - 1];
-    float *x_f32 = (float *)x, *y_f32 = (float *)y;
-    if (io_bf16) {  /* sums run in float32: widen x once, round y once at the end */
-        x_f32 = malloc(sizeof(float) * rows * (in_features + out_features));
-        if (!x_f32) return 2;
-        y_f32 = x_f32 + rows * in_features;
-        for (int64_t i = 0; i < rows * in_features; i++) x_f32[i] = bf16_to_float(((const uint16_t *)x)[i]);
-    }
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+    float *x_f32 = malloc(sizeof(float) * rows * in_features);
+    if (!x_f32) return 2;
+    prepare_rows(x_f32, x, rows, in_features, io_bf16, bf16);
+    const int64_t weight_bytes = out_features * in_features * (bf16 ? 2 : 4);
+    const int threads = threads_for(weight_bytes, num_threads);
+#pragma omp parallel for num_threads(threads) schedule(dynamic, COLUMNS_PER_TASK)
     for (int64_t o = 0; o < out_features; o++)
-        column(y_f32, x_f32, weight, bias, out_features, in_features, o);
-    if (io_bf16) {
-        for (int64_t i = 0; i < rows * out_features; i++) ((uint16_t *)y)[i] = float_to_bf16(y_f32[i]);
-        free(x_f32);
-    }
+        column(y, io_bf16, x_f32, weight, bias, out_features, in_features, o);
+    free(x_f32);
     return 0;
 }

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bf16.h"
+#include "threads.h"
 
 /* GCC in -std=c11 mode never contracts a * b + c into one FMA instruction (clang does by
  * default); every accumulation here wants the FMA: half the instructions, one rounding not two. */
@@ -284,6 +285,17 @@ static void attend_dispatch(float *out, const float *q, const RowSource *keys, c
 #undef ATTEND
 }
 
+/* A call's work in threads.h's units (bytes of a read-bound product): the K and V bytes it reads, times
+ * the query heads that share each KV head (each element read feeds that many dot products). Threads
+ * only pay off for long contexts or many sequences. */
+static int64_t kv_bytes_read(const int32_t *seq_lens, int64_t num_seqs, int64_t window, int64_t row, int kv_format) {
+    const int64_t element_size = kv_format == KV_F32 ? 4 : kv_format == KV_BF16 ? 2 : 1;
+    int64_t tokens = 0;
+    for (int64_t seq = 0; seq < num_seqs; ++seq)
+        tokens += window > 0 && seq_lens[seq] > window ? window : seq_lens[seq];
+    return tokens * 2 * row * element_size;
+}
+
 int paged_decode_attention(float *out, const float *q, const void *key_cache, const void *value_cache,
                            const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                            int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -293,7 +305,9 @@ int paged_decode_attention(float *out, const float *q, const void *key_cache, co
     const int64_t max_stride = ((max_seq_len > 0 ? max_seq_len : 1) + VL - 1) / VL * VL;
     const int fp8 = kv_format == KV_E4M3 || kv_format == KV_E5M2;
     int failed = 0;
-#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    const int64_t work = kv_bytes_read(seq_lens, num_seqs, window, row, kv_format) * (num_heads / num_kv_heads);
+    const int threads = threads_for(work, num_seqs < num_threads ? (int)num_seqs : num_threads);
+#pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         float *scores = malloc(sizeof(float) * num_heads * max_stride);
         int64_t *offsets = malloc(sizeof(int64_t) * max_stride);
