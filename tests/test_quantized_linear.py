@@ -11,7 +11,8 @@ import torch
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.gguf.quant_blocks import decode_q4
-from pipeline.model.quantized_linear import Int4Linear, Int8Linear, quantized_kernels_work
+from pipeline.model.cpu_kernel import load_quantized_linear_kernel
+from pipeline.model.quantized_linear import Int4Linear, Int8Linear, pack_nibbles, quantized_kernels_work, unpack_nibbles
 from pipeline.sampling_params import SamplingParams
 from tests.engine_helpers import run_requests
 from tests.gguf_files import write_gguf
@@ -61,8 +62,72 @@ def test_gguf_q4_blocks_decode_exactly_and_multiply_as_dequantized(qtype):
     torch.testing.assert_close(layer(x), _bf16_matmul_reference(x, layer.dequantized()), atol=0.15, rtol=2e-2)
 
 
-def _engine(model: str, dtype: str, quantization: str) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=ModelConfig(model=model, dtype=dtype, quantization=quantization),
+def _native():
+    kernel = load_quantized_linear_kernel()
+    if kernel is None:
+        pytest.skip("no C compiler")
+    return kernel
+
+
+def test_nibbles_pack_in_gguf_order_and_unpack():
+    values = torch.arange(64).remainder(16).view(1, 64).flip(1).contiguous()
+    packed = pack_nibbles(values)
+    assert packed.shape == (1, 32) and packed.dtype == torch.uint8
+    assert int(packed[0, 0]) == int(values[0, 0]) | int(values[0, 16]) << 4
+    assert torch.equal(unpack_nibbles(packed), values.to(torch.uint8))
+
+
+def test_native_int8_linear_is_the_float32_product_with_the_dequantized_weight():
+    generator = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(70, 56, generator=generator), torch.randn(70, generator=generator)
+    layer = Int8Linear.from_float(weight, bias, _native())
+    torch.testing.assert_close(layer.dequantized(), Int8Linear.from_float(weight, bias).dequantized())
+    for rows in (1, 3, 8, 19):  # 19: two groups of 8 rows and 3 more
+        x = torch.randn(rows, 56, generator=generator)
+        expected = (x.double() @ layer.dequantized().double().t() + bias.double()).float()
+        torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+    x = torch.randn(2, 56, generator=generator).bfloat16()
+    assert layer(x).dtype == torch.bfloat16
+    torch.testing.assert_close(layer(x).float(), layer(x.float()), atol=0.0, rtol=2**-8)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
+def test_native_int4_linear_reads_gguf_blocks_exactly(qtype):
+    rng = np.random.default_rng(int(qtype) + 7)
+    raw = gguf.quants.quantize(rng.standard_normal((40, 96)).astype(np.float32), qtype)
+    reference = torch.from_numpy(gguf.quants.dequantize(raw, qtype).copy())
+    bias = torch.from_numpy(rng.standard_normal(40).astype(np.float32))
+    layer = Int4Linear(*decode_q4(raw, qtype.name), bias, _native())
+    torch.testing.assert_close(layer.dequantized(), reference, atol=0.0, rtol=0.0)  # GGUF's float16 d and m kept
+    # x whose groups of 32 are whole multiples of max / 127 quantize to int8 exactly: the float32 product.
+    steps = torch.from_numpy(rng.integers(-127, 128, (19, 96))).float()
+    steps[:, ::32] = 127.0  # each group's largest magnitude is 127 steps
+    x = steps * torch.from_numpy(rng.uniform(0.01, 2.0, (19, 3))).float().repeat_interleave(32, dim=1)
+    expected = x.double() @ reference.double().t() + bias.double()
+    # The kernel sums d * (q . x) and m * sum(x) apart, terms up to sum |x| * max |w| that largely
+    # cancel: float32 rounding relative to those.
+    scale = x.abs().sum(dim=1, keepdim=True).double() * reference.abs().amax().double()
+    for rows in (1, 5, 8, 19):
+        assert bool(((layer(x[:rows]).double() - expected[:rows]).abs() <= 1e-6 * scale[:rows]).all())
+
+
+def test_native_int4_linear_on_any_input_is_within_int8_activation_rounding():
+    rng = np.random.default_rng(3)
+    raw = gguf.quants.quantize(rng.standard_normal((64, 128)).astype(np.float32), Q.Q4_1)
+    layer = Int4Linear(*decode_q4(raw, "Q4_1"), None, _native())
+    x = torch.from_numpy(rng.standard_normal((4, 128)).astype(np.float32))
+    expected = x.double() @ layer.dequantized().double().t()
+    error = (layer(x).double() - expected).abs()
+    # Each x value moves by at most half a step (its group's max / 254); the output by that times
+    # the group's |w - m| sums. Bound it loosely by max|x| / 254 * sum |w| per row.
+    bound = x.abs().amax(dim=1, keepdim=True).double() / 254 * layer.dequantized().abs().sum(dim=1).double()
+    assert bool((error <= bound + 1e-4).all())
+    assert float(error.mean()) < 0.01 * float(expected.pow(2).mean().sqrt())
+
+
+def _engine(model: str, dtype: str, quantization: str, cpu_linear: str = "auto") -> LLMEngine:
+    return LLMEngine(EngineConfig(model=ModelConfig(model=model, dtype=dtype, quantization=quantization,
+                                                    cpu_linear=cpu_linear),
                                   cache=CacheConfig(num_kv_blocks=64),
                                   scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8)))
 
@@ -92,13 +157,16 @@ def test_int8_greedy_generation_mostly_agrees_with_float(tmp_path):
     assert _first_token_agreement(ours, reference) >= 0.75, (ours, reference)
 
 
-def test_gguf_quantization_keeps_q4_blocks_and_agrees_with_the_dequantized_model(tmp_path):
+@pytest.mark.parametrize("cpu_linear", ["auto", "torch"])  # our kernel, torch's
+def test_gguf_quantization_keeps_q4_blocks_and_agrees_with_the_dequantized_model(tmp_path, cpu_linear):
     model_dir = make_tiny_hf_model("llama", tmp_path / "llama", seed=4)
     path = write_gguf(model_dir, tmp_path / "tiny-q4_1.gguf", Q.Q4_1)
     reference = _greedy(_engine(str(path), "bfloat16", "none"), PROMPTS, 6)
-    engine = _engine(str(path), "bfloat16", "gguf")
+    engine = _engine(str(path), "bfloat16", "gguf", cpu_linear)
     kinds = {type(module).__name__ for module in engine.runner.model.modules()}
     assert "Int4Linear" in kinds and "Linear" not in kinds, kinds
+    natives = {module.native is not None for module in engine.runner.model.modules() if isinstance(module, Int4Linear)}
+    assert natives == {cpu_linear == "auto" and load_quantized_linear_kernel() is not None}
     ours = _greedy(engine, PROMPTS, 6)
     assert all(len(tokens) == 6 for tokens in ours)
     assert _first_token_agreement(ours, reference) >= 0.75, (ours, reference)

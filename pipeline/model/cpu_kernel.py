@@ -1,7 +1,7 @@
 """Native CPU kernels, compiled on first use with the system C compiler: paged decode attention
 (csrc/paged_decode_attention.c), the rotary embedding fused with the KV cache write
-(csrc/rope_kv_write.c), linear layers for a few rows (csrc/few_rows_linear.c) and RMSNorm
-(csrc/rms_norm.c).
+(csrc/rope_kv_write.c), linear layers for a few rows (csrc/few_rows_linear.c), weight-only
+quantized linear layers (csrc/quantized_linear.c) and RMSNorm (csrc/rms_norm.c).
 
 They are plain C (the first with OpenMP), loaded through ctypes, so building takes about a second
 and needs no torch headers. Each shared object is cached by source and flags hash under
@@ -121,6 +121,43 @@ class FewRowsLinearKernel:
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
+class QuantizedLinearKernel:
+    """y = x W^T + b with W kept as 4-bit groups or per-row int8 (csrc/quantized_linear.c)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        self._int4 = _bind(library, "quantized_linear_int4", [p, p, p, p, p, i64, i64, i64, i32, i32], i32)
+        self._int8 = _bind(library, "quantized_linear_int8", [p, p, p, p, p, i64, i64, i64, i32, i32], i32)
+
+    def int4(self, x: torch.Tensor, nibbles: torch.Tensor, scales_offsets: torch.Tensor,
+             bias: torch.Tensor | None) -> torch.Tensor:
+        """x [M, I] float32 or bfloat16 (others through float32); nibbles [O, I / 2] uint8 and
+        scales_offsets [O, I / 32, 2] float16 in the kernel's layout -> [M, O] in x's dtype."""
+        return self._run(self._int4, x, nibbles, scales_offsets, bias)
+
+    def int8(self, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor,
+             bias: torch.Tensor | None) -> torch.Tensor:
+        """x [M, I]; values [O, I] int8 and scales [O] float32 -> [M, O] in x's dtype."""
+        return self._run(self._int8, x, values, scales, bias)
+
+    @staticmethod
+    def _run(function: Any, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor,
+             bias: torch.Tensor | None) -> torch.Tensor:
+        io_bf16 = x.dtype == torch.bfloat16
+        x_in = (x if io_bf16 else x.float()).contiguous()
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+            bias = bias.float().contiguous()
+        out = torch.empty(x_in.shape[0], values.shape[0], dtype=x_in.dtype)
+        failed = function(out.data_ptr(), x_in.data_ptr(), values.data_ptr(), scales.data_ptr(),
+                          bias.data_ptr() if bias is not None else None, x_in.shape[0], values.shape[0],
+                          x_in.shape[1], int(io_bf16), torch.get_num_threads())
+        if failed == 1:
+            raise ValueError(f"4-bit weights need in_features divisible by 32, got {x_in.shape[1]}")
+        if failed:
+            raise MemoryError("the quantized linear kernel could not allocate its scratch buffers")
+        return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
 class RMSNormKernel:
     """Llama's RMSNorm over a step's rows in one call (csrc/rms_norm.c)."""
 
@@ -193,6 +230,12 @@ def load_decode_kernel() -> DecodeKernel | None:
 def load_few_rows_linear_kernel() -> FewRowsLinearKernel | None:
     library = _load_library("few_rows_linear", _FLAGS)
     return FewRowsLinearKernel(library) if library is not None else None
+
+
+@functools.cache
+def load_quantized_linear_kernel() -> QuantizedLinearKernel | None:
+    library = _load_library("quantized_linear", _FLAGS)
+    return QuantizedLinearKernel(library) if library is not None else None
 
 
 @functools.cache

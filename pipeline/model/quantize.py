@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from pipeline.gguf.quant_blocks import KEPT_TYPES, GgufBlocks
+from pipeline.model.cpu_kernel import QuantizedLinearKernel
 from pipeline.model.quantized_linear import Int4Linear, Int8Linear
 
 log = structlog.get_logger(__name__)
@@ -25,15 +26,18 @@ log = structlog.get_logger(__name__)
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
-def quantize_linears(model: nn.Module, mode: str, model_dir: str | Path) -> dict[str, int]:
-    """Replace linears in place; returns how many of each kind were made."""
+def quantize_linears(model: nn.Module, mode: str, model_dir: str | Path,
+                     native: QuantizedLinearKernel | None = None) -> dict[str, int]:
+    """Replace linears in place; returns how many of each kind were made. native: run them through
+    our kernel (quantized_linear.py), else through torch's."""
     if mode == "int8":
-        counts = {"int8": _replace(model, lambda _name, linear: Int8Linear.from_float(linear.weight, linear.bias))}
+        counts = {"int8": _replace(model, lambda _name, linear: Int8Linear.from_float(linear.weight, linear.bias,
+                                                                                       native))}
     elif mode == "gguf":
-        counts = _quantize_from_gguf(model, GgufBlocks(model_dir))
+        counts = _quantize_from_gguf(model, GgufBlocks(model_dir), native)
     else:
         raise ValueError(f"quantization must be 'gguf' or 'int8' here, got {mode!r}")
-    log.info("linear layers quantized", mode=mode, **counts)
+    log.info("linear layers quantized", mode=mode, kernel="native" if native is not None else "torch", **counts)
     return counts
 
 
@@ -50,7 +54,8 @@ def _replace(model: nn.Module, make: Callable[[str, nn.Linear], nn.Module | None
     return replaced
 
 
-def _quantize_from_gguf(model: nn.Module, blocks: GgufBlocks) -> dict[str, int]:
+def _quantize_from_gguf(model: nn.Module, blocks: GgufBlocks,
+                        native: QuantizedLinearKernel | None) -> dict[str, int]:
     sources = _weight_sources(model, blocks)
     counts = {"int4": 0, "int8": 0}
 
@@ -62,10 +67,10 @@ def _quantize_from_gguf(model: nn.Module, blocks: GgufBlocks) -> dict[str, int]:
             counts["int4"] += 1
             decoded = [blocks.decoded(source) for _, source in parts]
             values, scales, zeros = (torch.cat([part[i] for part in decoded]) for i in range(3))
-            return Int4Linear(values, scales, zeros, linear.bias)
+            return Int4Linear(values, scales, zeros, linear.bias, native)
         if any(blocks.qtypes[source] not in _FLOAT_TYPES for _, source in parts):
             counts["int8"] += 1
-            return Int8Linear.from_float(linear.weight, linear.bias)
+            return Int8Linear.from_float(linear.weight, linear.bias, native)
         return None
 
     _replace(model, make)

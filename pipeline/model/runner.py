@@ -41,7 +41,7 @@ from pipeline.model.lora import LoRASlotTensors
 from pipeline.model.memory_profile import profile_memory
 from pipeline.model.parallel import check_tensor_parallel, local_heads, shard_model
 from pipeline.model.quantize import quantize_linears
-from pipeline.model.quantized_linear import quantized_kernels_work
+from pipeline.model.quantized_linear import native_kernel_for, quantized_kernels_work
 from pipeline.model.tp_group import DriverGroup, check_world, rank_device, receive_steps, smallest_across_ranks
 from pipeline.step_inputs import StepInputs
 
@@ -163,18 +163,19 @@ class ModelRunner:
             shard_model(model, shape, self.tp_rank, self.tp_world)
             info = replace(info, num_heads=heads.num_heads, num_kv_heads=heads.num_kv_heads)
         if model_config.quantization != "none":  # before pack_linears, and before LoRA wraps the projections
-            self._check_quantization(model_config.quantization)
-            quantize_linears(model, model_config.quantization, model_dir)
+            native = native_kernel_for(model_config.cpu_linear)
+            self._check_quantization(model_config.quantization, native is not None)
+            quantize_linears(model, model_config.quantization, model_dir, native)
         if self.device.type == "cpu" and model_config.cpu_linear != "torch":  # torch: HF's kernels, bit for bit
             log.info("CPU linear layers", cpu_linear=model_config.cpu_linear,
                      **prepare_cpu_linears(model, model_config.cpu_linear, self.dtype))
             log.info("native RMSNorm", count=use_native_norms(model))
         return model, info
 
-    def _check_quantization(self, mode: str) -> None:
+    def _check_quantization(self, mode: str, native: bool) -> None:
         if self.device.type != "cpu":
             raise ValueError(f"quantization {mode!r} runs on the CPU only (device is {self.device})")
-        if not quantized_kernels_work():
+        if not native and not quantized_kernels_work():
             raise ValueError(f"quantization {mode!r} needs torch's CPU int8/int4 kernels (torch >= 2.5)")
 
     def _vision_parts(self) -> tuple[VisionInfo | None, EncoderCache | None]:

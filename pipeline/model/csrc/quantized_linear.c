@@ -1,0 +1,273 @@
+/* y = x W^T (+ b) with W kept quantized (CPU): 4-bit in groups of 32 (GGUF's Q4_0 / Q4_1 blocks)
+ * or int8 with one scale per output row.
+ *
+ * Decode reads each weight once per step, so the bytes read set the speed: 4-bit weights are a
+ * quarter of bfloat16's. Each group of a weight row is widened to float32 once and multiplied into
+ * every input row (up to 8 at a time; more rows go through in groups of 8) while in registers.
+ * x stays float32 (no activation quantization): the result is the float32 product of x with the
+ * dequantized weight, up to summation order.
+ *
+ * int4: nibbles [O, I / 2] uint8, group g of row o in bytes 16 g .. 16 g + 15: byte j holds weight
+ *   32 g + j in its low half and 32 g + j + 16 in its high half (GGUF's order); scales and offsets
+ *   [O, I / 32, 2] float16 (d, m): w = q * d + m. GGUF Q4_1 is (d, m) as stored, Q4_0 (d, -8 d).
+ *   Worked example: d = 0.5, m = -1, byte 0x3A -> w0 = 0.5 * 10 - 1 = 4, w16 = 0.5 * 3 - 1 = 0.5.
+ *   Sum over a group: d * sum(q x) + m * sum(x); the sums of x per group are taken once per call.
+ * int8: values [O, I] int8, scales [O] float32: w = q * scale.
+ * x [M, I], y [M, O] float32 or bfloat16 (y rounded to nearest even), bias [O] float32 or NULL.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "threads.h"
+
+#define GROUP 32
+#define MAX_ROWS 8
+#define COLUMNS_PER_TASK 32
+
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+#else
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    uint32_t bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else { /* subnormal: shift the mantissa up until its leading one is the implicit bit */
+        int shift = 0;
+        uint32_t m = mantissa;
+        while (!(m & 0x400)) {
+            m <<= 1;
+            shift++;
+        }
+        bits = sign | ((uint32_t)(113 - shift) << 23) | ((m & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+#endif
+
+static inline void store(void *y, int io_bf16, int64_t index, float value) {
+    if (io_bf16)
+        ((uint16_t *)y)[index] = float_to_bf16(value);
+    else
+        ((float *)y)[index] = value;
+}
+
+typedef struct {
+    void *y;
+    const float *x;          /* [rows, in_features] float32 (int8 weights) */
+    const int8_t *x_q;       /* int4 weights: x quantized per group, [rows, in_features] */
+    const float *x_scales;   /* [rows, in_features / GROUP]: x ~ x_q * x_scale */
+    const float *group_sums; /* [rows, in_features / GROUP]: sums of x itself */
+    const void *values;
+    const void *scales;
+    const float *bias;
+    int64_t rows, out_features, in_features;
+    int io_bf16;
+} Problem;
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+static inline float horizontal_sum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+/* Column o for rows first .. first + M - 1: sum over groups of d * x_scale * (q . x_q) + m * sum(x).
+ * The 4-bit values (0..15, unsigned) and x_q (signed) multiply as bytes, in pairs summed to 16 bits
+ * (at most 2 * 15 * 127), then to 32-bit sums of 8: an exact integer dot product per group. */
+#define DEFINE_INT4_COLUMN(M)                                                                          \
+    static void int4_column_##M(const Problem *p, int64_t first, int64_t o) {                          \
+        const int64_t groups = p->in_features / GROUP;                                                 \
+        const uint8_t *nibbles = (const uint8_t *)p->values + o * (p->in_features / 2);                \
+        const uint16_t *dm = (const uint16_t *)p->scales + o * groups * 2;                             \
+        const __m128i low_mask = _mm_set1_epi8(0x0F);                                                  \
+        const __m256i ones = _mm256_set1_epi16(1);                                                     \
+        __m256 acc[M];                                                                                 \
+        float offset_sum[M];                                                                           \
+        for (int m = 0; m < M; m++) {                                                                  \
+            acc[m] = _mm256_setzero_ps();                                                              \
+            offset_sum[m] = 0.0f;                                                                      \
+        }                                                                                              \
+        for (int64_t g = 0; g < groups; g++) {                                                         \
+            const __m128i bytes = _mm_loadu_si128((const __m128i *)(nibbles + g * 16));                \
+            const __m128i low = _mm_and_si128(bytes, low_mask);                                        \
+            const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_mask);                    \
+            const __m256i q = _mm256_set_m128i(high, low); /* weights 0..31 of the group, in order */  \
+            const float d = half_to_float(dm[2 * g]), offset = half_to_float(dm[2 * g + 1]);           \
+            for (int m = 0; m < M; m++) {                                                              \
+                const int64_t at = (first + m) * groups + g;                                           \
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(p->x_q + at * GROUP));         \
+                const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xq), ones);             \
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d * p->x_scales[at]), acc[m]); \
+                offset_sum[m] += offset * p->group_sums[at];                                           \
+            }                                                                                          \
+        }                                                                                              \
+        for (int m = 0; m < M; m++)                                                                    \
+            store(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+                  horizontal_sum(acc[m]) + offset_sum[m] + (p->bias ? p->bias[o] : 0.0f));             \
+    }
+
+/* Column o for rows first .. first + M - 1: scale * (q . x). */
+#define DEFINE_INT8_COLUMN(M)                                                                          \
+    static void int8_column_##M(const Problem *p, int64_t first, int64_t o) {                          \
+        const int8_t *q = (const int8_t *)p->values + o * p->in_features;                              \
+        __m256 acc[M];                                                                                 \
+        for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();                                      \
+        int64_t i = 0;                                                                                 \
+        for (; i + 8 <= p->in_features; i += 8) {                                                      \
+            const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)))); \
+            for (int m = 0; m < M; m++)                                                                \
+                acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(p->x + (first + m) * p->in_features + i), w, acc[m]); \
+        }                                                                                              \
+        const float scale = ((const float *)p->scales)[o];                                            \
+        for (int m = 0; m < M; m++) {                                                                  \
+            float sum = horizontal_sum(acc[m]);                                                        \
+            for (int64_t j = i; j < p->in_features; j++) sum += p->x[(first + m) * p->in_features + j] * q[j]; \
+            store(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+                  sum * scale + (p->bias ? p->bias[o] : 0.0f));                                        \
+        }                                                                                              \
+    }
+
+#else /* portable: the compiler vectorizes what it can */
+
+#define DEFINE_INT4_COLUMN(M)                                                                          \
+    static void int4_column_##M(const Problem *p, int64_t first, int64_t o) {                          \
+        const int64_t groups = p->in_features / GROUP;                                                 \
+        const uint8_t *nibbles = (const uint8_t *)p->values + o * (p->in_features / 2);                \
+        const uint16_t *dm = (const uint16_t *)p->scales + o * groups * 2;                             \
+        float sums[M] = {0};                                                                           \
+        for (int64_t g = 0; g < groups; g++) {                                                         \
+            const float d = half_to_float(dm[2 * g]), offset = half_to_float(dm[2 * g + 1]);           \
+            for (int m = 0; m < M; m++) {                                                              \
+                const int64_t at = (first + m) * groups + g;                                           \
+                const int8_t *xq = p->x_q + at * GROUP;                                                \
+                int32_t dot = 0;                                                                       \
+                for (int j = 0; j < 16; j++) {                                                         \
+                    const uint8_t byte = nibbles[g * 16 + j];                                          \
+                    dot += xq[j] * (byte & 0x0F) + xq[j + 16] * (byte >> 4);                           \
+                }                                                                                      \
+                sums[m] += d * p->x_scales[at] * (float)dot + offset * p->group_sums[at];              \
+            }                                                                                          \
+        }                                                                                              \
+        for (int m = 0; m < M; m++)                                                                    \
+            store(p->y, p->io_bf16, (first + m) * p->out_features + o, sums[m] + (p->bias ? p->bias[o] : 0.0f)); \
+    }
+
+#define DEFINE_INT8_COLUMN(M)                                                                          \
+    static void int8_column_##M(const Problem *p, int64_t first, int64_t o) {                          \
+        const int8_t *q = (const int8_t *)p->values + o * p->in_features;                              \
+        float sums[M] = {0};                                                                           \
+        for (int64_t i = 0; i < p->in_features; i++)                                                   \
+            for (int m = 0; m < M; m++) sums[m] += p->x[(first + m) * p->in_features + i] * q[i];      \
+        const float scale = ((const float *)p->scales)[o];                                            \
+        for (int m = 0; m < M; m++)                                                                    \
+            store(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+                  sums[m] * scale + (p->bias ? p->bias[o] : 0.0f));                                    \
+    }
+
+#endif
+
+#define DEFINE_COLUMNS(M) DEFINE_INT4_COLUMN(M) DEFINE_INT8_COLUMN(M)
+DEFINE_COLUMNS(1)
+DEFINE_COLUMNS(2)
+DEFINE_COLUMNS(3)
+DEFINE_COLUMNS(4)
+DEFINE_COLUMNS(5)
+DEFINE_COLUMNS(6)
+DEFINE_COLUMNS(7)
+DEFINE_COLUMNS(8)
+
+typedef void (*column_fn)(const Problem *, int64_t, int64_t);
+static const column_fn INT4_COLUMNS[MAX_ROWS] = {int4_column_1, int4_column_2, int4_column_3, int4_column_4,
+                                                 int4_column_5, int4_column_6, int4_column_7, int4_column_8};
+static const column_fn INT8_COLUMNS[MAX_ROWS] = {int8_column_1, int8_column_2, int8_column_3, int8_column_4,
+                                                 int8_column_5, int8_column_6, int8_column_7, int8_column_8};
+
+/* Every column for every group of up to 8 rows: a task's weight columns stay in cache across the groups. */
+static void run(const Problem *p, const column_fn *columns, int num_threads) {
+    /* Work in threads.h's units: the bytes a bfloat16 weight of this shape would take, per group of
+     * rows (widening the quantized values costs about what reading bfloat16 does). */
+    const int64_t row_groups = (p->rows + MAX_ROWS - 1) / MAX_ROWS;
+    const int threads = threads_for(p->out_features * p->in_features * 2 * row_groups, num_threads);
+    const int64_t full_groups = p->rows / MAX_ROWS, rest = p->rows % MAX_ROWS;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, COLUMNS_PER_TASK)
+    for (int64_t o = 0; o < p->out_features; o++) {
+        for (int64_t group = 0; group < full_groups; group++) columns[MAX_ROWS - 1](p, group * MAX_ROWS, o);
+        if (rest) columns[rest - 1](p, full_groups * MAX_ROWS, o);
+    }
+}
+
+static float *widened(const void *x, int64_t count, int io_bf16) {
+    float *out = malloc(sizeof(float) * (count > 0 ? count : 1));
+    if (out)
+        for (int64_t i = 0; i < count; i++)
+            out[i] = io_bf16 ? bf16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+    return out;
+}
+
+/* x per group of 32 as int8 values times one scale (max |x| / 127, rounded to nearest), and the
+ * sums of x itself for the offset term. Worked example (a group of 2 for brevity): x = (0.5, -1.27)
+ * -> scale 0.01, x_q = (50, -127), sum -0.77. */
+static void quantize_groups(int8_t *x_q, float *scales, float *sums, const float *x, int64_t count) {
+    for (int64_t group = 0; group < count / GROUP; group++) {
+        const float *xg = x + group * GROUP;
+        float largest = 0.0f, sum = 0.0f;
+        for (int j = 0; j < GROUP; j++) {
+            largest = fmaxf(largest, fabsf(xg[j]));
+            sum += xg[j];
+        }
+        const float scale = largest / 127.0f, inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
+        for (int j = 0; j < GROUP; j++) x_q[group * GROUP + j] = (int8_t)lrintf(xg[j] * inverse);
+        scales[group] = scale;
+        sums[group] = sum;
+    }
+}
+
+/* Returns 0, 1 when in_features is not a multiple of 32, 2 when out of memory. */
+int quantized_linear_int4(void *y, const void *x, const uint8_t *nibbles, const uint16_t *scales_offsets,
+                          const float *bias, int64_t rows, int64_t out_features, int64_t in_features, int io_bf16,
+                          int num_threads) {
+    if (in_features % GROUP) return 1;
+    const int64_t count = rows * in_features, groups = count / GROUP;
+    float *x_f32 = widened(x, count, io_bf16);
+    float *per_group = malloc(sizeof(float) * 2 * (groups > 0 ? groups : 1));
+    int8_t *x_q = malloc(count > 0 ? count : 1);
+    if (!x_f32 || !per_group || !x_q) {
+        free(x_f32);
+        free(per_group);
+        free(x_q);
+        return 2;
+    }
+    quantize_groups(x_q, per_group, per_group + groups, x_f32, count);
+    const Problem p = {y, NULL, x_q, per_group, per_group + groups, nibbles, scales_offsets, bias,
+                       rows, out_features, in_features, io_bf16};
+    run(&p, INT4_COLUMNS, num_threads);
+    free(x_f32);
+    free(per_group);
+    free(x_q);
+    return 0;
+}
+
+/* Returns 0, 2 when out of memory. */
+int quantized_linear_int8(void *y, const void *x, const int8_t *values, const float *scales, const float *bias,
+                          int64_t rows, int64_t out_features, int64_t in_features, int io_bf16, int num_threads) {
+    float *x_f32 = widened(x, rows * in_features, io_bf16);
+    if (!x_f32) return 2;
+    const Problem p = {y, x_f32, NULL, NULL, NULL, values, scales, bias, rows, out_features, in_features, io_bf16};
+    run(&p, INT8_COLUMNS, num_threads);
+    free(x_f32);
+    return 0;
+}
