@@ -3,6 +3,7 @@ reordering, swapped in only where asked, and the runner's logits agree either wa
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -140,6 +141,27 @@ def test_few_rows_kernel_splits_a_large_weight_across_threads() -> None:
             torch.testing.assert_close(kernel(x, weight, bias), expected, atol=1e-4, rtol=1e-4)
     finally:
         torch.set_num_threads(previous)
+
+
+def test_few_rows_kernel_calls_from_several_threads_at_once_stay_exact() -> None:
+    """The kernels share one thread pool; callers on other Python threads (ctypes drops the GIL)
+    take turns on it, and every call's result is the one it gets alone."""
+    kernel = load_few_rows_linear_kernel()
+    if kernel is None:
+        pytest.skip("no C compiler")
+    torch.manual_seed(8)
+    weight = torch.randn(1500, 512)  # 3 MB: split across the pool's threads
+    inputs = [torch.randn(1 + index % 4, 512) for index in range(6)]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        alone = [kernel(x, weight, None) for x in inputs]
+        with ThreadPoolExecutor(max_workers=3) as callers:
+            together = list(callers.map(lambda x: [kernel(x, weight, None) for _ in range(20)], inputs))
+    finally:
+        torch.set_num_threads(previous)
+    for expected, results in zip(alone, together, strict=True):
+        assert all(torch.equal(result, expected) for result in results)
 
 
 def test_auto_uses_the_few_rows_kernel_only_without_avx512(monkeypatch: pytest.MonkeyPatch) -> None:

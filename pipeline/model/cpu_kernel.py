@@ -3,9 +3,10 @@
 (csrc/rope_kv_write.c), linear layers for a few rows (csrc/few_rows_linear.c), weight-only
 quantized linear layers (csrc/quantized_linear.c) and RMSNorm (csrc/rms_norm.c).
 
-They are plain C (the first with OpenMP), loaded through ctypes, so building takes about a second
-and needs no torch headers. Each shared object is cached by source and flags hash under
-$AQUEDUCT_CACHE_DIR/kernels. When no compiler is available, or AQUEDUCT_CPU_KERNEL=0, the loaders
+They are plain C, loaded through ctypes, so building takes about a second and needs no torch
+headers. The attention and linear kernels share one library with the thread pool they run on
+(csrc/thread_pool.c); RMSNorm uses OpenMP for prefill-sized steps. Each shared object is cached by
+sources and flags hash under $AQUEDUCT_CACHE_DIR/kernels. When no compiler is available, or AQUEDUCT_CPU_KERNEL=0, the loaders
 return None and the model stays on the portable torch path.
 """
 
@@ -30,6 +31,9 @@ log = structlog.get_logger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+_POOL_FLAGS = ["-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=c11"]
+# One library, so that one pool of threads serves every kernel that splits its work.
+_POOLED_SOURCES = ("thread_pool", "few_rows_linear", "quantized_linear", "paged_decode_attention")
 # Rope must round as torch does, product by product: no fused multiply-adds.
 _ROPE_FLAGS = ["-O2", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=c11"]
 
@@ -190,28 +194,30 @@ def _halves(kv_cache: torch.Tensor) -> tuple[int, int]:
     return start, start + kv_cache.stride(0) * kv_cache.element_size()
 
 
-def _compile(source: Path, flags: list[str], target: Path) -> None:
+def _compile(sources: list[Path], flags: list[str], target: Path) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise FileNotFoundError("no C compiler (cc/gcc) on PATH")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
         built = Path(staging) / target.name
-        subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"],
+        subprocess.run([compiler, *flags, *map(str, sources), "-o", str(built), "-lm"],
                        check=True, capture_output=True, text=True)
         os.replace(built, target)  # atomic: concurrent processes never load a half-written file
 
 
-def _load_library(name: str, flags: list[str]) -> ctypes.CDLL | None:
+def _load_library(name: str, flags: list[str], sources: tuple[str, ...] | None = None) -> ctypes.CDLL | None:
+    """The shared object built from csrc/{source}.c for each of `sources` (default: `name`)."""
     if os.environ.get("AQUEDUCT_CPU_KERNEL", "1") == "0":
         return None
-    source = _CSRC / f"{name}.c"
+    paths = [_CSRC / f"{source}.c" for source in sources or (name,)]
     headers = b"".join(header.read_bytes() for header in sorted(_CSRC.glob("*.h")))  # what the sources include
-    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(flags).encode()).hexdigest()[:16]
+    code = b"".join(path.read_bytes() for path in paths)
+    digest = hashlib.sha256(code + headers + " ".join(flags).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"{name}-{digest}.so"
     try:
         if not target.exists():
-            _compile(source, flags, target)
+            _compile(paths, flags, target)
             log.info("compiled CPU kernel", path=str(target))
         return ctypes.CDLL(str(target))
     except (OSError, subprocess.CalledProcessError) as error:
@@ -221,20 +227,25 @@ def _load_library(name: str, flags: list[str]) -> ctypes.CDLL | None:
 
 
 @functools.cache
+def _pooled_library() -> ctypes.CDLL | None:
+    return _load_library("pooled_kernels", _POOL_FLAGS, _POOLED_SOURCES)
+
+
+@functools.cache
 def load_decode_kernel() -> DecodeKernel | None:
-    library = _load_library("paged_decode_attention", _FLAGS)
+    library = _pooled_library()
     return DecodeKernel(library) if library is not None else None
 
 
 @functools.cache
 def load_few_rows_linear_kernel() -> FewRowsLinearKernel | None:
-    library = _load_library("few_rows_linear", _FLAGS)
+    library = _pooled_library()
     return FewRowsLinearKernel(library) if library is not None else None
 
 
 @functools.cache
 def load_quantized_linear_kernel() -> QuantizedLinearKernel | None:
-    library = _load_library("quantized_linear", _FLAGS)
+    library = _pooled_library()
     return QuantizedLinearKernel(library) if library is not None else None
 
 

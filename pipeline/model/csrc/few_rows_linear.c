@@ -26,8 +26,8 @@
 
 #define MAX_ROWS 8
 #define CHUNK 16 /* weights per row and inner-loop step: two 8-lane vectors */
-/* Columns a thread takes at a time: a thread that is descheduled (a busy host) holds up the others
- * by one task at most, since the rest take its share. */
+/* Columns a thread claims at a time (thread_pool.c): a thread descheduled mid-task (a busy host)
+ * holds the call up by one task at most. */
 #define COLUMNS_PER_TASK 32
 
 static inline float weight_at(const void *weight, int bf16, int64_t index) {
@@ -157,19 +157,32 @@ static void prepare_rows(float *out, const void *x, int64_t rows, int64_t in_fea
         }
 }
 
+typedef struct {
+    column_fn column;
+    void *y;
+    int io_bf16;
+    const float *x;
+    const void *weight;
+    const float *bias;
+    int64_t out_features, in_features;
+} Columns;
+
+static void run_columns(void *context, int64_t begin, int64_t end) {
+    const Columns *c = context;
+    for (int64_t o = begin; o < end; o++)
+        c->column(c->y, c->io_bf16, c->x, c->weight, c->bias, c->out_features, c->in_features, o);
+}
+
 /* Returns 0; 1 when rows is out of range (the caller takes another path), 2 when out of memory. */
 int few_rows_linear(void *y, const void *x, const void *weight, const float *bias, int64_t rows,
                     int64_t out_features, int64_t in_features, int bf16, int io_bf16, int num_threads) {
     if (rows < 1 || rows > MAX_ROWS) return 1;
-    const column_fn column = COLUMNS[bf16 != 0][rows - 1];
     float *x_f32 = malloc(sizeof(float) * rows * in_features);
     if (!x_f32) return 2;
     prepare_rows(x_f32, x, rows, in_features, io_bf16, bf16);
+    Columns columns = {COLUMNS[bf16 != 0][rows - 1], y, io_bf16, x_f32, weight, bias, out_features, in_features};
     const int64_t weight_bytes = out_features * in_features * (bf16 ? 2 : 4);
-    const int threads = threads_for(weight_bytes, num_threads);
-#pragma omp parallel for num_threads(threads) schedule(dynamic, COLUMNS_PER_TASK)
-    for (int64_t o = 0; o < out_features; o++)
-        column(y, io_bf16, x_f32, weight, bias, out_features, in_features, o);
+    pool_run(run_columns, &columns, out_features, COLUMNS_PER_TASK, threads_for(weight_bytes, num_threads));
     free(x_f32);
     return 0;
 }

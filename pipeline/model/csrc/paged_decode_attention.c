@@ -296,6 +296,43 @@ static int64_t kv_bytes_read(const int32_t *seq_lens, int64_t num_seqs, int64_t 
     return tokens * 2 * row * element_size;
 }
 
+typedef struct {
+    float *out;
+    const float *q;
+    const void *key_cache, *value_cache;
+    const int32_t *block_tables, *seq_lens;
+    int64_t block_table_stride, num_heads, num_kv_heads, head_dim, block_size, max_stride, window;
+    float scale, softcap, k_scale, v_scale;
+    int kv_format, failed;
+} Call;
+
+/* Sequences begin .. end - 1, with scratch buffers of their own (tasks run on any thread). */
+static void attend_sequences(void *context, int64_t begin, int64_t end) {
+    Call *c = context;
+    const int64_t row = c->num_kv_heads * c->head_dim;
+    const int fp8 = c->kv_format == KV_E4M3 || c->kv_format == KV_E5M2;
+    float *scores = malloc(sizeof(float) * c->num_heads * c->max_stride);
+    int64_t *offsets = malloc(sizeof(int64_t) * c->max_stride);
+    float *rows = fp8 ? malloc(sizeof(float) * 2 * row) : NULL; /* decoded K and V rows */
+    if (scores == NULL || offsets == NULL || (fp8 && rows == NULL)) {
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+    } else {
+        const RowSource keys = {c->key_cache, c->k_scale, row, rows};
+        const RowSource values = {c->value_cache, c->v_scale, row, rows == NULL ? NULL : rows + row};
+        for (int64_t seq = begin; seq < end; ++seq) {
+            const int64_t last = c->seq_lens[seq], first = c->window > 0 && last > c->window ? last - c->window : 0;
+            const int64_t len = last - first, stride = (len + VL - 1) / VL * VL;
+            offsets_of(offsets, c->block_tables + seq * c->block_table_stride, first, last, c->block_size, row);
+            attend_dispatch(c->out + seq * c->num_heads * c->head_dim, c->q + seq * c->num_heads * c->head_dim,
+                            &keys, &values, offsets, len, stride, c->num_heads, c->num_kv_heads, c->head_dim,
+                            c->scale, c->softcap, scores, c->kv_format);
+        }
+    }
+    free(scores);
+    free(offsets);
+    free(rows);
+}
+
 int paged_decode_attention(float *out, const float *q, const void *key_cache, const void *value_cache,
                            const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                            int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -303,31 +340,13 @@ int paged_decode_attention(float *out, const float *q, const void *key_cache, co
                            int kv_format, float k_scale, float v_scale, int num_threads) {
     const int64_t row = num_kv_heads * head_dim;
     const int64_t max_stride = ((max_seq_len > 0 ? max_seq_len : 1) + VL - 1) / VL * VL;
-    const int fp8 = kv_format == KV_E4M3 || kv_format == KV_E5M2;
-    int failed = 0;
+    Call call = {out, q, key_cache, value_cache, block_tables, seq_lens, block_table_stride, num_heads,
+                 num_kv_heads, head_dim, block_size, max_stride, window, scale, softcap, k_scale, v_scale,
+                 kv_format, 0};
     const int64_t work = kv_bytes_read(seq_lens, num_seqs, window, row, kv_format) * (num_heads / num_kv_heads);
     const int threads = threads_for(work, num_seqs < num_threads ? (int)num_seqs : num_threads);
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        float *scores = malloc(sizeof(float) * num_heads * max_stride);
-        int64_t *offsets = malloc(sizeof(int64_t) * max_stride);
-        float *rows = fp8 ? malloc(sizeof(float) * 2 * row) : NULL; /* decoded K and V rows */
-        if (scores == NULL || offsets == NULL || (fp8 && rows == NULL)) failed = 1;
-        const RowSource keys = {key_cache, k_scale, row, rows};
-        const RowSource values = {value_cache, v_scale, row, rows == NULL ? NULL : rows + row};
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t seq = 0; seq < num_seqs; ++seq) {
-            if (failed) continue;
-            const int64_t end = seq_lens[seq], first = window > 0 && end > window ? end - window : 0;
-            const int64_t len = end - first, stride = (len + VL - 1) / VL * VL;
-            offsets_of(offsets, block_tables + seq * block_table_stride, first, end, block_size, row);
-            attend_dispatch(out + seq * num_heads * head_dim, q + seq * num_heads * head_dim, &keys, &values,
-                            offsets, len, stride, num_heads, num_kv_heads, head_dim, scale, softcap, scores,
-                            kv_format);
-        }
-        free(scores);
-        free(offsets);
-        free(rows);
-    }
-    return failed;
+    /* Tasks of a few sequences each: scratch buffers are allocated once per task. */
+    const int64_t grain = threads > 1 ? (num_seqs + 4 * threads - 1) / (4 * threads) : num_seqs;
+    pool_run(attend_sequences, &call, num_seqs, grain, threads);
+    return call.failed;
 }

@@ -196,18 +196,29 @@ static const column_fn INT4_COLUMNS[MAX_ROWS] = {int4_column_1, int4_column_2, i
 static const column_fn INT8_COLUMNS[MAX_ROWS] = {int8_column_1, int8_column_2, int8_column_3, int8_column_4,
                                                  int8_column_5, int8_column_6, int8_column_7, int8_column_8};
 
+typedef struct {
+    const Problem *problem;
+    const column_fn *columns;
+} Columns;
+
 /* Every column for every group of up to 8 rows: a task's weight columns stay in cache across the groups. */
+static void run_columns(void *context, int64_t begin, int64_t end) {
+    const Problem *p = ((const Columns *)context)->problem;
+    const column_fn *columns = ((const Columns *)context)->columns;
+    const int64_t full_groups = p->rows / MAX_ROWS, rest = p->rows % MAX_ROWS;
+    for (int64_t o = begin; o < end; o++) {
+        for (int64_t group = 0; group < full_groups; group++) columns[MAX_ROWS - 1](p, group * MAX_ROWS, o);
+        if (rest) columns[rest - 1](p, full_groups * MAX_ROWS, o);
+    }
+}
+
 static void run(const Problem *p, const column_fn *columns, int num_threads) {
     /* Work in threads.h's units: the bytes a bfloat16 weight of this shape would take, per group of
      * rows (widening the quantized values costs about what reading bfloat16 does). */
     const int64_t row_groups = (p->rows + MAX_ROWS - 1) / MAX_ROWS;
     const int threads = threads_for(p->out_features * p->in_features * 2 * row_groups, num_threads);
-    const int64_t full_groups = p->rows / MAX_ROWS, rest = p->rows % MAX_ROWS;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, COLUMNS_PER_TASK)
-    for (int64_t o = 0; o < p->out_features; o++) {
-        for (int64_t group = 0; group < full_groups; group++) columns[MAX_ROWS - 1](p, group * MAX_ROWS, o);
-        if (rest) columns[rest - 1](p, full_groups * MAX_ROWS, o);
-    }
+    Columns context = {p, columns};
+    pool_run(run_columns, &context, p->out_features, COLUMNS_PER_TASK, threads);
 }
 
 static float *widened(const void *x, int64_t count, int io_bf16) {

@@ -1,12 +1,10 @@
-/* How many threads a CPU kernel call should use.
+/* How many threads a CPU kernel call should use, and the pool that runs them (thread_pool.c).
  *
- * Waking a sleeping OpenMP thread is expensive under a hypervisor: with OMP_WAIT_POLICY=PASSIVE
- * (the default here: spinning threads starve other processes on a shared host) one parallel
- * region on a 2-core KVM box cost ~120 us more than the same call on one thread. A decode step
- * makes hundreds of kernel calls on small weights, so a call only goes parallel when its data is
- * large enough for the second thread to save more than the wake-up costs.
- * Worked example (AQ_PARALLEL_BYTES = 4 MiB, 2 threads): a 576 x 576 bfloat16 weight (648 KiB)
- * runs on one thread; the 49152 x 576 LM head (54 MiB) on two.
+ * Even with the pool's workers awake, splitting a call costs a few microseconds of handing out
+ * tasks and waiting for the last one, and a worker asleep between steps takes ~100 us to wake under
+ * a hypervisor. So a call goes parallel only when its data is large enough to repay that.
+ * Worked example (AQ_PARALLEL_BYTES = 256 KiB, 2 threads): a 576 x 576 bfloat16 weight (648 KiB)
+ * runs on two threads; a 64 x 576 one (72 KiB) on one.
  */
 #ifndef AQUEDUCT_THREADS_H
 #define AQUEDUCT_THREADS_H
@@ -14,7 +12,7 @@
 #include <stdint.h>
 
 #ifndef AQ_PARALLEL_BYTES
-#define AQ_PARALLEL_BYTES (4 << 20)
+#define AQ_PARALLEL_BYTES (256 << 10)
 #endif
 
 static inline int threads_for(int64_t bytes_read, int max_threads) {
@@ -22,5 +20,10 @@ static inline int threads_for(int64_t bytes_read, int max_threads) {
     const int64_t useful = bytes_read / (AQ_PARALLEL_BYTES / 2);
     return useful < max_threads ? (int)useful : max_threads;
 }
+
+/* Runs task(context, begin, end) over [0, total) in pieces of `grain` on up to `threads` threads,
+ * the caller's included; returns when all are done. */
+typedef void (*pool_task)(void *context, int64_t begin, int64_t end);
+void pool_run(pool_task task, void *context, int64_t total, int64_t grain, int threads);
 
 #endif
