@@ -6,8 +6,8 @@ quantized linear layers (csrc/quantized_linear.c) and RMSNorm (csrc/rms_norm.c).
 They are plain C, loaded through ctypes, so building takes about a second and needs no torch
 headers. The attention and linear kernels share one library with the thread pool they run on
 (csrc/thread_pool.c); RMSNorm uses OpenMP for prefill-sized steps. Each shared object is cached by
-sources and flags hash under $AQUEDUCT_CACHE_DIR/kernels. When no compiler is available, or AQUEDUCT_CPU_KERNEL=0, the loaders
-return None and the model stays on the portable torch path.
+sources and flags hash under $AQUEDUCT_CACHE_DIR/kernels. When no compiler is available, or
+AQUEDUCT_CPU_KERNEL=0, the loaders return None and the model stays on the portable torch path.
 """
 
 from __future__ import annotations
