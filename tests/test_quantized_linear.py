@@ -77,16 +77,26 @@ def test_nibbles_pack_in_gguf_order_and_unpack():
     assert torch.equal(unpack_nibbles(packed), values.to(torch.uint8))
 
 
-def test_native_int8_linear_is_the_float32_product_with_the_dequantized_weight():
-    generator = torch.Generator().manual_seed(1)
-    weight, bias = torch.randn(70, 56, generator=generator), torch.randn(70, generator=generator)
+def _group_exact_inputs(rng: np.random.Generator, rows: int, in_features: int) -> torch.Tensor:
+    """x whose groups of 32 are whole multiples of their max / 127: the kernel's int8 copy of x is exact."""
+    steps = torch.from_numpy(rng.integers(-127, 128, (rows, in_features))).float()
+    steps[:, ::32] = 127.0  # each group's largest magnitude is 127 steps
+    group_scales = torch.from_numpy(rng.uniform(0.01, 2.0, (rows, in_features // 32))).float()
+    return steps * group_scales.repeat_interleave(32, dim=1)
+
+
+@pytest.mark.parametrize("in_features", [56, 64])  # 56: float32 rows; 64: rows quantized per group of 32
+def test_native_int8_linear_is_the_float32_product_with_the_dequantized_weight(in_features):
+    rng = np.random.default_rng(in_features)
+    weight = torch.from_numpy(rng.standard_normal((70, in_features)).astype(np.float32))
+    bias = torch.from_numpy(rng.standard_normal(70).astype(np.float32))
     layer = Int8Linear.from_float(weight, bias, _native())
     torch.testing.assert_close(layer.dequantized(), Int8Linear.from_float(weight, bias).dequantized())
+    x = _group_exact_inputs(rng, 19, in_features) if in_features % 32 == 0 else torch.randn(19, in_features)
+    expected = (x.double() @ layer.dequantized().double().t() + bias.double()).float()
     for rows in (1, 3, 8, 19):  # 19: two groups of 8 rows and 3 more
-        x = torch.randn(rows, 56, generator=generator)
-        expected = (x.double() @ layer.dequantized().double().t() + bias.double()).float()
-        torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
-    x = torch.randn(2, 56, generator=generator).bfloat16()
+        torch.testing.assert_close(layer(x[:rows]), expected[:rows], atol=1e-4, rtol=1e-5)
+    x = torch.randn(2, in_features).bfloat16()
     assert layer(x).dtype == torch.bfloat16
     torch.testing.assert_close(layer(x).float(), layer(x.float()), atol=0.0, rtol=2**-8)
 
@@ -99,10 +109,7 @@ def test_native_int4_linear_reads_gguf_blocks_exactly(qtype):
     bias = torch.from_numpy(rng.standard_normal(40).astype(np.float32))
     layer = Int4Linear(*decode_q4(raw, qtype.name), bias, _native())
     torch.testing.assert_close(layer.dequantized(), reference, atol=0.0, rtol=0.0)  # GGUF's float16 d and m kept
-    # x whose groups of 32 are whole multiples of max / 127 quantize to int8 exactly: the float32 product.
-    steps = torch.from_numpy(rng.integers(-127, 128, (19, 96))).float()
-    steps[:, ::32] = 127.0  # each group's largest magnitude is 127 steps
-    x = steps * torch.from_numpy(rng.uniform(0.01, 2.0, (19, 3))).float().repeat_interleave(32, dim=1)
+    x = _group_exact_inputs(rng, 19, 96)  # the kernel's int8 x is exact: the float32 product
     expected = x.double() @ reference.double().t() + bias.double()
     # The kernel sums d * (q . x) and m * sum(x) apart, terms up to sum |x| * max |w| that largely
     # cancel: float32 rounding relative to those.

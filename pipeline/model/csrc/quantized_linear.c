@@ -12,7 +12,8 @@
  *   [O, I / 32, 2] float16 (d, m): w = q * d + m. GGUF Q4_1 is (d, m) as stored, Q4_0 (d, -8 d).
  *   Worked example: d = 0.5, m = -1, byte 0x3A -> w0 = 0.5 * 10 - 1 = 4, w16 = 0.5 * 3 - 1 = 0.5.
  *   Sum over a group: d * sum(q x) + m * sum(x); the sums of x per group are taken once per call.
- * int8: values [O, I] int8, scales [O] float32: w = q * scale.
+ * int8: values [O, I] int8, scales [O] float32: w = q * scale. x is quantized per group of 32 as
+ *   above when I allows (q . x_q per group is exact), else multiplied as float32.
  * x [M, I], y [M, O] float32 or bfloat16 (y rounded to nearest even), bias [O] float32 or NULL.
  */
 #include <math.h>
@@ -120,6 +121,33 @@ static inline float horizontal_sum(__m256 v) {
                   horizontal_sum(acc[m]) + offset_sum[m] + (p->bias ? p->bias[o] : 0.0f));             \
     }
 
+/* Column o for rows first .. first + M - 1 from x quantized per group (in_features % 32 == 0):
+ * scale * sum over groups of x_scale * (q . x_q). maddubs multiplies unsigned by signed bytes, so
+ * |q| meets x_q carrying q's sign; pairs reach at most 2 * 127 * 127 = 32258, inside int16. */
+#define DEFINE_INT8_GROUPED_COLUMN(M)                                                                  \
+    static void int8_grouped_column_##M(const Problem *p, int64_t first, int64_t o) {                  \
+        const int64_t groups = p->in_features / GROUP;                                                 \
+        const int8_t *q = (const int8_t *)p->values + o * p->in_features;                              \
+        const __m256i ones = _mm256_set1_epi16(1);                                                     \
+        __m256 acc[M];                                                                                 \
+        for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();                                      \
+        for (int64_t g = 0; g < groups; g++) {                                                         \
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(q + g * GROUP));                    \
+            const __m256i magnitude = _mm256_sign_epi8(w, w);                                          \
+            for (int m = 0; m < M; m++) {                                                              \
+                const int64_t at = (first + m) * groups + g;                                           \
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(p->x_q + at * GROUP));         \
+                const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xq, w));        \
+                const __m256i sums = _mm256_madd_epi16(pairs, ones);                                   \
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(p->x_scales[at]), acc[m]); \
+            }                                                                                          \
+        }                                                                                              \
+        const float scale = ((const float *)p->scales)[o];                                            \
+        for (int m = 0; m < M; m++)                                                                    \
+            store(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+                  horizontal_sum(acc[m]) * scale + (p->bias ? p->bias[o] : 0.0f));                     \
+    }
+
 /* Column o for rows first .. first + M - 1: scale * (q . x). */
 #define DEFINE_INT8_COLUMN(M)                                                                          \
     static void int8_column_##M(const Problem *p, int64_t first, int64_t o) {                          \
@@ -178,9 +206,27 @@ static inline float horizontal_sum(__m256 v) {
                   sums[m] * scale + (p->bias ? p->bias[o] : 0.0f));                                    \
     }
 
+#define DEFINE_INT8_GROUPED_COLUMN(M)                                                                  \
+    static void int8_grouped_column_##M(const Problem *p, int64_t first, int64_t o) {                  \
+        const int64_t groups = p->in_features / GROUP;                                                 \
+        const int8_t *q = (const int8_t *)p->values + o * p->in_features;                              \
+        float sums[M] = {0};                                                                           \
+        for (int64_t g = 0; g < groups; g++)                                                           \
+            for (int m = 0; m < M; m++) {                                                              \
+                const int64_t at = (first + m) * groups + g;                                           \
+                int32_t dot = 0;                                                                       \
+                for (int j = 0; j < GROUP; j++) dot += q[g * GROUP + j] * p->x_q[at * GROUP + j];      \
+                sums[m] += p->x_scales[at] * (float)dot;                                               \
+            }                                                                                          \
+        const float scale = ((const float *)p->scales)[o];                                            \
+        for (int m = 0; m < M; m++)                                                                    \
+            store(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+                  sums[m] * scale + (p->bias ? p->bias[o] : 0.0f));                                    \
+    }
+
 #endif
 
-#define DEFINE_COLUMNS(M) DEFINE_INT4_COLUMN(M) DEFINE_INT8_COLUMN(M)
+#define DEFINE_COLUMNS(M) DEFINE_INT4_COLUMN(M) DEFINE_INT8_COLUMN(M) DEFINE_INT8_GROUPED_COLUMN(M)
 DEFINE_COLUMNS(1)
 DEFINE_COLUMNS(2)
 DEFINE_COLUMNS(3)
@@ -193,6 +239,9 @@ DEFINE_COLUMNS(8)
 typedef void (*column_fn)(const Problem *, int64_t, int64_t);
 static const column_fn INT4_COLUMNS[MAX_ROWS] = {int4_column_1, int4_column_2, int4_column_3, int4_column_4,
                                                  int4_column_5, int4_column_6, int4_column_7, int4_column_8};
+static const column_fn INT8_GROUPED_COLUMNS[MAX_ROWS] = {
+    int8_grouped_column_1, int8_grouped_column_2, int8_grouped_column_3, int8_grouped_column_4,
+    int8_grouped_column_5, int8_grouped_column_6, int8_grouped_column_7, int8_grouped_column_8};
 static const column_fn INT8_COLUMNS[MAX_ROWS] = {int8_column_1, int8_column_2, int8_column_3, int8_column_4,
                                                  int8_column_5, int8_column_6, int8_column_7, int8_column_8};
 
@@ -272,13 +321,32 @@ int quantized_linear_int4(void *y, const void *x, const uint8_t *nibbles, const 
     return 0;
 }
 
-/* Returns 0, 2 when out of memory. */
+/* Returns 0, 2 when out of memory. x is quantized per group of 32 like the 4-bit path when
+ * in_features allows; otherwise the float32 row multiplies the widened weights. */
 int quantized_linear_int8(void *y, const void *x, const int8_t *values, const float *scales, const float *bias,
                           int64_t rows, int64_t out_features, int64_t in_features, int io_bf16, int num_threads) {
-    float *x_f32 = widened(x, rows * in_features, io_bf16);
+    const int64_t count = rows * in_features, groups = count / GROUP;
+    float *x_f32 = widened(x, count, io_bf16);
     if (!x_f32) return 2;
-    const Problem p = {y, x_f32, NULL, NULL, NULL, values, scales, bias, rows, out_features, in_features, io_bf16};
-    run(&p, INT8_COLUMNS, num_threads);
+    if (in_features % GROUP) {
+        const Problem p = {y, x_f32, NULL, NULL, NULL, values, scales, bias, rows, out_features, in_features, io_bf16};
+        run(&p, INT8_COLUMNS, num_threads);
+        free(x_f32);
+        return 0;
+    }
+    float *per_group = malloc(sizeof(float) * 2 * (groups > 0 ? groups : 1));
+    int8_t *x_q = malloc(count > 0 ? count : 1);
+    if (!per_group || !x_q) {
+        free(x_f32);
+        free(per_group);
+        free(x_q);
+        return 2;
+    }
+    quantize_groups(x_q, per_group, per_group + groups, x_f32, count);
+    const Problem p = {y, NULL, x_q, per_group, NULL, values, scales, bias, rows, out_features, in_features, io_bf16};
+    run(&p, INT8_GROUPED_COLUMNS, num_threads);
     free(x_f32);
+    free(per_group);
+    free(x_q);
     return 0;
 }
