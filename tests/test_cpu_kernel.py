@@ -137,6 +137,7 @@ def test_kernel_reads_bfloat16_kv(num_heads, num_kv_heads, head_dim, block_size)
     torch.testing.assert_close(out.float(), expected.bfloat16().float(), atol=1e-2, rtol=1e-2)
     exact = kernel(q.float(), kv_cache, block_tables, seq_lens, int(seq_lens.max()), scale)
     torch.testing.assert_close(exact, expected, atol=2e-5, rtol=1e-5)
+    assert torch.equal(out, exact.bfloat16())  # bfloat16 q is widened exactly; out is rounded once
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,5 +1,6 @@
-/* Paged attention for decode tokens (one query token per sequence) on the CPU: q and out float32,
- * the K/V cache float32, bfloat16 or fp8 (kv_format below; widened to float32 as it is read, so
+/* Paged attention for decode tokens (one query token per sequence) on the CPU: q and out float32
+ * or bfloat16 (io_bf16: widened on the way in, rounded to nearest even on the way out), the K/V
+ * cache float32, bfloat16 or fp8 (kv_format below; widened to float32 as it is read, so
  * every product and sum is in float32 whatever the cache holds).
  *
  * Reads K/V straight from the paged cache through the block table, so no padded copy of the
@@ -28,7 +29,7 @@
  * row is decoded into a small float buffer just before use (decode_fp8_row), and the passes are
  * then the float32 ones.
  *
- * Layouts (contiguous): q, out [num_seqs, num_heads, head_dim] float32;
+ * Layouts (contiguous): q, out [num_seqs, num_heads, head_dim] float32 (bfloat16 with io_bf16);
  * key_cache, value_cache [num_blocks, block_size, num_kv_heads, head_dim] (elements of kv_format);
  * block_tables [num_seqs, block_table_stride] int32; seq_lens [num_seqs] int32 (>= 1).
  */
@@ -297,24 +298,25 @@ static int64_t kv_bytes_read(const int32_t *seq_lens, int64_t num_seqs, int64_t 
 }
 
 typedef struct {
-    float *out;
-    const float *q;
+    void *out;
+    const void *q;
     const void *key_cache, *value_cache;
     const int32_t *block_tables, *seq_lens;
     int64_t block_table_stride, num_heads, num_kv_heads, head_dim, block_size, max_stride, window;
     float scale, softcap, k_scale, v_scale;
-    int kv_format, failed;
+    int kv_format, io_bf16, failed;
 } Call;
 
 /* Sequences begin .. end - 1, with scratch buffers of their own (tasks run on any thread). */
 static void attend_sequences(void *context, int64_t begin, int64_t end) {
     Call *c = context;
-    const int64_t row = c->num_kv_heads * c->head_dim;
+    const int64_t row = c->num_kv_heads * c->head_dim, width = c->num_heads * c->head_dim;
     const int fp8 = c->kv_format == KV_E4M3 || c->kv_format == KV_E5M2;
     float *scores = malloc(sizeof(float) * c->num_heads * c->max_stride);
     int64_t *offsets = malloc(sizeof(int64_t) * c->max_stride);
     float *rows = fp8 ? malloc(sizeof(float) * 2 * row) : NULL; /* decoded K and V rows */
-    if (scores == NULL || offsets == NULL || (fp8 && rows == NULL)) {
+    float *q_out = c->io_bf16 ? malloc(sizeof(float) * 2 * width) : NULL; /* one sequence's q and out in float32 */
+    if (scores == NULL || offsets == NULL || (fp8 && rows == NULL) || (c->io_bf16 && q_out == NULL)) {
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
     } else {
         const RowSource keys = {c->key_cache, c->k_scale, row, rows};
@@ -323,26 +325,35 @@ static void attend_sequences(void *context, int64_t begin, int64_t end) {
             const int64_t last = c->seq_lens[seq], first = c->window > 0 && last > c->window ? last - c->window : 0;
             const int64_t len = last - first, stride = (len + VL - 1) / VL * VL;
             offsets_of(offsets, c->block_tables + seq * c->block_table_stride, first, last, c->block_size, row);
-            attend_dispatch(c->out + seq * c->num_heads * c->head_dim, c->q + seq * c->num_heads * c->head_dim,
-                            &keys, &values, offsets, len, stride, c->num_heads, c->num_kv_heads, c->head_dim,
-                            c->scale, c->softcap, scores, c->kv_format);
+            const float *q = (const float *)c->q + seq * width;
+            float *out = (float *)c->out + seq * width;
+            if (c->io_bf16) {
+                for (int64_t i = 0; i < width; ++i) q_out[i] = bf16_to_float(((const uint16_t *)c->q)[seq * width + i]);
+                q = q_out;
+                out = q_out + width;
+            }
+            attend_dispatch(out, q, &keys, &values, offsets, len, stride, c->num_heads, c->num_kv_heads,
+                            c->head_dim, c->scale, c->softcap, scores, c->kv_format);
+            if (c->io_bf16)
+                for (int64_t i = 0; i < width; ++i) ((uint16_t *)c->out)[seq * width + i] = float_to_bf16(out[i]);
         }
     }
     free(scores);
     free(offsets);
     free(rows);
+    free(q_out);
 }
 
-int paged_decode_attention(float *out, const float *q, const void *key_cache, const void *value_cache,
+int paged_decode_attention(void *out, const void *q, const void *key_cache, const void *value_cache,
                            const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                            int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                            int64_t block_size, float scale, int64_t max_seq_len, int64_t window, float softcap,
-                           int kv_format, float k_scale, float v_scale, int num_threads) {
+                           int kv_format, float k_scale, float v_scale, int io_bf16, int num_threads) {
     const int64_t row = num_kv_heads * head_dim;
     const int64_t max_stride = ((max_seq_len > 0 ? max_seq_len : 1) + VL - 1) / VL * VL;
     Call call = {out, q, key_cache, value_cache, block_tables, seq_lens, block_table_stride, num_heads,
                  num_kv_heads, head_dim, block_size, max_stride, window, scale, softcap, k_scale, v_scale,
-                 kv_format, 0};
+                 kv_format, io_bf16, 0};
     const int64_t work = kv_bytes_read(seq_lens, num_seqs, window, row, kv_format) * (num_heads / num_kv_heads);
     const int threads = threads_for(work, num_seqs < num_threads ? (int)num_seqs : num_threads);
     /* Tasks of a few sequences each: scratch buffers are allocated once per task. */
