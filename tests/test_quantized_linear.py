@@ -12,7 +12,14 @@ from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerCon
 from pipeline.engine import LLMEngine
 from pipeline.gguf.quant_blocks import decode_q4
 from pipeline.model.cpu_kernel import load_quantized_linear_kernel
-from pipeline.model.quantized_linear import Int4Linear, Int8Linear, pack_nibbles, quantized_kernels_work, unpack_nibbles
+from pipeline.model.quantized_linear import (
+    Int4Linear,
+    Int8Linear,
+    native_kernel_for,
+    pack_nibbles,
+    quantized_kernels_work,
+    unpack_nibbles,
+)
 from pipeline.sampling_params import SamplingParams
 from tests.engine_helpers import run_requests
 from tests.gguf_files import write_gguf
@@ -173,10 +180,18 @@ def test_gguf_quantization_keeps_q4_blocks_and_agrees_with_the_dequantized_model
     kinds = {type(module).__name__ for module in engine.runner.model.modules()}
     assert "Int4Linear" in kinds and "Linear" not in kinds, kinds
     natives = {module.native is not None for module in engine.runner.model.modules() if isinstance(module, Int4Linear)}
-    assert natives == {cpu_linear == "auto" and load_quantized_linear_kernel() is not None}
+    assert natives == {native_kernel_for(cpu_linear) is not None}
     ours = _greedy(engine, PROMPTS, 6)
     assert all(len(tokens) == 6 for tokens in ours)
     assert _first_token_agreement(ours, reference) >= 0.75, (ours, reference)
+
+
+def test_auto_takes_the_native_quantized_kernel_only_without_avx512(monkeypatch):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert native_kernel_for("auto") is load_quantized_linear_kernel()
+    assert native_kernel_for("torch") is None
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert native_kernel_for("auto") is None
 
 
 def test_gguf_quantization_of_an_hf_checkpoint_is_a_clear_error(tmp_path):
