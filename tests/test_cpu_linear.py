@@ -22,6 +22,7 @@ from pipeline.model.cpu_linear import (
     pack_linears,
     padded_row_count,
 )
+from pipeline.model.layers import GatedMLP
 from pipeline.model.runner import ModelRunner, dummy_prefill_inputs
 from tests.hf_models import make_tiny_hf_model
 
@@ -162,6 +163,25 @@ def test_few_rows_kernel_calls_from_several_threads_at_once_stay_exact() -> None
         torch.set_num_threads(previous)
     for expected, results in zip(alone, together, strict=True):
         assert all(torch.equal(result, expected) for result in results)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_mlp_down_projection_applies_silu_gating_in_the_kernel(dtype: torch.dtype) -> None:
+    kernel = load_few_rows_linear_kernel()
+    if kernel is None:
+        pytest.skip("no C compiler")
+    torch.manual_seed(12)
+    mlp = GatedMLP(48, 40).to(dtype)
+    reference = GatedMLP(48, 40).to(dtype)
+    reference.load_state_dict(mlp.state_dict())
+    mlp.down_proj = FewRowsLinear(mlp.down_proj, kernel)
+    reference.down_proj = FewRowsLinear(reference.down_proj, kernel)
+    reference.down_proj.forward_gated = lambda _gate_up: None  # the same kernel fed by torch's ops
+    with torch.no_grad():
+        for rows in (1, 3, 8, 9):  # 9: above the kernel's rows, the unfused path
+            x = torch.randn(rows, 48).to(dtype)
+            tolerance = 1e-6 if dtype == torch.float32 else 1e-2  # expf vs torch's exp in the last bit
+            torch.testing.assert_close(mlp(x), reference(x), atol=tolerance, rtol=tolerance)
 
 
 def test_auto_uses_the_few_rows_kernel_only_without_avx512(monkeypatch: pytest.MonkeyPatch) -> None:

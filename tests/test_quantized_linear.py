@@ -139,6 +139,23 @@ def test_native_int4_linear_on_any_input_is_within_int8_activation_rounding():
     assert float(error.mean()) < 0.01 * float(expected.pow(2).mean().sqrt())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_native_quantized_down_projection_applies_silu_gating(kind, dtype):
+    rng = np.random.default_rng(5)
+    weight = rng.standard_normal((40, 64)).astype(np.float32)
+    if kind == "int4":
+        layer = Int4Linear(*decode_q4(gguf.quants.quantize(weight, Q.Q4_0), "Q4_0"), None, _native())
+    else:
+        layer = Int8Linear.from_float(torch.from_numpy(weight), None, _native())
+    gate_up = torch.from_numpy(rng.standard_normal((5, 128)).astype(np.float32)).to(dtype)
+    gate, up = gate_up.split(64, dim=-1)
+    unfused = layer(torch.nn.functional.silu(gate) * up)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # expf vs torch's exp in the last bit
+    torch.testing.assert_close(layer.forward_gated(gate_up), unfused, atol=tolerance, rtol=tolerance)
+    assert Int8Linear.from_float(torch.from_numpy(weight)).forward_gated(gate_up) is None  # torch's kernel: unfused
+
+
 def _engine(model: str, dtype: str, quantization: str, cpu_linear: str = "auto") -> LLMEngine:
     return LLMEngine(EngineConfig(model=ModelConfig(model=model, dtype=dtype, quantization=quantization,
                                                     cpu_linear=cpu_linear),

@@ -107,11 +107,13 @@ class FewRowsLinearKernel:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        self._fn = _bind(library, "few_rows_linear", [p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
+        self._fn = _bind(library, "few_rows_linear", [p, p, p, p, i64, i64, i64, i32, i32, i32, i32], i32)
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 gated: bool = False) -> torch.Tensor:
         """x [M, I] (M <= 8) float32 or bfloat16 (other dtypes go through float32), weight [O, I]
-        contiguous float32 or bfloat16, bias [O] or None -> [M, O] in x's dtype; sums in float32."""
+        contiguous float32 or bfloat16, bias [O] or None -> [M, O] in x's dtype; sums in float32.
+        gated: x is [M, 2 I], a SiLU-gated MLP's [gate | up], and the input is silu(gate) * up."""
         rows = x.shape[0]
         io_bf16 = x.dtype == torch.bfloat16
         x_in = (x if io_bf16 else x.float()).contiguous()
@@ -120,7 +122,7 @@ class FewRowsLinearKernel:
         out = torch.empty(rows, weight.shape[0], dtype=x_in.dtype)
         failed = self._fn(out.data_ptr(), x_in.data_ptr(), weight.data_ptr(),
                           bias.data_ptr() if bias is not None else None, rows, weight.shape[0], weight.shape[1],
-                          int(weight.dtype == torch.bfloat16), int(io_bf16), torch.get_num_threads())
+                          int(weight.dtype == torch.bfloat16), int(io_bf16), int(gated), torch.get_num_threads())
         if failed == 1:
             raise ValueError(f"the few-rows linear kernel takes 1-{self.MAX_ROWS} rows, got {rows}")
         if failed:
@@ -133,23 +135,24 @@ class QuantizedLinearKernel:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        self._int4 = _bind(library, "quantized_linear_int4", [p, p, p, p, p, i64, i64, i64, i32, i32], i32)
-        self._int8 = _bind(library, "quantized_linear_int8", [p, p, p, p, p, i64, i64, i64, i32, i32], i32)
+        self._int4 = _bind(library, "quantized_linear_int4", [p, p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
+        self._int8 = _bind(library, "quantized_linear_int8", [p, p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
 
     def int4(self, x: torch.Tensor, nibbles: torch.Tensor, scales_offsets: torch.Tensor,
-             bias: torch.Tensor | None) -> torch.Tensor:
+             bias: torch.Tensor | None, gated: bool = False) -> torch.Tensor:
         """x [M, I] float32 or bfloat16 (others through float32); nibbles [O, I / 2] uint8 and
-        scales_offsets [O, I / 32, 2] float16 in the kernel's layout -> [M, O] in x's dtype."""
-        return self._run(self._int4, x, nibbles, scales_offsets, bias)
+        scales_offsets [O, I / 32, 2] float16 in the kernel's layout -> [M, O] in x's dtype.
+        gated: x is [M, 2 I], a SiLU-gated MLP's [gate | up], and the input is silu(gate) * up."""
+        return self._run(self._int4, x, nibbles, scales_offsets, bias, 2 * nibbles.shape[1], gated)
 
     def int8(self, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor,
-             bias: torch.Tensor | None) -> torch.Tensor:
-        """x [M, I]; values [O, I] int8 and scales [O] float32 -> [M, O] in x's dtype."""
-        return self._run(self._int8, x, values, scales, bias)
+             bias: torch.Tensor | None, gated: bool = False) -> torch.Tensor:
+        """x [M, I]; values [O, I] int8 and scales [O] float32 -> [M, O] in x's dtype; gated as int4."""
+        return self._run(self._int8, x, values, scales, bias, values.shape[1], gated)
 
     @staticmethod
     def _run(function: Any, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor,
-             bias: torch.Tensor | None) -> torch.Tensor:
+             bias: torch.Tensor | None, in_features: int, gated: bool) -> torch.Tensor:
         io_bf16 = x.dtype == torch.bfloat16
         x_in = (x if io_bf16 else x.float()).contiguous()
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
@@ -157,9 +160,9 @@ class QuantizedLinearKernel:
         out = torch.empty(x_in.shape[0], values.shape[0], dtype=x_in.dtype)
         failed = function(out.data_ptr(), x_in.data_ptr(), values.data_ptr(), scales.data_ptr(),
                           bias.data_ptr() if bias is not None else None, x_in.shape[0], values.shape[0],
-                          x_in.shape[1], int(io_bf16), torch.get_num_threads())
+                          in_features, int(io_bf16), int(gated), torch.get_num_threads())
         if failed == 1:
-            raise ValueError(f"4-bit weights need in_features divisible by 32, got {x_in.shape[1]}")
+            raise ValueError(f"4-bit weights need in_features divisible by 32, got {in_features}")
         if failed:
             raise MemoryError("the quantized linear kernel could not allocate its scratch buffers")
         return out if out.dtype == x.dtype else out.to(x.dtype)

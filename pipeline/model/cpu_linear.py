@@ -79,6 +79,14 @@ class PackedLinear(nn.Module):
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
         return out[:num_rows].view(*x.shape[:-1], self.out_features)
 
+    def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """self(silu(gate) * up) from a gated MLP's [gate | up] in one kernel call (few rows only), else None."""
+        rows = gate_up.reshape(-1, 2 * self.in_features)
+        if self.few_rows is None or not 0 < rows.shape[0] <= self.FEW_ROWS:
+            return None
+        return self.few_rows(rows, self.plain_weight, self.bias, gated=True).view(*gate_up.shape[:-1],
+                                                                                   self.out_features)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"few_rows={self.few_rows is not None}")
@@ -97,6 +105,13 @@ class FewRowsLinear(nn.Module):
         if not 0 < rows.shape[0] <= self.few_rows.MAX_ROWS:
             return F.linear(x, self.weight, self.bias)
         return self.few_rows(rows, self.weight, self.bias).view(*x.shape[:-1], self.out_features)  # reads data_ptr
+
+    def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """self(silu(gate) * up) from a gated MLP's [gate | up] in one kernel call (1-8 rows), else None."""
+        rows = gate_up.reshape(-1, 2 * self.in_features)
+        if not 0 < rows.shape[0] <= self.few_rows.MAX_ROWS:
+            return None
+        return self.few_rows(rows, self.weight, self.bias, gated=True).view(*gate_up.shape[:-1], self.out_features)
 
 
 def few_rows_kernel_for(cpu_linear: str, dtype: torch.dtype) -> FewRowsLinearKernel | None:

@@ -173,5 +173,12 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        # Native CPU down projections take [gate | up] and apply the SiLU gating as they read it
+        # (three fewer ops per layer); looked up per call, since LoRA or TP may wrap the layer later.
+        fused = getattr(self.down_proj, "forward_gated", None) if self.activation is F.silu else None
+        out = fused(gate_up) if fused is not None else None
+        if out is not None:
+            return out
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(self.activation(gate) * up)

@@ -68,6 +68,14 @@ class Int8Linear(nn.Module):
             out = out + self.bias.to(out.dtype)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
+    def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """self(silu(gate) * up) from a gated MLP's [gate | up] in one native call, else None."""
+        if self.native is None:
+            return None
+        out = self.native.int8(gate_up.reshape(-1, 2 * self.in_features), self.weight_int8, self.scales, self.bias,
+                               gated=True)
+        return out.view(*gate_up.shape[:-1], self.out_features)
+
     def dequantized(self) -> torch.Tensor:
         """The float32 weight this layer multiplies by (for tests and accuracy checks)."""
         return self.weight_int8.float() * self.scales.float()[:, None]
@@ -120,6 +128,14 @@ class Int4Linear(nn.Module):
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """self(silu(gate) * up) from a gated MLP's [gate | up] in one native call, else None."""
+        if self.native is None:
+            return None
+        out = self.native.int4(gate_up.reshape(-1, 2 * self.in_features), self.nibbles, self.scales_offsets,
+                               self.bias, gated=True)
+        return out.view(*gate_up.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight this layer multiplies by."""

@@ -14,7 +14,7 @@
  *
  * x [M, I] and y [M, O] float32 or bfloat16 (x is widened once, y rounded to nearest even as torch
  * rounds), W [O, I] float32 or bfloat16 (the top 16 bits of a float32), bias [O] float32 or NULL;
- * all contiguous, 1 <= M <= 8.
+ * all contiguous, 1 <= M <= 8. gated: x is [M, 2 I], a gated MLP's [gate | up] (input_rows.h).
  * Worked example (M = 2, I = 2, O = 1): x = [[1, 2], [3, 4]], W = [[5, 6]] -> y = [[17], [39]].
  */
 #include <stdint.h>
@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "input_rows.h"
 #include "threads.h"
 
 #define MAX_ROWS 8
@@ -148,13 +149,11 @@ static const column_fn COLUMNS[2][MAX_ROWS] = {
     {column_1_1, column_2_1, column_3_1, column_4_1, column_5_1, column_6_1, column_7_1, column_8_1}};
 
 /* x widened to float32 and, for bfloat16 weights, reordered chunk by chunk (module comment). */
-static void prepare_rows(float *out, const void *x, int64_t rows, int64_t in_features, int io_bf16, int bf16) {
+static void prepare_rows(float *out, const void *x, int64_t rows, int64_t in_features, int io_bf16, int gated,
+                         int bf16) {
     for (int64_t m = 0; m < rows; m++)
-        for (int64_t i = 0; i < in_features; i++) {
-            const int64_t index = m * in_features + i;
-            const float value = io_bf16 ? bf16_to_float(((const uint16_t *)x)[index]) : ((const float *)x)[index];
-            out[m * in_features + reordered(i, in_features, bf16)] = value;
-        }
+        for (int64_t i = 0; i < in_features; i++)
+            out[m * in_features + reordered(i, in_features, bf16)] = input_value(x, io_bf16, gated, in_features, m, i);
 }
 
 typedef struct {
@@ -175,11 +174,11 @@ static void run_columns(void *context, int64_t begin, int64_t end) {
 
 /* Returns 0; 1 when rows is out of range (the caller takes another path), 2 when out of memory. */
 int few_rows_linear(void *y, const void *x, const void *weight, const float *bias, int64_t rows,
-                    int64_t out_features, int64_t in_features, int bf16, int io_bf16, int num_threads) {
+                    int64_t out_features, int64_t in_features, int bf16, int io_bf16, int gated, int num_threads) {
     if (rows < 1 || rows > MAX_ROWS) return 1;
     float *x_f32 = malloc(sizeof(float) * rows * in_features);
     if (!x_f32) return 2;
-    prepare_rows(x_f32, x, rows, in_features, io_bf16, bf16);
+    prepare_rows(x_f32, x, rows, in_features, io_bf16, gated, bf16);
     Columns columns = {COLUMNS[bf16 != 0][rows - 1], y, io_bf16, x_f32, weight, bias, out_features, in_features};
     const int64_t weight_bytes = out_features * in_features * (bf16 ? 2 : 4);
     pool_run(run_columns, &columns, out_features, COLUMNS_PER_TASK, threads_for(weight_bytes, num_threads));

@@ -14,7 +14,8 @@
  *   Sum over a group: d * sum(q x) + m * sum(x); the sums of x per group are taken once per call.
  * int8: values [O, I] int8, scales [O] float32: w = q * scale. x is quantized per group of 32 as
  *   above when I allows (q . x_q per group is exact), else multiplied as float32.
- * x [M, I], y [M, O] float32 or bfloat16 (y rounded to nearest even), bias [O] float32 or NULL.
+ * x [M, I], y [M, O] float32 or bfloat16 (y rounded to nearest even), bias [O] float32 or NULL;
+ * gated: x is [M, 2 I], a gated MLP's [gate | up] (input_rows.h).
  */
 #include <math.h>
 #include <stdint.h>
@@ -22,6 +23,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "input_rows.h"
 #include "threads.h"
 
 #define GROUP 32
@@ -270,11 +272,12 @@ static void run(const Problem *p, const column_fn *columns, int num_threads) {
     pool_run(run_columns, &context, p->out_features, COLUMNS_PER_TASK, threads);
 }
 
-static float *widened(const void *x, int64_t count, int io_bf16) {
-    float *out = malloc(sizeof(float) * (count > 0 ? count : 1));
+static float *widened(const void *x, int64_t rows, int64_t in_features, int io_bf16, int gated) {
+    float *out = malloc(sizeof(float) * (rows * in_features > 0 ? rows * in_features : 1));
     if (out)
-        for (int64_t i = 0; i < count; i++)
-            out[i] = io_bf16 ? bf16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+        for (int64_t m = 0; m < rows; m++)
+            for (int64_t i = 0; i < in_features; i++)
+                out[m * in_features + i] = input_value(x, io_bf16, gated, in_features, m, i);
     return out;
 }
 
@@ -299,10 +302,10 @@ static void quantize_groups(int8_t *x_q, float *scales, float *sums, const float
 /* Returns 0, 1 when in_features is not a multiple of 32, 2 when out of memory. */
 int quantized_linear_int4(void *y, const void *x, const uint8_t *nibbles, const uint16_t *scales_offsets,
                           const float *bias, int64_t rows, int64_t out_features, int64_t in_features, int io_bf16,
-                          int num_threads) {
+                          int gated, int num_threads) {
     if (in_features % GROUP) return 1;
     const int64_t count = rows * in_features, groups = count / GROUP;
-    float *x_f32 = widened(x, count, io_bf16);
+    float *x_f32 = widened(x, rows, in_features, io_bf16, gated);
     float *per_group = malloc(sizeof(float) * 2 * (groups > 0 ? groups : 1));
     int8_t *x_q = malloc(count > 0 ? count : 1);
     if (!x_f32 || !per_group || !x_q) {
@@ -324,9 +327,10 @@ int quantized_linear_int4(void *y, const void *x, const uint8_t *nibbles, const 
 /* Returns 0, 2 when out of memory. x is quantized per group of 32 like the 4-bit path when
  * in_features allows; otherwise the float32 row multiplies the widened weights. */
 int quantized_linear_int8(void *y, const void *x, const int8_t *values, const float *scales, const float *bias,
-                          int64_t rows, int64_t out_features, int64_t in_features, int io_bf16, int num_threads) {
+                          int64_t rows, int64_t out_features, int64_t in_features, int io_bf16, int gated,
+                          int num_threads) {
     const int64_t count = rows * in_features, groups = count / GROUP;
-    float *x_f32 = widened(x, count, io_bf16);
+    float *x_f32 = widened(x, rows, in_features, io_bf16, gated);
     if (!x_f32) return 2;
     if (in_features % GROUP) {
         const Problem p = {y, x_f32, NULL, NULL, NULL, values, scales, bias, rows, out_features, in_features, io_bf16};
