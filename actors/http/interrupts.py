@@ -15,11 +15,20 @@ command's send, returns normally when cancelled just as the send completes).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 import anyio
 from starlette.types import Receive
+
+
+@functools.cache
+def _cancel_scope_class() -> type[anyio.CancelScope]:
+    """The running backend's CancelScope class. anyio.CancelScope() looks the backend up on every call
+    (sniffio: about three times the cost of entering and leaving the scope here); the gateway runs on
+    asyncio alone, so once is enough."""
+    return type(anyio.CancelScope())
 
 
 class ClientGone(Exception):
@@ -39,7 +48,7 @@ class Interrupter:
     def __enter__(self) -> None:
         if self.error is not None:
             raise self.error
-        self._scope = anyio.CancelScope()
+        self._scope = _cancel_scope_class()()
         self._scope.__enter__()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
