@@ -20,10 +20,12 @@ from actors.http.openai_shapes import completion_logprobs, usage_object
 from queue_adapters.codec import WireChoice, WireReply
 
 DONE_EVENT = "data: [DONE]\n\n"
+# json.dumps(payload, ensure_ascii=False) builds an encoder per call; this one gives the same text.
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 
 def event(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"data: {_ENCODER.encode(payload)}\n\n"
 
 
 class ChunkWriter:
