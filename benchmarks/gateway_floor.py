@@ -18,6 +18,7 @@ from gateway_deployment import free_port
 
 from actors import event_loop
 from actors.http.app import create_app
+from actors.http.one_send import server_config
 from actors.http.options import GatewayOptions
 from queue_adapters.codec import WireChoice, WireReply, WireRequest, WireUsage
 
@@ -95,8 +96,7 @@ async def first_token_ms(requests: int = 200, tokens: int = 4) -> tuple[float, f
     """(p50, p90) ms from writing a streamed /v1/completions request to reading its first token chunk."""
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))  # no per-request log
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(InstantBackend(tokens), GatewayOptions()), host="127.0.0.1",
-                                           port=port, log_config=None, access_log=False))
+    server = uvicorn.Server(server_config(create_app(InstantBackend(tokens), GatewayOptions()), "127.0.0.1", port))
     serving = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)

@@ -108,10 +108,12 @@ class AqueductClient:
     def reply_key(self, request_id: str, reply_to: str | None = None) -> str:
         return reply_to or f"{self.prefix}:out:{request_id}"
 
-    async def submit(self, request: dict[str, Any] | WireRequest) -> str:
-        """Validate (raising CodecError naming the field), XADD to `{prefix}:requests`; returns the id."""
+    async def submit(self, request: dict[str, Any] | WireRequest, *, params_checked: bool = False) -> str:
+        """Validate (raising CodecError naming the field), XADD to `{prefix}:requests`; returns the id.
+        `params_checked`: see codec.decode_request."""
         raw = encode(request)
-        checked = decode_request(raw)  # the worker's exact check, so a bad request fails here, not later
+        # The worker's exact check, so a bad request fails here, not later.
+        checked = decode_request(raw, params_checked=params_checked)
         await self.redis.xadd(f"{self.prefix}:requests", {DATA_FIELD: raw})
         self._remember(checked)
         return checked.id

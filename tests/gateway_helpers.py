@@ -14,6 +14,7 @@ import uvicorn
 
 from actors.http.app import create_app
 from actors.http.backends import Backend
+from actors.http.one_send import server_config
 from actors.http.options import GatewayOptions
 from queue_adapters.codec import WireReply, WireRequest
 
@@ -30,8 +31,7 @@ def free_port() -> int:
 def serving(backend: Backend, options: GatewayOptions) -> Iterator[str]:
     """The app on http://127.0.0.1:PORT until the block ends; yields the /v1 base URL."""
     port = free_port()
-    config = uvicorn.Config(create_app(backend, options), host="127.0.0.1", port=port, log_config=None,
-                            access_log=False, timeout_graceful_shutdown=5)
+    config = server_config(create_app(backend, options), "127.0.0.1", port, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
     thread.start()

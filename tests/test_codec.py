@@ -55,6 +55,18 @@ def test_plain_map_decodes_like_the_struct() -> None:
     assert request.sampling_params().seed == 3
 
 
+def test_params_checked_skips_only_the_params_check() -> None:
+    # The gateway validated params with SamplingParams already; the shape and prompt are still checked.
+    raw = encode({"id": "a", "prompt": "x", "params": {"temperature": -1.0}})
+    assert decode_request(raw, params_checked=True).params == {"temperature": -1.0}
+    with pytest.raises(CodecError, match="temperature"):
+        decode_request(raw)
+    with pytest.raises(CodecError, match="prompt"):
+        decode_request(encode({"id": "a", "prompt": ""}), params_checked=True)
+    with pytest.raises(CodecError):
+        decode_request(encode({"id": "a b", "prompt": "x"}), params_checked=True)
+
+
 def test_reply_and_cancel_round_trip() -> None:
     reply = WireReply(id="a", seq=3, choices=[
         WireChoice(index=0, token_ids=[5, 6], text="hi", logprobs=[{"5": -0.1}], finish_reason="stop",

@@ -57,13 +57,16 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
     async def http_error(_: Request, error: StarletteHTTPException) -> Response:
         return ApiError(error.status_code, str(error.detail)).response()  # 404/405 in OpenAI's shape too
 
-    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await generation.handle(request, chat=False)
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await generation.handle(request, chat=True)
+
+    # Plain Starlette routes: they read the request themselves, so FastAPI's per-request dependency
+    # solving would be work on every request's path to its first token for nothing.
+    app.add_route("/v1/completions", completions, methods=["POST"])
+    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

@@ -93,7 +93,8 @@ class RemoteBackend:
 
     async def submit(self, request: WireRequest) -> None:
         # A duplicate id is acked by the worker that owns it; replies() reads its stream from the start.
-        await self._client().submit(request)
+        # parse_body built the params with SamplingParams.from_dict: the codec need not check them again.
+        await self._client().submit(request, params_checked=True)
 
     def replies(self, request: WireRequest) -> AsyncIterator[WireReply]:
         return self._client().stream(request.id, n=request.params.get("n", 1))

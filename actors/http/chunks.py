@@ -20,10 +20,12 @@ from actors.http.openai_shapes import completion_logprobs, usage_object
 from queue_adapters.codec import WireChoice, WireReply
 
 DONE_EVENT = "data: [DONE]\n\n"
+# json.dumps(payload, ensure_ascii=False) builds an encoder per call; this one gives the same text.
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 
 def event(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"data: {_ENCODER.encode(payload)}\n\n"
 
 
 class ChunkWriter:
@@ -35,16 +37,22 @@ class ChunkWriter:
                          else "text_completion", "created": int(time.time()), "model": model_name}
         self._text_offsets: dict[int, int] = {}  # choice -> characters sent (completions' text_offset)
 
-    async def events(self, replies: AsyncIterator[WireReply], first: WireReply) -> AsyncIterator[str]:
+    def opening(self, first: WireReply) -> str:
+        """The events of the first reply entry (after chat's role announcement), as one text: they go
+        out in one write with the headers."""
+        opening = self._entry(first)
         if self.request.chat:  # chat announces the role once per choice, before any content
-            yield event({**self.envelope, "choices": [
+            opening.insert(0, event({**self.envelope, "choices": [
                 {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                 "finish_reason": None} for index in range(self.request.num_choices)]})
-        for event_text in self._entry(first):
-            yield event_text
+                 "finish_reason": None} for index in range(self.request.num_choices)]}))
+        return "".join(opening)
+
+    async def rest(self, replies: AsyncIterator[WireReply]) -> AsyncIterator[str]:
+        """The events of each later entry (one text per entry: one write), then [DONE]."""
         async for reply in replies:
-            for event_text in self._entry(reply):
-                yield event_text
+            events = self._entry(reply)
+            if events:
+                yield "".join(events)
         yield DONE_EVENT
 
     def _entry(self, reply: WireReply) -> list[str]:

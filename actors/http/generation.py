@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import structlog
 from redis.exceptions import RedisError
@@ -24,6 +24,7 @@ from actors.http.bodies import GatewayRequest, parse_body
 from actors.http.chunks import DONE_EVENT, ChunkWriter, event
 from actors.http.errors import ApiError, from_engine_error, invalid
 from actors.http.gateway_metrics import GatewayMetrics
+from actors.http.interrupts import ClientGone, DisconnectWatch, Interrupter, Watchdog
 from actors.http.limits import PendingLimit, check_api_key, read_body_limited
 from actors.http.openai_shapes import completion_body
 from actors.http.options import GatewayOptions
@@ -31,11 +32,6 @@ from queue_adapters.client import assemble
 from queue_adapters.codec import WireReply
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
-
-
-class ClientGone(Exception):
-    """The client closed the connection before its answer was ready."""
 
 
 class Generation:
@@ -62,7 +58,7 @@ class Generation:
             log.info("http request", endpoint=endpoint, status=response.status_code, request_id=request_id,
                      seconds=round(time.monotonic() - started, 3))
 
-        if isinstance(response, _ClosingStreamingResponse):
+        if isinstance(response, _EventStreamResponse):
             response.also_on_closed(log_line)  # when the stream ends: not between the first token and the client
         else:
             log_line()
@@ -79,27 +75,32 @@ class Generation:
                                      self.options.request_timeout_s, self.backend.adapter_names())
         self.pending.acquire()
         self.metrics.in_flight.inc()
-        released = False
-        disconnected = asyncio.create_task(_wait_disconnect(request))
+        handed_over = False
+        interrupter = Interrupter()
+        watch = DisconnectWatch(request.receive, interrupter)
         try:
-            replies, first = await self._unless_gone(self._start(gateway_request), disconnected, gateway_request)
+            with interrupter:
+                replies, first = await self._start(gateway_request, interrupter)
             if gateway_request.stream:
-                released = True  # from here the stream's generator owns the slot
-                return self._stream(gateway_request, replies, first)
-            replies_so_far = await self._unless_gone(_collect(first, replies), disconnected, gateway_request)
+                handed_over = True  # from here the stream owns the slot and the watch
+                return self._stream(gateway_request, replies, first, interrupter, watch)
+            with interrupter:
+                replies_so_far = await _collect(first, replies)
             return self._answer(gateway_request, replies_so_far)
         except ClientGone:
+            self._client_gone(gateway_request.wire.id)
             return Response(status_code=499)  # nobody reads it; the request is cancelled
         finally:
-            disconnected.cancel()  # a stream watches for disconnects itself (its sends fail)
-            if not released:
+            if not handed_over:
+                watch.stop()
                 self._release()
 
     def _release(self) -> None:
         self.pending.release()
         self.metrics.in_flight.dec()
 
-    async def _start(self, request: GatewayRequest) -> tuple[AsyncIterator[WireReply], WireReply]:
+    async def _start(self, request: GatewayRequest,
+                     interrupter: Interrupter) -> tuple[AsyncIterator[WireReply], WireReply]:
         """Submit and wait for the first reply entry; its error (if any) becomes the HTTP error."""
         started = time.monotonic()
         try:
@@ -107,40 +108,26 @@ class Generation:
         except (RedisError, OSError) as error:
             raise ApiError(503, f"the request queue is unreachable: {error}", code="unavailable") from error
         replies = aiter(self.backend.replies(request.wire))
-        first = await self._first_entry(request, replies)
+        first = await self._first_entry(request, replies, interrupter)
         self.metrics.time_to_first_entry.observe(time.monotonic() - started)
         if first.error is not None:
             raise from_engine_error({"code": first.error.code, "message": first.error.message})
         return replies, first
 
-    async def _first_entry(self, request: GatewayRequest, replies: AsyncIterator[WireReply]) -> WireReply:
+    async def _first_entry(self, request: GatewayRequest, replies: AsyncIterator[WireReply],
+                           interrupter: Interrupter) -> WireReply:
         """The first reply entry; 503 when none came within --worker-timeout and no worker is alive."""
-        waiting = asyncio.ensure_future(anext(replies))
-        try:
-            while True:
-                done, _ = await asyncio.wait([waiting], timeout=self.options.worker_timeout_s)
-                if done:
-                    return waiting.result()
-                if not await self.backend.workers_alive():
-                    self._cancel_later(request.wire.id)
-                    raise ApiError(503, f"no worker answered within {self.options.worker_timeout_s:g} s",
-                                   code="no_worker")
-        finally:
-            waiting.cancel()  # no-op once done; otherwise stop reading the reply stream
 
-    async def _unless_gone(self, work: Coroutine[Any, Any, T], disconnected: asyncio.Task[None],
-                           request: GatewayRequest) -> T:
-        """`work`'s result, or ClientGone (and the request cancelled) if the client disconnects first."""
-        working = asyncio.ensure_future(work)
+        def no_worker() -> None:
+            self._cancel_later(request.wire.id)
+            interrupter.interrupt(ApiError(503, f"no worker answered within {self.options.worker_timeout_s:g} s",
+                                           code="no_worker"))
+
+        watchdog = Watchdog(self.options.worker_timeout_s, self.backend.workers_alive, no_worker)
         try:
-            done, _ = await asyncio.wait([working, disconnected], return_when=asyncio.FIRST_COMPLETED)
+            return await anext(replies)
         finally:
-            if not working.done():
-                working.cancel()
-        if working not in done:
-            self._client_gone(request.wire.id)
-            raise ClientGone
-        return working.result()
+            watchdog.stop()
 
     def _answer(self, request: GatewayRequest, replies: list[WireReply]) -> Response:
         result = assemble(request.wire.id, replies)
@@ -149,14 +136,15 @@ class Generation:
         return JSONResponse(completion_body(request.wire.id, result, self.backend.model_name,
                                             self.backend.tokenizer, request.chat))
 
-    def _stream(self, request: GatewayRequest, replies: AsyncIterator[WireReply], first: WireReply) -> Response:
+    def _stream(self, request: GatewayRequest, replies: AsyncIterator[WireReply], first: WireReply,
+                interrupter: Interrupter, watch: DisconnectWatch) -> Response:
         writer = ChunkWriter(request, self.backend.model_name, self.backend.tokenizer)
         finished = False
 
-        async def events() -> AsyncIterator[str]:
+        async def rest() -> AsyncIterator[str]:
             nonlocal finished
             try:
-                async for event_text in writer.events(replies, first):
+                async for event_text in writer.rest(replies):
                     yield event_text
             except (RedisError, OSError) as error:  # the status is sent already: report in-band, end cleanly
                 log.warning("request queue failed mid-stream", request_id=request.wire.id, error=str(error))
@@ -167,12 +155,12 @@ class Generation:
             finished = True
 
         def closed() -> None:
+            watch.stop()
             self._release()
             if not finished:
                 self._client_gone(request.wire.id)
 
-        return _ClosingStreamingResponse(events(), closed, media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
+        return _EventStreamResponse(writer.opening(first), rest(), interrupter, closed)
 
     def _client_gone(self, request_id: str) -> None:
         log.info("client went away; cancelling", request_id=request_id)
@@ -196,20 +184,20 @@ async def _collect(first: WireReply, replies: AsyncIterator[WireReply]) -> list[
     return [first, *[reply async for reply in replies]]
 
 
-async def _wait_disconnect(request: Request) -> None:
-    """Returns when the client closes the connection (the body has been read, so only that is left)."""
-    while True:
-        message: dict[str, Any] = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+class _EventStreamResponse(StreamingResponse):
+    """Server-sent events, ended by a client that leaves (the Interrupter raises ClientGone), and
+    `on_closed` called however the response ends: finished, failed, or the client gone even before the
+    first event (a generator that never started would never run its own `finally`).
 
+    Starlette's own __call__ would, under uvicorn (ASGI spec 2.3), run the body in an anyio task group
+    beside a disconnect listener: two more tasks and a cancel scope per response. Here the request's
+    DisconnectWatch does that job, and the status line, headers and opening events leave back to back,
+    so the client wakes once for its first token."""
 
-class _ClosingStreamingResponse(StreamingResponse):
-    """Calls `on_closed` however the response ends: finished, failed, or the client gone even before the
-    first chunk (a generator that never started would never run its own `finally`)."""
-
-    def __init__(self, content: AsyncIterator[str], on_closed: Callable[[], None], **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
+    def __init__(self, opening: str, rest: AsyncIterator[str], interrupter: Interrupter,
+                 on_closed: Callable[[], None]) -> None:
+        super().__init__(rest, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.opening, self.interrupter = opening.encode(), interrupter
         self.on_closed = [on_closed]
 
     def also_on_closed(self, callback: Callable[[], None]) -> None:
@@ -217,7 +205,17 @@ class _ClosingStreamingResponse(StreamingResponse):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            with self.interrupter:
+                await self._send_events(send)
+        except (ClientGone, OSError):  # OSError: a server (ASGI spec 2.4) whose send fails once the client left
+            pass
         finally:
             for callback in self.on_closed:
                 callback()
+
+    async def _send_events(self, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.opening, "more_body": True})
+        async for text in self.body_iterator:
+            await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -14,6 +14,7 @@ import uvicorn
 from actors import event_loop
 from actors.http.app import create_app
 from actors.http.backends import Backend, EmbeddedBackend, RemoteBackend
+from actors.http.one_send import server_config
 from actors.http.options import GatewayOptions
 
 log = structlog.get_logger(__name__)
@@ -40,8 +41,7 @@ def run_serve(args: argparse.Namespace, engine_config: Any, options: GatewayOpti
     app = create_app(backend, options)
     log.info("serving", host=args.host, port=args.port, model=backend.model_name,
              mode="gateway" if args.redis_url else "embedded")
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, access_log=False,
-                            timeout_graceful_shutdown=10)
+    config = server_config(app, args.host, args.port, timeout_graceful_shutdown=10)
     event_loop.run(_serve_until_signalled(uvicorn.Server(config)))
     return 0
 
