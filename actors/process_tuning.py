@@ -58,8 +58,27 @@ def passive_omp_wait() -> bool:
     """
     if "torch" in sys.modules:
         return False
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.environ[_OWN_WAIT_POLICY] = "1"  # so peers started from here can get their own default back
     return True
+
+
+_OWN_WAIT_POLICY = "AQUEDUCT_SET_OMP_WAIT_POLICY"
+
+
+@contextlib.contextmanager
+def peer_omp_defaults() -> Iterator[None]:
+    """Child processes started inside the block (a benchmark's llama.cpp peer, which runs on libgomp
+    too) see OMP_WAIT_POLICY as the user left it, not the PASSIVE that passive_omp_wait set for us."""
+    ours = os.environ.get(_OWN_WAIT_POLICY) == "1" and os.environ.get("OMP_WAIT_POLICY") == "PASSIVE"
+    if ours:
+        del os.environ["OMP_WAIT_POLICY"]
+    try:
+        yield
+    finally:
+        if ours:
+            os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 @contextlib.contextmanager

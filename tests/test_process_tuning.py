@@ -4,10 +4,11 @@ the CPUs the process may use (affinity, cgroup quota)."""
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 
-from actors.process_tuning import cgroup_cpu_limit, choose_compute_threads, startup_collector_paused
+from actors.process_tuning import cgroup_cpu_limit, choose_compute_threads, peer_omp_defaults, startup_collector_paused
 
 
 def test_collector_is_paused_inside_and_back_on_after_with_startup_objects_frozen():
@@ -94,3 +95,14 @@ def test_compute_threads_fit_affinity_and_quota(requested, affinity, quota, thre
 def test_cpu_threads_below_one_is_an_error_naming_the_field():
     with pytest.raises(ValueError, match="cpu_threads must be >= 1"):
         choose_compute_threads(0, 2, None)
+
+
+def test_a_peer_started_inside_peer_omp_defaults_sees_the_users_wait_policy(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("AQUEDUCT_SET_OMP_WAIT_POLICY", "1")  # as passive_omp_wait leaves it when it chose
+    with peer_omp_defaults():
+        assert "OMP_WAIT_POLICY" not in os.environ
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.delenv("AQUEDUCT_SET_OMP_WAIT_POLICY")  # the user's own setting: kept for the peer too
+    with peer_omp_defaults():
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"

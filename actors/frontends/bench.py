@@ -26,6 +26,7 @@ import numpy as np
 import structlog
 
 from actors.frontends.engine_args import engine_config_from_args
+from actors.process_tuning import peer_omp_defaults
 from pipeline.engine import EngineStats, LLMEngine
 from pipeline.model_source import PACKAGED_MODELS, packaged_model_file
 from pipeline.sampling_params import SamplingParams
@@ -133,8 +134,10 @@ def time_llama_cpp(gguf_path: Path, workload: Workload, threads: int) -> float |
     a build whose AMX path segfaults in a VM) ends the child, not the benchmark. None if it crashed."""
     context = max(len(p) for p in workload.prompts) + max(workload.output_lens) + 8
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with peer_omp_defaults():  # the child starts here, with llama.cpp's own OpenMP wait policy
+            future = pool.submit(_peer_seconds, gguf_path, workload, context, threads)
         try:
-            return pool.submit(_peer_seconds, gguf_path, workload, context, threads).result()
+            return future.result()
         except BrokenProcessPool:
             return None
 
