@@ -102,7 +102,8 @@ def test_a_peer_started_inside_peer_omp_defaults_sees_the_users_wait_policy(monk
     monkeypatch.setenv("AQUEDUCT_SET_OMP_WAIT_POLICY", "1")  # as passive_omp_wait leaves it when it chose
     with peer_omp_defaults():
         assert "OMP_WAIT_POLICY" not in os.environ
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+        assert os.environ["AQUEDUCT_PEER_PROCESS"] == "1"  # a child re-importing main leaves it unset
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "AQUEDUCT_PEER_PROCESS" not in os.environ
     monkeypatch.delenv("AQUEDUCT_SET_OMP_WAIT_POLICY")  # the user's own setting: kept for the peer too
     with peer_omp_defaults():
         assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
