@@ -141,7 +141,7 @@ class QuantizedLinearKernel:
     def int4(self, x: torch.Tensor, nibbles: torch.Tensor, scales_offsets: torch.Tensor,
              bias: torch.Tensor | None, gated: bool = False) -> torch.Tensor:
         """x [M, I] float32 or bfloat16 (others through float32); nibbles [O, I / 2] uint8 and
-        scales_offsets [O, I / 32, 2] float16 in the kernel's layout -> [M, O] in x's dtype.
+        scales_offsets [O, 2, I / 32] float16 in the kernel's layout -> [M, O] in x's dtype.
         gated: x is [M, 2 I], a SiLU-gated MLP's [gate | up], and the input is silu(gate) * up."""
         return self._run(self._int4, x, nibbles, scales_offsets, bias, 2 * nibbles.shape[1], gated)
 
@@ -162,7 +162,7 @@ class QuantizedLinearKernel:
                           bias.data_ptr() if bias is not None else None, x_in.shape[0], values.shape[0],
                           in_features, int(io_bf16), int(gated), torch.get_num_threads())
         if failed == 1:
-            raise ValueError(f"4-bit weights need in_features divisible by 32, got {in_features}")
+            raise ValueError(f"4-bit weights need in_features divisible by 32 (and at most 65536), got {in_features}")
         if failed:
             raise MemoryError("the quantized linear kernel could not allocate its scratch buffers")
         return out if out.dtype == x.dtype else out.to(x.dtype)

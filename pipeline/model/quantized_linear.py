@@ -107,9 +107,10 @@ class Int4Linear(nn.Module):
         self.bias = bias
         if native is not None:
             self.register_buffer("nibbles", pack_nibbles(values))
-            # w = q * d + m with m = zero - 8 d: GGUF's own (d, m) for Q4_1, (d, -8 d) for Q4_0.
+            # w = q * d + m with m = zero - 8 d: GGUF's own (d, m) for Q4_1, (d, -8 d) for Q4_0;
+            # [N, 2, G]: each row's d, then its m (the kernel converts eight of either at once).
             offsets = zeros.double() - 8.0 * scales.double()
-            self.register_buffer("scales_offsets", torch.stack([scales.double(), offsets], dim=-1).half().contiguous())
+            self.register_buffer("scales_offsets", torch.stack([scales.double(), offsets], dim=1).half().contiguous())
             return
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             values.to(torch.int32).contiguous(), 1))
@@ -139,7 +140,7 @@ class Int4Linear(nn.Module):
         """The float32 weight this layer multiplies by."""
         if self.native is not None:
             values = unpack_nibbles(self.nibbles).float()
-            scales, offsets = (self.scales_offsets[..., i].float().repeat_interleave(GROUP_SIZE, dim=1) for i in (0, 1))
+            scales, offsets = (self.scales_offsets[:, i].float().repeat_interleave(GROUP_SIZE, dim=1) for i in (0, 1))
             return values * scales + offsets
         eye = torch.eye(self.in_features, dtype=COMPUTE_DTYPE)  # torch's kernel applied to the identity
         return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP_SIZE,

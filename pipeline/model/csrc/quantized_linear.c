@@ -15,7 +15,8 @@
  *
  * int4: nibbles [O, I / 2] uint8, group g of row o in bytes 16 g .. 16 g + 15: byte j holds weight
  *   32 g + j in its low half and 32 g + j + 16 in its high half (GGUF's order); scales and offsets
- *   [O, I / 32, 2] float16 (d, m): w = q * d + m. GGUF Q4_1 is (d, m) as stored, Q4_0 (d, -8 d).
+ *   [O, 2, I / 32] float16 (each row's d, then its m): w = q * d + m. GGUF Q4_1 is (d, m) as stored,
+ *   Q4_0 (d, -8 d).
  *   Worked example: d = 0.5, m = -1, byte 0x3A -> w0 = 0.5 * 10 - 1 = 4, w16 = 0.5 * 3 - 1 = 0.5.
  *   Sum over a group: d * x_scale * (q . x_q) + m * sum(x); the sums of x per group are taken once.
  * int8: values [O, I] int8, scales [O] float32: w = q * scale. x is quantized per group as above
@@ -34,6 +35,7 @@
 
 #define GROUP 32
 #define MAX_ROWS 8
+#define MAX_GROUPS 2048 /* 4-bit in_features up to 65536: a column's per-group scales stay on the stack */
 #define COLUMNS_PER_TASK 32
 
 #if defined(__F16C__)
@@ -94,6 +96,29 @@ static inline float horizontal_sum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* Per row of a column: d * x_scale for every group (dxs [M, groups]) and the offset term
+ * sum over groups of m * sum(x) (offsets [M]), eight groups per vector. */
+static inline void column_scales(const Problem *p, const uint16_t *d_half, const uint16_t *m_half, int64_t first,
+                                 int rows, int64_t groups, float *dxs, float *offsets) {
+    for (int m = 0; m < rows; m++) {
+        const float *x_scales = p->x_scales + (first + m) * groups, *sums = p->group_sums + (first + m) * groups;
+        __m256 offset = _mm256_setzero_ps();
+        int64_t g = 0;
+        for (; g + 8 <= groups; g += 8) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d_half + g)));
+            const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m_half + g)));
+            _mm256_storeu_ps(dxs + m * groups + g, _mm256_mul_ps(d, _mm256_loadu_ps(x_scales + g)));
+            offset = _mm256_fmadd_ps(mins, _mm256_loadu_ps(sums + g), offset);
+        }
+        float tail = 0.0f;
+        for (; g < groups; g++) {
+            dxs[m * groups + g] = half_to_float(d_half[g]) * x_scales[g];
+            tail += half_to_float(m_half[g]) * sums[g];
+        }
+        offsets[m] = horizontal_sum(offset) + tail;
+    }
+}
+
 /* Column o for rows first .. first + M - 1: sum over groups of d * x_scale * (q . x_q) + m * sum(x).
  * The 4-bit values (0..15), widened to 16 bits, and x_q multiply in pairs summed to 32 bits (at
  * most 4 * 15 * 32767 per lane): an exact integer dot product per group. */
@@ -101,34 +126,29 @@ static inline float horizontal_sum(__m256 v) {
     static void int4_column_##M(const Problem *p, int64_t first, int64_t o) {                          \
         const int64_t groups = p->in_features / GROUP;                                                 \
         const uint8_t *nibbles = (const uint8_t *)p->values + o * (p->in_features / 2);                \
-        const uint16_t *dm = (const uint16_t *)p->scales + o * groups * 2;                             \
+        const uint16_t *d_half = (const uint16_t *)p->scales + o * groups * 2, *m_half = d_half + groups; \
         const __m128i low_mask = _mm_set1_epi8(0x0F);                                                  \
+        float dxs[M * MAX_GROUPS], offsets[M];                                                         \
+        column_scales(p, d_half, m_half, first, M, groups, dxs, offsets);                              \
         __m256 acc[M];                                                                                 \
-        float offset_sum[M];                                                                           \
-        for (int m = 0; m < M; m++) {                                                                  \
-            acc[m] = _mm256_setzero_ps();                                                              \
-            offset_sum[m] = 0.0f;                                                                      \
-        }                                                                                              \
+        for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();                                      \
         for (int64_t g = 0; g < groups; g++) {                                                         \
             const __m128i bytes = _mm_loadu_si128((const __m128i *)(nibbles + g * 16));                \
             const __m128i low = _mm_and_si128(bytes, low_mask);                                        \
             const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_mask);                    \
             const __m256i q_low = _mm256_cvtepu8_epi16(low);   /* weights 0..15 of the group */         \
             const __m256i q_high = _mm256_cvtepu8_epi16(high); /* weights 16..31 */                     \
-            const float d = half_to_float(dm[2 * g]), offset = half_to_float(dm[2 * g + 1]);           \
             for (int m = 0; m < M; m++) {                                                              \
-                const int64_t at = (first + m) * groups + g;                                           \
-                const int16_t *xq = p->x_q + at * GROUP;                                               \
+                const int16_t *xq = p->x_q + ((first + m) * groups + g) * GROUP;                       \
                 const __m256i sums = _mm256_add_epi32(                                                 \
                     _mm256_madd_epi16(q_low, _mm256_loadu_si256((const __m256i *)xq)),                 \
                     _mm256_madd_epi16(q_high, _mm256_loadu_si256((const __m256i *)(xq + 16))));        \
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d * p->x_scales[at]), acc[m]); \
-                offset_sum[m] += offset * p->group_sums[at];                                           \
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_broadcast_ss(dxs + m * groups + g), acc[m]); \
             }                                                                                          \
         }                                                                                              \
         for (int m = 0; m < M; m++)                                                                    \
             store(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
-                  horizontal_sum(acc[m]) + offset_sum[m] + (p->bias ? p->bias[o] : 0.0f));             \
+                  horizontal_sum(acc[m]) + offsets[m] + (p->bias ? p->bias[o] : 0.0f));                \
     }
 
 /* Column o for rows first .. first + M - 1 from x quantized per group (in_features % 32 == 0):
@@ -186,10 +206,10 @@ static inline float horizontal_sum(__m256 v) {
     static void int4_column_##M(const Problem *p, int64_t first, int64_t o) {                          \
         const int64_t groups = p->in_features / GROUP;                                                 \
         const uint8_t *nibbles = (const uint8_t *)p->values + o * (p->in_features / 2);                \
-        const uint16_t *dm = (const uint16_t *)p->scales + o * groups * 2;                             \
+        const uint16_t *d_half = (const uint16_t *)p->scales + o * groups * 2, *m_half = d_half + groups; \
         float sums[M] = {0};                                                                           \
         for (int64_t g = 0; g < groups; g++) {                                                         \
-            const float d = half_to_float(dm[2 * g]), offset = half_to_float(dm[2 * g + 1]);           \
+            const float d = half_to_float(d_half[g]), offset = half_to_float(m_half[g]);               \
             for (int m = 0; m < M; m++) {                                                              \
                 const int64_t at = (first + m) * groups + g;                                           \
                 const int16_t *xq = p->x_q + at * GROUP;                                               \
@@ -308,11 +328,11 @@ static void quantize_groups(int16_t *x_q, float *scales, float *sums, const floa
     }
 }
 
-/* Returns 0, 1 when in_features is not a multiple of 32, 2 when out of memory. */
+/* Returns 0, 1 when in_features is not a multiple of 32 (or above 32 * MAX_GROUPS), 2 when out of memory. */
 int quantized_linear_int4(void *y, const void *x, const uint8_t *nibbles, const uint16_t *scales_offsets,
                           const float *bias, int64_t rows, int64_t out_features, int64_t in_features, int io_bf16,
                           int gated, int num_threads) {
-    if (in_features % GROUP) return 1;
+    if (in_features % GROUP || in_features / GROUP > MAX_GROUPS) return 1;
     const int64_t count = rows * in_features, groups = count / GROUP;
     float *x_f32 = widened(x, rows, in_features, io_bf16, gated);
     float *per_group = malloc(sizeof(float) * 2 * (groups > 0 ? groups : 1));
