@@ -3,6 +3,8 @@ reordering, swapped in only where asked, and the runner's logits agree either wa
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -163,6 +165,36 @@ def test_few_rows_kernel_calls_from_several_threads_at_once_stay_exact() -> None
         torch.set_num_threads(previous)
     for expected, results in zip(alone, together, strict=True):
         assert all(torch.equal(result, expected) for result in results)
+
+
+def _kernel_in_forked_child(weight: torch.Tensor, x: torch.Tensor, results: multiprocessing.Queue) -> None:
+    torch.set_num_threads(2)
+    threads_before = len(os.listdir("/proc/self/task"))
+    out = load_few_rows_linear_kernel()(x, weight, None)
+    started = len(os.listdir("/proc/self/task")) - threads_before
+    results.put((out.tolist(), started))  # plain data: the child exits first
+
+
+def test_a_forked_child_runs_the_pooled_kernels_on_workers_of_its_own() -> None:
+    kernel = load_few_rows_linear_kernel()
+    if kernel is None:
+        pytest.skip("no C compiler")
+    torch.manual_seed(9)
+    weight, x = torch.randn(1500, 512), torch.randn(2, 512)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expected = kernel(x, weight, None)  # the parent's pool has started its worker
+    finally:
+        torch.set_num_threads(previous)
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_kernel_in_forked_child, args=(weight, x, results))
+    child.start()
+    got, threads_started = results.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0 and torch.equal(torch.tensor(got), expected)
+    assert threads_started == 1  # the parent's worker did not survive the fork: the child starts its own
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

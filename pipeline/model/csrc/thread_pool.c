@@ -109,10 +109,24 @@ static void *worker_main(void *unused) {
     return NULL;
 }
 
+static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER; /* one call at a time */
+static pthread_once_t fork_handler_once = PTHREAD_ONCE_INIT;
+
+/* A forked child has none of the parent's workers: it starts its own on its first parallel call. */
+static void forget_workers_in_child(void) {
+    workers_started = 0;
+    sleepers = 0;
+    pthread_mutex_init(&start_lock, NULL);
+    pthread_mutex_init(&call_lock, NULL);
+}
+
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forget_workers_in_child); }
+
 /* Starts workers up to `wanted` (never stops them: they sleep when idle). Returns how many run. */
 static int ensure_workers(int wanted) {
     if (wanted > MAX_WORKERS) wanted = MAX_WORKERS;
     if (__atomic_load_n(&workers_started, __ATOMIC_ACQUIRE) >= wanted) return wanted;
+    pthread_once(&fork_handler_once, register_fork_handler);
     pthread_mutex_lock(&start_lock);
     while (workers_started < wanted) {
         pthread_t thread;
@@ -124,8 +138,6 @@ static int ensure_workers(int wanted) {
     pthread_mutex_unlock(&start_lock);
     return started < wanted ? started : wanted;
 }
-
-static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER; /* one call at a time */
 
 void pool_run(pool_task task, void *context, int64_t total, int64_t grain, int threads) {
     if (total <= 0) return;
