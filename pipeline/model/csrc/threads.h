@@ -21,8 +21,9 @@ static inline int threads_for(int64_t bytes_read, int max_threads) {
     return useful < max_threads ? (int)useful : max_threads;
 }
 
-/* Runs task(context, begin, end) over [0, total) in pieces of `grain` on up to `threads` threads,
- * the caller's included; returns when all are done. */
+/* Runs task(context, begin, end) over [0, total) in pieces of `grain` on the caller's thread and the
+ * pool's workers (started up to `threads` - 1; a process asks for the same count throughout, its
+ * compute threads); returns when all are done. threads <= 1 runs inline. */
 typedef void (*pool_task)(void *context, int64_t begin, int64_t end);
 void pool_run(pool_task task, void *context, int64_t total, int64_t grain, int threads);
 
