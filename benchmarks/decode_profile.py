@@ -1,10 +1,12 @@
 """Where a decode step goes: wall time per step, the matmuls' share, then torch.profiler's table.
 
     python benchmarks/decode_profile.py --model smollm2 [--dtype bfloat16] [--quantization gguf] [--batch 32]
+        [--without-kernels]
 
 Runs `--batch` greedy requests (prompt 16 tokens each) through the engine's step loop, times
 `--steps` decode steps after a warm-up, then times the model's linear layers alone, each on
-`--batch` rows as in a step, and prints step time / matmul time. Last, the ops that took the most
+`--batch` rows as in a step, and prints step time / matmul time; with `--without-kernels`, the
+step again with the native kernels' C calls stubbed out (what the rest costs). Last, the ops that took the most
 self time over `--profile-steps` further steps (the whole step: scheduler, tensor prep, forward,
 sampler).
 """
@@ -16,13 +18,16 @@ from actors.process_tuning import passive_omp_wait
 passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
 
 import argparse
+import contextlib
 import time
+from collections.abc import Iterator
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from pipeline.config import EngineConfig, ModelConfig
 from pipeline.engine import LLMEngine
+from pipeline.model import cpu_kernel
 from pipeline.sampling_params import SamplingParams
 
 
@@ -35,6 +40,9 @@ def main() -> None:
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--rows", type=int, default=25, help="rows of the profiler table")
     parser.add_argument("--batch", type=int, default=1, help="sequences decoding together")
+    parser.add_argument("--without-kernels", action="store_true",
+                        help="also time steps whose native kernel calls return at once (their outputs are then "
+                             "garbage): what the step costs besides the kernels")
     args = parser.parse_args()
     engine = LLMEngine(EngineConfig(model=ModelConfig(model=args.model, dtype=args.dtype,
                                                       quantization=args.quantization)))
@@ -44,19 +52,45 @@ def main() -> None:
                            SamplingParams(max_tokens=total, temperature=0.0, ignore_eos=True))
     for _ in range(8):  # prefill and warm-up decodes
         engine.step()
-    started = time.perf_counter()
-    for _ in range(args.steps):
-        engine.step()
-    per_step = (time.perf_counter() - started) / args.steps
+    per_step = step_seconds(engine, args.steps)
     print(f"decode step, batch {args.batch}: {per_step * 1e3:.2f} ms ({args.batch / per_step:.1f} tokens/s), "
           f"{torch.get_num_threads()} threads, dtype {engine.runner.dtype}, quantization {args.quantization}")
     matmuls = matmul_seconds(engine.runner.model, args.batch, engine.runner.dtype)
     print(f"the step's linear layers alone ({args.batch} rows each): {matmuls * 1e3:.2f} ms; "
           f"step / matmuls = {per_step / matmuls:.2f}")
+    if args.without_kernels:
+        with native_kernels_stubbed():
+            rest = step_seconds(engine, args.steps)
+        print(f"the step without the native kernels' C calls (Python, torch ops, scheduling, sampling): "
+              f"{rest * 1e3:.2f} ms ({rest / per_step:.0%} of the step)")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.profile_steps):
             engine.step()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+
+
+def step_seconds(engine: LLMEngine, steps: int) -> float:
+    started = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    return (time.perf_counter() - started) / steps
+
+
+@contextlib.contextmanager
+def native_kernels_stubbed() -> Iterator[None]:
+    """The loaded native kernels' C functions replaced by no-ops returning 0, then restored."""
+    kernels = [load() for load in (cpu_kernel.load_decode_kernel, cpu_kernel.load_few_rows_linear_kernel,
+                                   cpu_kernel.load_quantized_linear_kernel, cpu_kernel.load_rms_norm_kernel,
+                                   cpu_kernel.load_rope_kv_kernel)]
+    saved = [(kernel, name, getattr(kernel, name)) for kernel in kernels if kernel is not None
+             for name in ("_fn", "_int4", "_int8") if hasattr(kernel, name)]
+    for kernel, name, _ in saved:
+        setattr(kernel, name, lambda *_args: 0)
+    try:
+        yield
+    finally:
+        for kernel, name, function in saved:
+            setattr(kernel, name, function)
 
 
 def matmul_seconds(model: torch.nn.Module, rows: int, dtype: torch.dtype, repeats: int = 20) -> float:
