@@ -46,13 +46,12 @@ def tune_glibc_malloc() -> bool:
 def passive_omp_wait() -> bool:
     """Idle OpenMP threads sleep instead of spinning: OMP_WAIT_POLICY=PASSIVE unless the user set a policy.
 
-    A decode step runs hundreds of small parallel regions (matmuls, norms, kernel calls) with
-    serial Python between them, and by default libgomp keeps the pool's idle threads spinning for
-    a while after each region. Alone on a 2-core box that made no difference beyond the noise
-    (SmolLM2 float32 decode steps of 49-57 ms spinning vs 56-88 ms passive, three alternating
-    runs), but with one other busy process on the box (a gateway, a second worker, Redis under
-    load) the spinning threads took CPU that process and the Python thread needed: 174 ms spinning vs
-    94 ms passive per step (AMD EPYC, KVM). Deployments share hosts, so passive is the default.
+    By default libgomp keeps idle threads spinning for a while after each parallel region. When the
+    decode kernels still ran on OpenMP, a SmolLM2 float32 step with one other busy process on a
+    2-core KVM box took 174 ms spinning vs 94 ms passive: the spinning threads took CPU that process
+    and the Python thread needed. Deployments share hosts, so passive is the default for torch's own
+    parallel ops (prefill, batched steps); the native decode kernels, whose calls are too small to
+    pay a sleeping thread's wake-up each time, run on their own pool (csrc/thread_pool.c).
     libgomp reads the policy once, when torch loads it, so this must run before `import torch`;
     returns whether it could still apply.
     """
