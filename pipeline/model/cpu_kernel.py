@@ -115,14 +115,12 @@ class FewRowsLinearKernel:
         contiguous float32 or bfloat16, bias [O] or None -> [M, O] in x's dtype; sums in float32.
         gated: x is [M, 2 I], a SiLU-gated MLP's [gate | up], and the input is silu(gate) * up."""
         rows = x.shape[0]
-        io_bf16 = x.dtype == torch.bfloat16
-        x_in = (x if io_bf16 else x.float()).contiguous()
-        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-            bias = bias.float().contiguous()
+        x_in, io_bf16 = _linear_input(x)
+        bias = _float32_bias(bias)  # held here until the call returns
         out = torch.empty(rows, weight.shape[0], dtype=x_in.dtype)
-        failed = self._fn(out.data_ptr(), x_in.data_ptr(), weight.data_ptr(),
-                          bias.data_ptr() if bias is not None else None, rows, weight.shape[0], weight.shape[1],
-                          int(weight.dtype == torch.bfloat16), int(io_bf16), int(gated), torch.get_num_threads())
+        failed = self._fn(out.data_ptr(), x_in.data_ptr(), weight.data_ptr(), _address(bias), rows,
+                          weight.shape[0], weight.shape[1], int(weight.dtype == torch.bfloat16), int(io_bf16),
+                          int(gated), torch.get_num_threads())
         if failed == 1:
             raise ValueError(f"the few-rows linear kernel takes 1-{self.MAX_ROWS} rows, got {rows}")
         if failed:
@@ -153,14 +151,12 @@ class QuantizedLinearKernel:
     @staticmethod
     def _run(function: Any, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor,
              bias: torch.Tensor | None, in_features: int, gated: bool) -> torch.Tensor:
-        io_bf16 = x.dtype == torch.bfloat16
-        x_in = (x if io_bf16 else x.float()).contiguous()
-        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-            bias = bias.float().contiguous()
+        x_in, io_bf16 = _linear_input(x)
+        bias = _float32_bias(bias)  # held here until the call returns
         out = torch.empty(x_in.shape[0], values.shape[0], dtype=x_in.dtype)
-        failed = function(out.data_ptr(), x_in.data_ptr(), values.data_ptr(), scales.data_ptr(),
-                          bias.data_ptr() if bias is not None else None, x_in.shape[0], values.shape[0],
-                          in_features, int(io_bf16), int(gated), torch.get_num_threads())
+        failed = function(out.data_ptr(), x_in.data_ptr(), values.data_ptr(), scales.data_ptr(), _address(bias),
+                          x_in.shape[0], values.shape[0], in_features, int(io_bf16), int(gated),
+                          torch.get_num_threads())
         if failed == 1:
             raise ValueError(f"4-bit weights need in_features divisible by 32 (and at most 65536), got {in_features}")
         if failed:
@@ -185,6 +181,24 @@ class RMSNormKernel:
         self._fn(out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps,
                  int(x.dtype == torch.bfloat16), torch.get_num_threads())
         return out
+
+
+def _linear_input(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """A linear kernel's rows: bfloat16 as they are, any other dtype as float32; contiguous. And
+    whether they are bfloat16 (the kernel then writes bfloat16 too)."""
+    io_bf16 = x.dtype == torch.bfloat16
+    return (x if io_bf16 else x.float()).contiguous(), io_bf16
+
+
+def _float32_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """`bias` as the kernels read it: contiguous float32 (a copy only when it is not already)."""
+    if bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()):
+        return bias
+    return bias.float().contiguous()
+
+
+def _address(tensor: torch.Tensor | None) -> int | None:
+    return tensor.data_ptr() if tensor is not None else None
 
 
 def _bind(library: ctypes.CDLL, name: str, argtypes: list[Any], restype: Any) -> Any:
