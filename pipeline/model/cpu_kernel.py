@@ -1,13 +1,14 @@
 """Native CPU kernels, compiled on first use with the system C compiler: paged decode attention
 (csrc/paged_decode_attention.c), the rotary embedding fused with the KV cache write
 (csrc/rope_kv_write.c), linear layers for a few rows (csrc/few_rows_linear.c), weight-only
-quantized linear layers (csrc/quantized_linear.c) and RMSNorm (csrc/rms_norm.c).
+quantized linear layers (csrc/quantized_linear.c), RMSNorm (csrc/rms_norm.c), and all of them
+chained into whole decoder layers (csrc/decoder_layers.c, used by native_decode.py).
 
 They are plain C, loaded through ctypes, so building takes about a second and needs no torch
-headers. The attention and linear kernels share one library with the thread pool they run on
-(csrc/thread_pool.c); RMSNorm uses OpenMP for prefill-sized steps. Each shared object is cached by
-sources and flags hash under $AQUEDUCT_CACHE_DIR/kernels. When no compiler is available, or
-AQUEDUCT_CPU_KERNEL=0, the loaders return None and the model stays on the portable torch path.
+headers. They share one library with the thread pool they run on (csrc/thread_pool.c). The shared
+object is cached by sources and flags hash under $AQUEDUCT_CACHE_DIR/kernels. When no compiler is
+available, or AQUEDUCT_CPU_KERNEL=0, the loaders return None and the model stays on the portable
+torch path.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from pipeline.cache_dir import cache_dir
 log = structlog.get_logger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
-_POOL_FLAGS = ["-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=c11"]
+# -ffp-contract=off: no multiply-add is fused unless a file asks for it (rope must round as torch
+# does, product by product; the attention kernel turns fusing on for itself).
+_POOL_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=c11"]
 # One library, so that one pool of threads serves every kernel that splits its work.
-_POOLED_SOURCES = ("thread_pool", "few_rows_linear", "quantized_linear", "paged_decode_attention")
-# Rope must round as torch does, product by product: no fused multiply-adds.
-_ROPE_FLAGS = ["-O2", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=c11"]
+_POOLED_SOURCES = ("thread_pool", "few_rows_linear", "quantized_linear", "paged_decode_attention", "rms_norm",
+                   "rope_kv_write", "decoder_layers")
 
 
 # kv_format of the unquantized caches the kernel reads in place (fp8 callers pass 1 or 2 themselves,
@@ -270,12 +271,22 @@ def load_quantized_linear_kernel() -> QuantizedLinearKernel | None:
 
 
 @functools.cache
+def load_decoder_layers() -> Any:
+    """csrc/decoder_layers.c's entry point (native_decode.py declares its structures), or None."""
+    library = _pooled_library()
+    if library is None:
+        return None
+    p = ctypes.c_void_p
+    return _bind(library, "decoder_layers", [p, p, ctypes.c_int64, p], ctypes.c_int)
+
+
+@functools.cache
 def load_rms_norm_kernel() -> RMSNormKernel | None:
-    library = _load_library("rms_norm", _FLAGS)
+    library = _pooled_library()
     return RMSNormKernel(library) if library is not None else None
 
 
 @functools.cache
 def load_rope_kv_kernel() -> RopeKVKernel | None:
-    library = _load_library("rope_kv_write", _ROPE_FLAGS)
+    library = _pooled_library()
     return RopeKVKernel(library) if library is not None else None

@@ -39,6 +39,7 @@ from pipeline.model.loader import (
 )
 from pipeline.model.lora import LoRASlotTensors
 from pipeline.model.memory_profile import profile_memory
+from pipeline.model.native_decode import NativeDecoder
 from pipeline.model.parallel import check_tensor_parallel, local_heads, shard_model
 from pipeline.model.quantize import quantize_linears
 from pipeline.model.quantized_linear import native_kernel_for, quantized_kernels_work
@@ -132,6 +133,7 @@ class ModelRunner:
             self.lora_registry = LoRARegistry(self.lora.shapes, lora_config.max_lora_rank,
                                               lora_config.host_capacity)
         self.vision, self.encoder_cache = self._vision_parts()
+        self._use_native_decoder()
         self.vocab_size = self.info.vocab_size
         self.eos_token_ids = self.info.eos_token_ids
         # Tensor-parallel steps run eager: capturing NCCL collectives in CUDA graphs is not built yet.
@@ -171,6 +173,17 @@ class ModelRunner:
                      **prepare_cpu_linears(model, model_config.cpu_linear, self.dtype))
             log.info("native RMSNorm", count=use_native_norms(model))
         return model, info
+
+    def _use_native_decoder(self) -> None:
+        """Decode steps' layers in one native call where the model qualifies (native_decode.py); after
+        LoRA, whose wrappers it leaves to the per-op path."""
+        if self.device.type != "cpu":
+            return
+        decoder = NativeDecoder.build(self.model)
+        if decoder is not None:
+            getattr(self.model, "language_model", self.model).native_decoder = decoder
+        log.info("native decoder layers", enabled=decoder is not None,
+                 max_rows=decoder.max_rows if decoder is not None else 0)
 
     def _check_quantization(self, mode: str, native: bool) -> None:
         if self.device.type != "cpu":

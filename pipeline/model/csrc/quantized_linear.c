@@ -127,17 +127,17 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
         const int64_t groups = p->in_features / GROUP;                                                 \
         const uint8_t *nibbles = (const uint8_t *)p->values + o * (p->in_features / 2);                \
         const uint16_t *d_half = (const uint16_t *)p->scales + o * groups * 2, *m_half = d_half + groups; \
-        const __m128i low_mask = _mm_set1_epi8(0x0F);                                                  \
+        const __m256i low_mask16 = _mm256_set1_epi16(0x0F);                                            \
         float dxs[M * MAX_GROUPS], offsets[M];                                                         \
         column_scales(p, d_half, m_half, first, M, groups, dxs, offsets);                              \
         __m256 acc[M];                                                                                 \
         for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();                                      \
         for (int64_t g = 0; g < groups; g++) {                                                         \
-            const __m128i bytes = _mm_loadu_si128((const __m128i *)(nibbles + g * 16));                \
-            const __m128i low = _mm_and_si128(bytes, low_mask);                                        \
-            const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_mask);                    \
-            const __m256i q_low = _mm256_cvtepu8_epi16(low);   /* weights 0..15 of the group */         \
-            const __m256i q_high = _mm256_cvtepu8_epi16(high); /* weights 16..31 */                     \
+            /* Each byte widened to 16 bits holds both its weights: low nibble = bits 0-3, high nibble \
+             * = bits 4-7 with nothing above, so one mask and one shift split them. */                \
+            const __m256i wide = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(nibbles + g * 16))); \
+            const __m256i q_low = _mm256_and_si256(wide, low_mask16);                                  \
+            const __m256i q_high = _mm256_srli_epi16(wide, 4);                                         \
             for (int m = 0; m < M; m++) {                                                              \
                 const int16_t *xq = p->x_q + ((first + m) * groups + g) * GROUP;                       \
                 const __m256i sums = _mm256_add_epi32(                                                 \

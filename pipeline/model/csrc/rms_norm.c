@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "threads.h"
 
 static void norm_f32(float *y, const float *x, const float *w, int64_t dim, float eps) {
     float sum = 0.0f;
@@ -34,14 +35,29 @@ static void norm_bf16(uint16_t *y, const uint16_t *x, const uint16_t *w, int64_t
         y[i] = float_to_bf16(bf16_to_float(w[i]) * round_bf16(bf16_to_float(x[i]) * scale));
 }
 
+typedef struct {
+    void *y;
+    const void *x, *w;
+    int64_t dim;
+    float eps;
+    int bf16;
+} Norms;
+
+static void norm_rows(void *context, int64_t begin, int64_t end) {
+    const Norms *n = context;
+    for (int64_t r = begin; r < end; r++) {
+        if (n->bf16)
+            norm_bf16((uint16_t *)n->y + r * n->dim, (const uint16_t *)n->x + r * n->dim, (const uint16_t *)n->w,
+                      n->dim, n->eps);
+        else
+            norm_f32((float *)n->y + r * n->dim, (const float *)n->x + r * n->dim, (const float *)n->w, n->dim,
+                     n->eps);
+    }
+}
+
 void rms_norm(void *y, const void *x, const void *w, int64_t rows, int64_t dim, float eps, int bf16,
               int num_threads) {
     /* Rows are independent; threads only pay off for prefill-sized steps. */
-#pragma omp parallel for num_threads(rows >= 64 ? num_threads : 1) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        if (bf16)
-            norm_bf16((uint16_t *)y + r * dim, (const uint16_t *)x + r * dim, (const uint16_t *)w, dim, eps);
-        else
-            norm_f32((float *)y + r * dim, (const float *)x + r * dim, (const float *)w, dim, eps);
-    }
+    Norms norms = {y, x, w, dim, eps, bf16};
+    pool_run(norm_rows, &norms, rows, 16, rows >= 64 ? num_threads : 1);
 }

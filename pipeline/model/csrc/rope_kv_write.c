@@ -10,8 +10,8 @@
  * with cos, sin [T, D / 2] per token. Then token t's k and v rows go to cache slot slots[t]
  * (key_cache, value_cache [slots, H_kv * D]); slots[t] < 0 is padding, not written.
  *
- * The arithmetic is torch's, op for op: this file is compiled with -ffp-contract=off (no FMA
- * fusing, each product rounded as torch rounds it), and for bfloat16 every product, sum and
+ * The arithmetic is torch's, op for op: no FMA fusing here (the pragma below; -std=c11 builds do
+ * not contract anyway), each product rounded as torch rounds it, and for bfloat16 every product, sum and
  * difference is rounded to bfloat16 as torch's bfloat16 ops round it (to nearest even), so the
  * results are bit-identical to the torch path in float32 and in bfloat16.
  * Worked example (float32, D = 2): x = (1, 2), cos 0.6, sin 0.8 -> (0.6 - 1.6, 1.2 + 0.8) = (-1, 2).
@@ -20,6 +20,10 @@
 #include <string.h>
 
 #include "bf16.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#endif
 
 static void rotate_f32(float *head, const float *cos, const float *sin, int64_t half) {
     for (int64_t i = 0; i < half; ++i) {

@@ -12,7 +12,7 @@ Tokens are flat ([T], no batch axis); attention metadata says which tokens belon
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -193,6 +193,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.tie_weights()
+        # Decode steps' layers in one native call (native_decode.NativeDecoder; the runner sets it
+        # where it applies): (hidden, cos, sin, metadata, kv_caches) -> hidden, or None for this step.
+        self.native_decoder: Callable[..., torch.Tensor | None] | None = None
 
     def tie_weights(self) -> None:
         """Share embed_tokens' weight with lm_head (again after materialising from meta)."""
@@ -212,6 +215,10 @@ class LlamaForCausalLM(nn.Module):
                            kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Token embeddings [T, hidden_size] (a vision model's images merged in) -> final hidden states."""
         cos, sin = self.model.rotary_emb.lookup(positions, hidden.dtype)  # shared by every layer
+        if self.native_decoder is not None:
+            native = self.native_decoder(hidden, cos, sin, metadata, kv_caches)
+            if native is not None:
+                return self.model.norm(native)
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             hidden = layer(hidden, cos, sin, kv_cache, metadata)
         return self.model.norm(hidden)
