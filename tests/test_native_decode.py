@@ -39,8 +39,9 @@ def _requests(count: int) -> dict[str, tuple[list[int], SamplingParams]]:
 
 def _outputs(engine: LLMEngine, requests: dict) -> dict[str, tuple[list[int], list[float]]]:
     results = run_requests(engine, requests)
-    return {request_id: (result["choices"][0]["token_ids"], [entry.logprob for entry in result["choices"][0]["logprobs"]])
-            for request_id, result in results.items()}
+    choices = {request_id: result["choices"][0] for request_id, result in results.items()}
+    return {request_id: (choice["token_ids"], [entry.logprob for entry in choice["logprobs"]])
+            for request_id, choice in choices.items()}
 
 
 def _counting(engine: LLMEngine) -> tuple[list[int], NativeDecoder]:
