@@ -59,7 +59,7 @@ def main() -> None:
     print(f"the step's linear layers alone ({args.batch} rows each): {matmuls * 1e3:.2f} ms; "
           f"step / matmuls = {per_step / matmuls:.2f}")
     if args.without_kernels:
-        with native_kernels_stubbed():
+        with native_kernels_stubbed(engine.runner.model):
             rest = step_seconds(engine, args.steps)
         print(f"the step without the native kernels' C calls (Python, torch ops, scheduling, sampling): "
               f"{rest * 1e3:.2f} ms ({rest / per_step:.0%} of the step)")
@@ -77,13 +77,15 @@ def step_seconds(engine: LLMEngine, steps: int) -> float:
 
 
 @contextlib.contextmanager
-def native_kernels_stubbed() -> Iterator[None]:
-    """The loaded native kernels' C functions replaced by no-ops returning 0, then restored."""
+def native_kernels_stubbed(model: torch.nn.Module) -> Iterator[None]:
+    """The loaded native kernels' C functions (and the model's native decoder layers' one) replaced
+    by no-ops returning 0, then restored."""
     kernels = [load() for load in (cpu_kernel.load_decode_kernel, cpu_kernel.load_few_rows_linear_kernel,
                                    cpu_kernel.load_quantized_linear_kernel, cpu_kernel.load_rms_norm_kernel,
                                    cpu_kernel.load_rope_kv_kernel)]
+    kernels.append(getattr(getattr(model, "language_model", model), "native_decoder", None))
     saved = [(kernel, name, getattr(kernel, name)) for kernel in kernels if kernel is not None
-             for name in ("_fn", "_int4", "_int8") if hasattr(kernel, name)]
+             for name in ("_fn", "_int4", "_int8", "_function") if hasattr(kernel, name)]
     for kernel, name, _ in saved:
         setattr(kernel, name, lambda *_args: 0)
     try:
