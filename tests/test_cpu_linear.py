@@ -116,6 +116,22 @@ def test_few_rows_kernel_reads_bfloat16_weights(rows: int) -> None:
     assert torch.equal(FewRowsLinear(linear, kernel)(many), F.linear(many, linear.weight, linear.bias))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_few_rows_float32_output_is_the_layer_output_widened(dtype: torch.dtype) -> None:
+    """forward_float32 (an LM head's logits in one call) is exactly self(x).float(), and None where
+    the kernel does not take the rows."""
+    kernel = load_few_rows_linear_kernel()
+    if kernel is None:
+        pytest.skip("no C compiler")
+    torch.manual_seed(4)
+    linear = nn.Linear(40, 24).to(dtype)
+    layer = FewRowsLinear(linear, kernel) if dtype == torch.bfloat16 else PackedLinear(linear, kernel)
+    x = torch.randn(3, 40, dtype=dtype)
+    widened = layer.forward_float32(x)
+    assert widened.dtype == torch.float32 and torch.equal(widened, layer(x).float())
+    assert layer.forward_float32(torch.randn(9, 40, dtype=dtype)) is None
+
+
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", range(1, 9))
 def test_few_rows_kernel_matches_float64_for_every_row_count(rows: int, weight_dtype: torch.dtype) -> None:

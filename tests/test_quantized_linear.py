@@ -217,3 +217,21 @@ def test_gguf_quantization_of_an_hf_checkpoint_is_a_clear_error(tmp_path):
     model_dir = make_tiny_hf_model("llama", tmp_path / "llama", seed=5)
     with pytest.raises(ValueError, match="quantization 'gguf' needs a model converted from a GGUF file"):
         _engine(str(model_dir), "float32", "gguf")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_native_float32_output_is_the_layer_output_widened(kind, dtype):
+    """forward_float32 (an LM head's logits in one call) is exactly self(x).float(): in bfloat16 the
+    kernel rounds each value to bfloat16 before writing it as float32."""
+    rng = np.random.default_rng(8)
+    weight = rng.standard_normal((72, 64)).astype(np.float32)
+    if kind == "int4":
+        layer = Int4Linear(*decode_q4(gguf.quants.quantize(weight, Q.Q4_1), "Q4_1"), None, _native())
+    else:
+        layer = Int8Linear.from_float(torch.from_numpy(weight), None, _native())
+    x = torch.from_numpy(rng.standard_normal((3, 64)).astype(np.float32)).to(dtype)
+    widened = layer.forward_float32(x)
+    assert widened.dtype == torch.float32
+    assert torch.equal(widened, layer(x).float())
+    assert Int8Linear.from_float(torch.from_numpy(weight)).forward_float32(x) is None  # torch's kernel

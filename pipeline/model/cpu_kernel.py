@@ -111,22 +111,23 @@ class FewRowsLinearKernel:
         self._fn = _bind(library, "few_rows_linear", [p, p, p, p, i64, i64, i64, i32, i32, i32, i32], i32)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 gated: bool = False) -> torch.Tensor:
+                 gated: bool = False, float32_out: bool = False) -> torch.Tensor:
         """x [M, I] (M <= 8) float32 or bfloat16 (other dtypes go through float32), weight [O, I]
         contiguous float32 or bfloat16, bias [O] or None -> [M, O] in x's dtype; sums in float32.
-        gated: x is [M, 2 I], a SiLU-gated MLP's [gate | up], and the input is silu(gate) * up."""
+        gated: x is [M, 2 I], a SiLU-gated MLP's [gate | up], and the input is silu(gate) * up.
+        float32_out: [M, O] float32 holding what x's dtype would (the result's .float())."""
         rows = x.shape[0]
         x_in, io_bf16 = _linear_input(x)
         bias = _float32_bias(bias)  # held here until the call returns
-        out = torch.empty(rows, weight.shape[0], dtype=x_in.dtype)
+        out = torch.empty(rows, weight.shape[0], dtype=torch.float32 if float32_out else x_in.dtype)
         failed = self._fn(out.data_ptr(), x_in.data_ptr(), weight.data_ptr(), _address(bias), rows,
-                          weight.shape[0], weight.shape[1], int(weight.dtype == torch.bfloat16), int(io_bf16),
-                          int(gated), torch.get_num_threads())
+                          weight.shape[0], weight.shape[1], int(weight.dtype == torch.bfloat16),
+                          _io_mode(io_bf16, float32_out), int(gated), torch.get_num_threads())
         if failed == 1:
             raise ValueError(f"the few-rows linear kernel takes 1-{self.MAX_ROWS} rows, got {rows}")
         if failed:
             raise MemoryError("the few-rows linear kernel could not allocate its scratch buffer")
-        return out if out.dtype == x.dtype else out.to(x.dtype)
+        return out if float32_out or out.dtype == x.dtype else out.to(x.dtype)
 
 
 class QuantizedLinearKernel:
@@ -138,31 +139,33 @@ class QuantizedLinearKernel:
         self._int8 = _bind(library, "quantized_linear_int8", [p, p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
 
     def int4(self, x: torch.Tensor, nibbles: torch.Tensor, scales_offsets: torch.Tensor,
-             bias: torch.Tensor | None, gated: bool = False) -> torch.Tensor:
+             bias: torch.Tensor | None, gated: bool = False, float32_out: bool = False) -> torch.Tensor:
         """x [M, I] float32 or bfloat16 (others through float32); nibbles [O, I / 2] uint8 and
         scales_offsets [O, 2, I / 32] float16 in the kernel's layout -> [M, O] in x's dtype.
-        gated: x is [M, 2 I], a SiLU-gated MLP's [gate | up], and the input is silu(gate) * up."""
-        return self._run(self._int4, x, nibbles, scales_offsets, bias, 2 * nibbles.shape[1], gated)
+        gated: x is [M, 2 I], a SiLU-gated MLP's [gate | up], and the input is silu(gate) * up.
+        float32_out: [M, O] float32 holding what x's dtype would (the result's .float())."""
+        return self._run(self._int4, x, nibbles, scales_offsets, bias, 2 * nibbles.shape[1], gated, float32_out)
 
     def int8(self, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor,
-             bias: torch.Tensor | None, gated: bool = False) -> torch.Tensor:
-        """x [M, I]; values [O, I] int8 and scales [O] float32 -> [M, O] in x's dtype; gated as int4."""
-        return self._run(self._int8, x, values, scales, bias, values.shape[1], gated)
+             bias: torch.Tensor | None, gated: bool = False, float32_out: bool = False) -> torch.Tensor:
+        """x [M, I]; values [O, I] int8 and scales [O] float32 -> [M, O] in x's dtype; gated and
+        float32_out as int4."""
+        return self._run(self._int8, x, values, scales, bias, values.shape[1], gated, float32_out)
 
     @staticmethod
     def _run(function: Any, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor,
-             bias: torch.Tensor | None, in_features: int, gated: bool) -> torch.Tensor:
+             bias: torch.Tensor | None, in_features: int, gated: bool, float32_out: bool) -> torch.Tensor:
         x_in, io_bf16 = _linear_input(x)
         bias = _float32_bias(bias)  # held here until the call returns
-        out = torch.empty(x_in.shape[0], values.shape[0], dtype=x_in.dtype)
+        out = torch.empty(x_in.shape[0], values.shape[0], dtype=torch.float32 if float32_out else x_in.dtype)
         failed = function(out.data_ptr(), x_in.data_ptr(), values.data_ptr(), scales.data_ptr(), _address(bias),
-                          x_in.shape[0], values.shape[0], in_features, int(io_bf16), int(gated),
+                          x_in.shape[0], values.shape[0], in_features, _io_mode(io_bf16, float32_out), int(gated),
                           torch.get_num_threads())
         if failed == 1:
             raise ValueError(f"4-bit weights need in_features divisible by 32 (and at most 65536), got {in_features}")
         if failed:
             raise MemoryError("the quantized linear kernel could not allocate its scratch buffers")
-        return out if out.dtype == x.dtype else out.to(x.dtype)
+        return out if float32_out or out.dtype == x.dtype else out.to(x.dtype)
 
 
 class RMSNormKernel:
@@ -189,6 +192,11 @@ def _linear_input(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     whether they are bfloat16 (the kernel then writes bfloat16 too)."""
     io_bf16 = x.dtype == torch.bfloat16
     return (x if io_bf16 else x.float()).contiguous(), io_bf16
+
+
+def _io_mode(io_bf16: bool, float32_out: bool) -> int:
+    """A linear kernel's io_bf16 argument (csrc/bf16.h): 0 float32, 1 bfloat16, 2 bfloat16 in, float32 out."""
+    return (2 if float32_out else 1) if io_bf16 else 0
 
 
 def _float32_bias(bias: torch.Tensor | None) -> torch.Tensor | None:

@@ -87,6 +87,14 @@ class PackedLinear(nn.Module):
         return self.few_rows(rows, self.plain_weight, self.bias, gated=True).view(*gate_up.shape[:-1],
                                                                                    self.out_features)
 
+    def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
+        """self(x).float() in one kernel call (an LM head's logits; few rows only), else None."""
+        rows = x.reshape(-1, self.in_features)
+        if self.few_rows is None or not 0 < rows.shape[0] <= self.FEW_ROWS:
+            return None
+        return self.few_rows(rows, self.plain_weight, self.bias, float32_out=True).view(*x.shape[:-1],
+                                                                                        self.out_features)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"few_rows={self.few_rows is not None}")
@@ -112,6 +120,13 @@ class FewRowsLinear(nn.Module):
         if not 0 < rows.shape[0] <= self.few_rows.MAX_ROWS:
             return None
         return self.few_rows(rows, self.weight, self.bias, gated=True).view(*gate_up.shape[:-1], self.out_features)
+
+    def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
+        """self(x).float() in one kernel call (an LM head's logits; 1-8 rows), else None."""
+        rows = x.reshape(-1, self.in_features)
+        if not 0 < rows.shape[0] <= self.few_rows.MAX_ROWS:
+            return None
+        return self.few_rows(rows, self.weight, self.bias, float32_out=True).view(*x.shape[:-1], self.out_features)
 
 
 def few_rows_kernel_for(cpu_linear: str, dtype: torch.dtype) -> FewRowsLinearKernel | None:

@@ -74,6 +74,14 @@ class Int8Linear(nn.Module):
                                gated=True)
         return out.view(*gate_up.shape[:-1], self.out_features)
 
+    def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
+        """self(x).float() in one native call (an LM head's logits), else None."""
+        if self.native is None:
+            return None
+        out = self.native.int8(x.reshape(-1, self.in_features), self.weight_int8, self.scales, self.bias,
+                               float32_out=True)
+        return out.view(*x.shape[:-1], self.out_features)
+
     def dequantized(self) -> torch.Tensor:
         """The float32 weight this layer multiplies by (for tests and accuracy checks)."""
         return self.weight_int8.float() * self.scales.float()[:, None]
@@ -135,6 +143,14 @@ class Int4Linear(nn.Module):
         out = self.native.int4(gate_up.reshape(-1, 2 * self.in_features), self.nibbles, self.scales_offsets,
                                self.bias, gated=True)
         return out.view(*gate_up.shape[:-1], self.out_features)
+
+    def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
+        """self(x).float() in one native call (an LM head's logits), else None."""
+        if self.native is None:
+            return None
+        out = self.native.int4(x.reshape(-1, self.in_features), self.nibbles, self.scales_offsets, self.bias,
+                               float32_out=True)
+        return out.view(*x.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight this layer multiplies by."""

@@ -12,8 +12,8 @@
  * every 16-element chunk its 8 even-indexed values, then its 8 odd-indexed ones.
  * Worked example, one chunk: x = (x0, x1, ..., x15) -> (x0, x2, ..., x14, x1, x3, ..., x15).
  *
- * x [M, I] and y [M, O] float32 or bfloat16 (x is widened once, y rounded to nearest even as torch
- * rounds), W [O, I] float32 or bfloat16 (the top 16 bits of a float32), bias [O] float32 or NULL;
+ * x [M, I] and y [M, O] float32 or bfloat16 as io_bf16 says (bf16.h; x is widened once, y rounded to
+ * nearest even as torch rounds), W [O, I] float32 or bfloat16 (the top 16 bits of a float32), bias [O] float32 or NULL;
  * all contiguous, 1 <= M <= 8. gated: x is [M, 2 I], a gated MLP's [gate | up] (input_rows.h).
  * Worked example (M = 2, I = 2, O = 1): x = [[1, 2], [3, 4]], W = [[5, 6]] -> y = [[17], [39]].
  */
@@ -41,13 +41,6 @@ static inline int64_t reordered(int64_t i, int64_t in_features, int bf16) {
     if (!bf16 || chunk_start + CHUNK > in_features) return i; /* the tail keeps its order */
     const int64_t offset = i % CHUNK;
     return chunk_start + (offset % 2 ? CHUNK / 2 : 0) + offset / 2;
-}
-
-static inline void store(void *y, int io_bf16, int64_t index, float value) {
-    if (io_bf16)
-        ((uint16_t *)y)[index] = float_to_bf16(value);
-    else
-        ((float *)y)[index] = value;
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -110,7 +103,7 @@ static inline float horizontal_sum(__m256 v) {
             float sum = horizontal_sum(pairs);                                                         \
             for (int64_t j = i; j < in_features; j++)                                                  \
                 sum += x[m * in_features + j] * weight_at(weight, bf16, row + j);                      \
-            store(y, io_bf16, m * out_features + o, sum + (bias ? bias[o] : 0.0f));                    \
+            store_output(y, io_bf16, m * out_features + o, sum + (bias ? bias[o] : 0.0f));                    \
         }                                                                                              \
     }
 
@@ -128,7 +121,7 @@ static inline float horizontal_sum(__m256 v) {
             for (int m = 0; m < M; m++) sums[m] += x[m * in_features + at] * w;                        \
         }                                                                                              \
         for (int m = 0; m < M; m++)                                                                    \
-            store(y, io_bf16, m * out_features + o, sums[m] + (bias ? bias[o] : 0.0f));                \
+            store_output(y, io_bf16, m * out_features + o, sums[m] + (bias ? bias[o] : 0.0f));                \
     }
 
 #endif

@@ -21,7 +21,8 @@
  *   Sum over a group: d * x_scale * (q . x_q) + m * sum(x); the sums of x per group are taken once.
  * int8: values [O, I] int8, scales [O] float32: w = q * scale. x is quantized per group as above
  *   when I allows, else multiplied as float32.
- * x [M, I], y [M, O] float32 or bfloat16 (y rounded to nearest even), bias [O] float32 or NULL;
+ * x [M, I], y [M, O] float32 or bfloat16 as io_bf16 says (bf16.h; y rounded to nearest even), bias [O]
+ * float32 or NULL;
  * gated: x is [M, 2 I], a gated MLP's [gate | up] (input_rows.h).
  */
 #include <math.h>
@@ -66,13 +67,6 @@ static inline float half_to_float(uint16_t h) {
 }
 #endif
 
-static inline void store(void *y, int io_bf16, int64_t index, float value) {
-    if (io_bf16)
-        ((uint16_t *)y)[index] = float_to_bf16(value);
-    else
-        ((float *)y)[index] = value;
-}
-
 typedef struct {
     void *y;
     const float *x;          /* [rows, in_features] float32 (int8 weights) */
@@ -97,23 +91,32 @@ static inline float horizontal_sum(__m256 v) {
 }
 
 /* Per row of a column: d * x_scale for every group (dxs [M, groups]) and the offset term
- * sum over groups of m * sum(x) (offsets [M]), eight groups per vector. */
+ * sum over groups of m * sum(x) (offsets [M]), eight groups per vector. The column's float16 d
+ * and m are widened once for all its rows (with 8 rows per call that was most of this function's
+ * work: 576 = 18 groups left 2 per row to widen one by one). */
 static inline void column_scales(const Problem *p, const uint16_t *d_half, const uint16_t *m_half, int64_t first,
                                  int rows, int64_t groups, float *dxs, float *offsets) {
+    float d[MAX_GROUPS], mins[MAX_GROUPS];
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8) {
+        _mm256_storeu_ps(d + g, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d_half + g))));
+        _mm256_storeu_ps(mins + g, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m_half + g))));
+    }
+    for (; g < groups; g++) {
+        d[g] = half_to_float(d_half[g]);
+        mins[g] = half_to_float(m_half[g]);
+    }
     for (int m = 0; m < rows; m++) {
         const float *x_scales = p->x_scales + (first + m) * groups, *sums = p->group_sums + (first + m) * groups;
         __m256 offset = _mm256_setzero_ps();
-        int64_t g = 0;
-        for (; g + 8 <= groups; g += 8) {
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d_half + g)));
-            const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m_half + g)));
-            _mm256_storeu_ps(dxs + m * groups + g, _mm256_mul_ps(d, _mm256_loadu_ps(x_scales + g)));
-            offset = _mm256_fmadd_ps(mins, _mm256_loadu_ps(sums + g), offset);
+        for (g = 0; g + 8 <= groups; g += 8) {
+            _mm256_storeu_ps(dxs + m * groups + g, _mm256_mul_ps(_mm256_loadu_ps(d + g), _mm256_loadu_ps(x_scales + g)));
+            offset = _mm256_fmadd_ps(_mm256_loadu_ps(mins + g), _mm256_loadu_ps(sums + g), offset);
         }
         float tail = 0.0f;
         for (; g < groups; g++) {
-            dxs[m * groups + g] = half_to_float(d_half[g]) * x_scales[g];
-            tail += half_to_float(m_half[g]) * sums[g];
+            dxs[m * groups + g] = d[g] * x_scales[g];
+            tail += mins[g] * sums[g];
         }
         offsets[m] = horizontal_sum(offset) + tail;
     }
@@ -147,7 +150,7 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
             }                                                                                          \
         }                                                                                              \
         for (int m = 0; m < M; m++)                                                                    \
-            store(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
                   horizontal_sum(acc[m]) + offsets[m] + (p->bias ? p->bias[o] : 0.0f));                \
     }
 
@@ -175,7 +178,7 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
         }                                                                                              \
         const float scale = ((const float *)p->scales)[o];                                            \
         for (int m = 0; m < M; m++)                                                                    \
-            store(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
                   horizontal_sum(acc[m]) * scale + (p->bias ? p->bias[o] : 0.0f));                     \
     }
 
@@ -195,7 +198,7 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
         for (int m = 0; m < M; m++) {                                                                  \
             float sum = horizontal_sum(acc[m]);                                                        \
             for (int64_t j = i; j < p->in_features; j++) sum += p->x[(first + m) * p->in_features + j] * q[j]; \
-            store(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
                   sum * scale + (p->bias ? p->bias[o] : 0.0f));                                        \
         }                                                                                              \
     }
@@ -222,7 +225,7 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
             }                                                                                          \
         }                                                                                              \
         for (int m = 0; m < M; m++)                                                                    \
-            store(p->y, p->io_bf16, (first + m) * p->out_features + o, sums[m] + (p->bias ? p->bias[o] : 0.0f)); \
+            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o, sums[m] + (p->bias ? p->bias[o] : 0.0f)); \
     }
 
 #define DEFINE_INT8_COLUMN(M)                                                                          \
@@ -233,7 +236,7 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
             for (int m = 0; m < M; m++) sums[m] += p->x[(first + m) * p->in_features + i] * q[i];      \
         const float scale = ((const float *)p->scales)[o];                                            \
         for (int m = 0; m < M; m++)                                                                    \
-            store(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
                   sums[m] * scale + (p->bias ? p->bias[o] : 0.0f));                                    \
     }
 
@@ -251,7 +254,7 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
             }                                                                                          \
         const float scale = ((const float *)p->scales)[o];                                            \
         for (int m = 0; m < M; m++)                                                                    \
-            store(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
                   sums[m] * scale + (p->bias ? p->bias[o] : 0.0f));                                    \
     }
 
