@@ -72,6 +72,7 @@ class NativeDecoder:
         self._num_heads = num_heads
         self._hidden_size = hidden_size
         self._bound_caches: Sequence[torch.Tensor] | None = None
+        self._caches_fit = False
 
     @classmethod
     def build(cls, model: nn.Module) -> NativeDecoder | None:
@@ -103,8 +104,6 @@ class NativeDecoder:
         if group is None:
             return None
         assert isinstance(metadata, TorchAttentionMetadata)
-        if kv_caches is not self._bound_caches:
-            self._bind(kv_caches)
         hidden = hidden.clone(memory_format=torch.contiguous_format)  # updated in place
         backend = self._backend
         step = _Step(hidden.shape[0], self._hidden_size, self._num_heads, backend.num_kv_heads, backend.head_dim,
@@ -130,17 +129,21 @@ class NativeDecoder:
         group = view.decodes[0]
         if not group.all_rows or group.block_tables is None or group.seq_lens is None:
             return None
-        if not all(isinstance(cache, torch.Tensor) and cache.dtype == self.dtype and cache.is_contiguous()
-                   for cache in kv_caches):
-            return None  # fp8 caches keep the per-op path
-        return group
+        if kv_caches is not self._bound_caches:
+            self._bind(kv_caches)
+        return group if self._caches_fit else None
 
     def _bind(self, kv_caches: Sequence[torch.Tensor]) -> None:
-        """Point each layer at its K and V halves ([2, blocks, block_size, kv_heads, head_dim] caches)."""
+        """Point each layer at its K and V halves ([2, blocks, block_size, kv_heads, head_dim] caches),
+        once per list of caches (the runner keeps one for its life); fp8 caches keep the per-op path."""
+        self._bound_caches = kv_caches
+        self._caches_fit = all(isinstance(cache, torch.Tensor) and cache.dtype == self.dtype
+                               and cache.is_contiguous() for cache in kv_caches)
+        if not self._caches_fit:
+            return
         for layer, cache in zip(self._layers, kv_caches, strict=True):
             layer.key_cache = cache.data_ptr()
             layer.value_cache = cache.data_ptr() + cache.stride(0) * cache.element_size()
-        self._bound_caches = kv_caches
 
 
 def _describe_layer(layer: nn.Module, kept: list[torch.Tensor]) -> tuple[_Layer, int] | None:
