@@ -36,6 +36,7 @@ from pipeline.model.quantized_linear import Int4Linear, Int8Linear
 log = structlog.get_logger(__name__)
 
 _LINEAR_INT4, _LINEAR_INT8, _LINEAR_FLOAT = 0, 1, 2
+ANY_ROWS = 1 << 30  # the row limit of layers whose kernels take any number of rows (quantized)
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
@@ -172,10 +173,10 @@ def _describe_linear(module: nn.Module, kept: list[torch.Tensor]) -> tuple[_Line
     bias = _float32_bias(module, kept)
     if type(module) is Int4Linear and module.native is not None:
         return _Linear(_LINEAR_INT4, 0, module.nibbles.data_ptr(), module.scales_offsets.data_ptr(), bias,
-                       module.out_features, module.in_features), 1 << 30
+                       module.out_features, module.in_features), ANY_ROWS
     if type(module) is Int8Linear and module.native is not None:
         return _Linear(_LINEAR_INT8, 0, module.weight_int8.data_ptr(), module.scales.data_ptr(), bias,
-                       module.out_features, module.in_features), 1 << 30
+                       module.out_features, module.in_features), ANY_ROWS
     if type(module) is FewRowsLinear:
         weight, max_rows = module.weight, FewRowsLinearKernel.MAX_ROWS
     elif type(module) is PackedLinear and module.plain_weight is not None:

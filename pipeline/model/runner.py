@@ -39,7 +39,7 @@ from pipeline.model.loader import (
 )
 from pipeline.model.lora import LoRASlotTensors
 from pipeline.model.memory_profile import profile_memory
-from pipeline.model.native_decode import NativeDecoder
+from pipeline.model.native_decode import ANY_ROWS, NativeDecoder
 from pipeline.model.parallel import check_tensor_parallel, local_heads, shard_model
 from pipeline.model.quantize import quantize_linears
 from pipeline.model.quantized_linear import native_kernel_for, quantized_kernels_work
@@ -182,8 +182,8 @@ class ModelRunner:
         decoder = NativeDecoder.build(self.model)
         if decoder is not None:
             getattr(self.model, "language_model", self.model).native_decoder = decoder
-        log.info("native decoder layers", enabled=decoder is not None,
-                 max_rows=decoder.max_rows if decoder is not None else 0)
+        rows = decoder.max_rows if decoder is not None else 0
+        log.info("native decoder layers", enabled=decoder is not None, max_rows="any" if rows == ANY_ROWS else rows)
 
     def _check_quantization(self, mode: str, native: bool) -> None:
         if self.device.type != "cpu":
