@@ -169,3 +169,31 @@ def test_rope_kv_kernel_is_bit_identical_to_the_torch_path(dtype):
         if slot >= 0:
             assert torch.equal(flat[0, slot], keys[row]) and torch.equal(flat[1, slot], values[row])
     assert int(torch.count_nonzero(flat.abs().sum(-1))) == 2 * 4  # only the four slots were written
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seq_lens", [[3000], [700, 650, 20]])
+def test_kernel_splits_sequences_by_kv_head_without_changing_results(dtype, seq_lens):
+    """Work is split in (sequence, KV head) units: one long sequence runs on two threads, and with
+    3 KV heads and 2 units per task, tasks end inside sequences; the output is bit for bit the
+    one-thread output, and equals the reference."""
+    num_heads, num_kv_heads, head_dim, block_size = 6, 3, 64, 16
+    generator = torch.Generator().manual_seed(9)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    max_blocks = -(-int(lens.max()) // block_size)
+    kv_cache = torch.randn(2, len(seq_lens) * max_blocks, block_size, num_kv_heads, head_dim,
+                           generator=generator).to(dtype)
+    block_tables = torch.arange(len(seq_lens) * max_blocks, dtype=torch.int32).view(len(seq_lens), max_blocks)
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=generator).to(dtype)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        split = kernel(q, kv_cache, block_tables, lens, int(lens.max()), head_dim**-0.5)
+        torch.set_num_threads(1)
+        whole = kernel(q, kv_cache, block_tables, lens, int(lens.max()), head_dim**-0.5)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(split, whole)
+    reference = _reference(q.float(), kv_cache.float(), block_tables, lens, head_dim**-0.5)
+    tolerance = 2e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(split.float(), reference, atol=tolerance, rtol=tolerance)

@@ -4,12 +4,14 @@
  * every product and sum is in float32 whatever the cache holds).
  *
  * Reads K/V straight from the paged cache through the block table, so no padded copy of the
- * context is ever made. One task = one sequence, in three passes:
+ * context is ever made. The work is split in units of one sequence's KV head (with the query heads
+ * that share it), so a single long sequence can use every thread; a task takes consecutive units,
+ * usually whole sequences. Per run of units of one sequence, three passes:
  *   1. scores[h][t] = scale * q_h . k_t for every query head h and token t;
  *   2. an exact (max-subtracted) softmax over each head's scores, as in SDPA, with a vectorized exp;
  *   3. out_h = sum_t w[h][t] v_t.
- * Passes 1 and 3 walk the tokens in order and finish each token's whole K (or V) row, every KV
- * head and query head, before the next: the cache is read in address order, a block at a time.
+ * Passes 1 and 3 walk the tokens in order and finish each token's K (or V) row, all of the run's KV
+ * heads and query heads, before the next: the cache is read in address order, a block at a time.
  * That is what the memory system rewards: the earlier version took 8 tokens per query head, so
  * each sweep touched the same 8 rows once per head at a 2-line stride, and on a Zen 4 VM it
  * read K/V at 10-15 GB/s where this order reads 22-27 GB/s (1.5-2.3x the calls per second on
@@ -235,28 +237,31 @@ static inline __attribute__((always_inline)) const void *kv_element(const void *
     return kv_bf16 ? (const void *)((const uint16_t *)row + offset) : (const void *)((const float *)row + offset);
 }
 
-/* One sequence: out, q [num_heads, head_dim]; scores [num_heads, stride]; offsets [len].
- * Query heads h = kv * group + g share KV head kv (as HF's repeat_kv). */
+/* One sequence's KV heads kv_first .. kv_end - 1 and the query heads that read them: out, q
+ * [num_heads, head_dim] (only those heads' rows are read and written); scores [num_heads, stride];
+ * offsets [len]. Query heads h = kv * group + g share KV head kv (as HF's repeat_kv). */
 static inline __attribute__((always_inline)) void attend_sequence(
         float *restrict out, const float *restrict q, const RowSource *keys, const RowSource *values,
         const int64_t *restrict offsets, int64_t len, int64_t stride, int64_t num_heads, int64_t num_kv_heads,
-        const int64_t head_dim, float scale, float softcap, float *restrict scores, const int kv_format) {
-    const int64_t group = num_heads / num_kv_heads;
+        int64_t kv_first, int64_t kv_end, const int64_t head_dim, float scale, float softcap,
+        float *restrict scores, const int kv_format) {
+    const int64_t group = num_heads / num_kv_heads, h_first = kv_first * group, h_end = kv_end * group;
     const int bf16 = kv_format == KV_BF16;
     for (int64_t t = 0; t < len; ++t) {
         const void *k = row_at(keys, offsets[t], kv_format);
-        for (int64_t h = 0; h < num_heads; ++h)
+        for (int64_t h = h_first; h < h_end; ++h)
             scores[h * stride + t] = scale * dot(q + h * head_dim, kv_element(k, h / group * head_dim, bf16),
                                                  head_dim, bf16);
     }
-    if (softcap > 0.0f) softcap_rows(scores, num_heads, len, stride, softcap);
-    for (int64_t h = 0; h < num_heads; ++h) /* pad to the vector width with the last score (max unchanged) */
+    float *own_scores = scores + h_first * stride;
+    if (softcap > 0.0f) softcap_rows(own_scores, h_end - h_first, len, stride, softcap);
+    for (int64_t h = h_first; h < h_end; ++h) /* pad to the vector width with the last score (max unchanged) */
         for (int64_t t = len; t < stride; ++t) scores[h * stride + t] = scores[h * stride + len - 1];
-    softmax_rows(scores, num_heads, len, stride);
-    memset(out, 0, sizeof(float) * num_heads * head_dim);
+    softmax_rows(own_scores, h_end - h_first, len, stride);
+    memset(out + h_first * head_dim, 0, sizeof(float) * (h_end - h_first) * head_dim);
     for (int64_t t = 0; t < len; ++t) {
         const void *v = row_at(values, offsets[t], kv_format);
-        for (int64_t h = 0; h < num_heads; ++h)
+        for (int64_t h = h_first; h < h_end; ++h)
             add_scaled(out + h * head_dim, scores[h * stride + t], kv_element(v, h / group * head_dim, bf16),
                        head_dim, bf16);
     }
@@ -267,11 +272,11 @@ static inline __attribute__((always_inline)) void attend_sequence(
  * costs more than the loops, so its instances keep head_dim a variable. */
 static void attend_dispatch(float *out, const float *q, const RowSource *keys, const RowSource *values,
                             const int64_t *offsets, int64_t len, int64_t stride, int64_t num_heads,
-                            int64_t num_kv_heads, int64_t head_dim, float scale, float softcap, float *scores,
-                            int kv_format) {
+                            int64_t num_kv_heads, int64_t kv_first, int64_t kv_end, int64_t head_dim, float scale,
+                            float softcap, float *scores, int kv_format) {
 #define ATTEND(HEAD_DIM, FORMAT)                                                                       \
-    attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, HEAD_DIM, scale, \
-                    softcap, scores, FORMAT)
+    attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, kv_first, kv_end, \
+                    HEAD_DIM, scale, softcap, scores, FORMAT)
     if (kv_format == KV_E4M3) ATTEND(head_dim, KV_E4M3);
     else if (kv_format == KV_E5M2) ATTEND(head_dim, KV_E5M2);
     else if (kv_format == KV_BF16) {
@@ -307,10 +312,15 @@ typedef struct {
     int kv_format, io_bf16, failed;
 } Call;
 
-/* Sequences begin .. end - 1, with scratch buffers of their own (tasks run on any thread). */
-static void attend_sequences(void *context, int64_t begin, int64_t end) {
+/* Units begin .. end - 1, unit i = KV head i % num_kv_heads of sequence i / num_kv_heads, with
+ * scratch buffers of their own (tasks run on any thread). A task's units cover whole sequences
+ * except at its ends; splitting a sequence by KV head lets one long sequence use every thread. Each
+ * head's arithmetic is the same however the heads are split, so results do not depend on threads.
+ * Worked example (2 KV heads, units 1 .. 4): sequence 0 head 1, sequence 1 heads 0-1, sequence 2 head 0. */
+static void attend_units(void *context, int64_t begin, int64_t end) {
     Call *c = context;
     const int64_t row = c->num_kv_heads * c->head_dim, width = c->num_heads * c->head_dim;
+    const int64_t group = c->num_heads / c->num_kv_heads;
     const int fp8 = c->kv_format == KV_E4M3 || c->kv_format == KV_E5M2;
     float *scores = malloc(sizeof(float) * c->num_heads * c->max_stride);
     int64_t *offsets = malloc(sizeof(int64_t) * c->max_stride);
@@ -321,21 +331,27 @@ static void attend_sequences(void *context, int64_t begin, int64_t end) {
     } else {
         const RowSource keys = {c->key_cache, c->k_scale, row, rows};
         const RowSource values = {c->value_cache, c->v_scale, row, rows == NULL ? NULL : rows + row};
-        for (int64_t seq = begin; seq < end; ++seq) {
+        for (int64_t unit = begin; unit < end;) {
+            const int64_t seq = unit / c->num_kv_heads, kv_first = unit % c->num_kv_heads;
+            const int64_t kv_end = end - seq * c->num_kv_heads < c->num_kv_heads ? end - seq * c->num_kv_heads
+                                                                                : c->num_kv_heads;
+            unit = seq * c->num_kv_heads + kv_end;
             const int64_t last = c->seq_lens[seq], first = c->window > 0 && last > c->window ? last - c->window : 0;
             const int64_t len = last - first, stride = (len + VL - 1) / VL * VL;
+            /* The q and out elements of this unit range's query heads. */
+            const int64_t first_element = kv_first * group * c->head_dim, end_element = kv_end * group * c->head_dim;
             offsets_of(offsets, c->block_tables + seq * c->block_table_stride, first, last, c->block_size, row);
             const float *q = (const float *)c->q + seq * width;
             float *out = (float *)c->out + seq * width;
             if (c->io_bf16) {
-                for (int64_t i = 0; i < width; ++i) q_out[i] = bf16_to_float(((const uint16_t *)c->q)[seq * width + i]);
+                for (int64_t i = first_element; i < end_element; ++i) q_out[i] = bf16_to_float(((const uint16_t *)c->q)[seq * width + i]);
                 q = q_out;
                 out = q_out + width;
             }
-            attend_dispatch(out, q, &keys, &values, offsets, len, stride, c->num_heads, c->num_kv_heads,
-                            c->head_dim, c->scale, c->softcap, scores, c->kv_format);
+            attend_dispatch(out, q, &keys, &values, offsets, len, stride, c->num_heads, c->num_kv_heads, kv_first,
+                            kv_end, c->head_dim, c->scale, c->softcap, scores, c->kv_format);
             if (c->io_bf16)
-                for (int64_t i = 0; i < width; ++i) ((uint16_t *)c->out)[seq * width + i] = float_to_bf16(out[i]);
+                for (int64_t i = first_element; i < end_element; ++i) ((uint16_t *)c->out)[seq * width + i] = float_to_bf16(out[i]);
         }
     }
     free(scores);
@@ -355,9 +371,10 @@ int paged_decode_attention(void *out, const void *q, const void *key_cache, cons
                  num_kv_heads, head_dim, block_size, max_stride, window, scale, softcap, k_scale, v_scale,
                  kv_format, io_bf16, 0};
     const int64_t work = kv_bytes_read(seq_lens, num_seqs, window, row, kv_format) * (num_heads / num_kv_heads);
-    const int threads = threads_for(work, num_seqs < num_threads ? (int)num_seqs : num_threads);
-    /* Tasks of a few sequences each: scratch buffers are allocated once per task. */
-    const int64_t grain = threads > 1 ? (num_seqs + 4 * threads - 1) / (4 * threads) : num_seqs;
-    pool_run(attend_sequences, &call, num_seqs, grain, threads);
+    const int64_t units = num_seqs * num_kv_heads;
+    const int threads = threads_for(work, units < num_threads ? (int)units : num_threads);
+    /* Tasks of a few units each: scratch buffers are allocated once per task. */
+    const int64_t grain = threads > 1 ? (units + 4 * threads - 1) / (4 * threads) : units;
+    pool_run(attend_units, &call, units, grain, threads);
     return call.failed;
 }
