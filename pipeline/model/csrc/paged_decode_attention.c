@@ -64,12 +64,19 @@ static inline vec load(const float *p) {
 
 /* 8 bfloat16 -> 8 float32: a bfloat16 is the high half of a float32's bits.
  * Worked example: 0x3FC0 -> 0x3FC00000 = 1.5. */
+#if defined(__AVX2__)
+#include <immintrin.h>
+static inline vec load_bf16(const uint16_t *p) { /* one widening load and a shift (the generic form took 5) */
+    return (vec)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+#else
 static inline vec load_bf16(const uint16_t *p) {
     typedef uint16_t hvec __attribute__((vector_size(16)));
     hvec h;
     memcpy(&h, p, sizeof h);
     return (vec)(__builtin_convertvector(h, ivec) << 16);
 }
+#endif
 
 /* Lane loads and scalar reads of a K/V row, float32 or bfloat16 (kv_bf16 is a constant after inlining). */
 static inline __attribute__((always_inline)) vec load_kv(const void *row, int64_t d, const int kv_bf16) {
@@ -85,6 +92,30 @@ static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
 static inline vec splat(float x) { return (vec){0} + x; }
 
 static inline float sum_lanes(vec v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+/* The lane sums of 8 vectors as one vector: r[j] = sum of a[j]'s lanes. Three rounds of pairwise
+ * adds of shuffled halves (7 adds, 14 shuffles) instead of 8 separate sums of 8 lanes. Worked
+ * example, round 1 on a0, a1: (a0[0] + a0[1], a1[0] + a1[1], a0[2] + a0[3], a1[2] + a1[3], ...). */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+static inline vec sums_of_8(const vec a[8]) {
+    vec pairs[4], quads[2];
+    for (int i = 0; i < 4; ++i)
+        pairs[i] = SHUFFLE(a[2 * i], a[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+                   SHUFFLE(a[2 * i], a[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int i = 0; i < 2; ++i)
+        quads[i] = SHUFFLE(pairs[2 * i], pairs[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+                   SHUFFLE(pairs[2 * i], pairs[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return SHUFFLE(quads[0], quads[1], 0, 1, 2, 3, 8, 9, 10, 11) + SHUFFLE(quads[0], quads[1], 4, 5, 6, 7, 12, 13, 14, 15);
+}
+#undef SHUFFLE
+#else
+static inline vec sums_of_8(const vec a[8]) {
+    vec r;
+    for (int j = 0; j < VL; ++j) r[j] = sum_lanes(a[j]);
+    return r;
+}
+#endif
 
 /* Lane-wise select: where mask (all ones) pick a, elsewhere b. */
 static inline vec blend(ivec mask, vec a, vec b) { return (vec)((mask & (ivec)a) | (~mask & (ivec)b)); }
@@ -237,6 +268,94 @@ static inline __attribute__((always_inline)) const void *kv_element(const void *
     return kv_bf16 ? (const void *)((const uint16_t *)row + offset) : (const void *)((const float *)row + offset);
 }
 
+/* The slices of KV head kv in a block's 8 rows as float32: pointers into the cache (float32), or
+ * into `widened` [8, head_dim] after one widening that every query head of the group then reads
+ * (bfloat16: widening each slice once per query head was most of a long sequence's instructions). */
+static inline __attribute__((always_inline)) void block_slices(const float *slices[VL], float *restrict widened,
+                                                               const void *const rows[VL], int64_t column,
+                                                               const int64_t head_dim, const int kv_bf16) {
+    for (int j = 0; j < VL; ++j) {
+        if (!kv_bf16) {
+            slices[j] = (const float *)rows[j] + column;
+            continue;
+        }
+        float *slice = widened + j * head_dim;
+        int64_t d = 0;
+        for (; d + VL <= head_dim; d += VL) store(slice + d, load_bf16((const uint16_t *)rows[j] + column + d));
+        for (; d < head_dim; ++d) slice[d] = bf16_to_float(((const uint16_t *)rows[j])[column + d]);
+        slices[j] = slice;
+    }
+}
+
+/* Pass 1 for float32/bfloat16 caches, 8 tokens at a time: each query head's dot products with the
+ * block's 8 K rows accumulate lane-wise, then sums_of_8 reduces them together and the 8 scores
+ * are stored as one vector (scores rows are padded to a multiple of 8, so the store stays in the
+ * row). A last, partial block repeats its last row: always 8 rows keeps the accumulators in
+ * registers, and what lands past len is replaced by the padding afterwards. */
+static inline __attribute__((always_inline)) void scores_in_blocks(
+        float *restrict scores, const float *restrict q, const void *cache, const int64_t *restrict offsets,
+        int64_t len, int64_t stride, int64_t group, int64_t kv_first, int64_t kv_end, const int64_t head_dim,
+        float scale, float *restrict widened, const int kv_bf16) {
+    for (int64_t t0 = 0; t0 < len; t0 += VL) {
+        const void *rows[VL];
+        for (int j = 0; j < VL; ++j) rows[j] = kv_element(cache, offsets[t0 + j < len ? t0 + j : len - 1], kv_bf16);
+        for (int64_t kv = kv_first; kv < kv_end; ++kv) {
+            const float *k[VL];
+            block_slices(k, widened, rows, kv * head_dim, head_dim, kv_bf16);
+            for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+                const float *qh = q + h * head_dim;
+                vec acc[VL] = {{0}};
+                int64_t d = 0;
+                for (; d + VL <= head_dim; d += VL) {
+                    const vec qd = load(qh + d);
+                    for (int j = 0; j < VL; ++j) acc[j] += qd * load(k[j] + d);
+                }
+                vec sums = sums_of_8(acc);
+                for (; d < head_dim; ++d) /* head_dim % VL tail */
+                    for (int j = 0; j < VL; ++j) sums[j] += qh[d] * k[j][d];
+                store(scores + h * stride + t0, sums * scale);
+            }
+        }
+    }
+}
+
+/* Pass 3 for float32/bfloat16 caches: out_h += w[h][t] v_t, token by token in order as the generic
+ * pass does (the same sums), but with up to 64 of out_h's floats held in registers over a block of
+ * 8 tokens instead of loaded and stored once per token, and bfloat16 V widened once per block. Of
+ * a partial last block only the rows before len are summed. */
+static inline __attribute__((always_inline)) void weighted_sum_in_blocks(
+        float *restrict out, const float *restrict scores, const void *cache, const int64_t *restrict offsets,
+        int64_t len, int64_t stride, int64_t group, int64_t kv_first, int64_t kv_end, const int64_t head_dim,
+        float *restrict widened, const int kv_bf16) {
+    enum { HELD = 8 }; /* vectors of out_h held at once */
+    memset(out + kv_first * group * head_dim, 0, sizeof(float) * (kv_end - kv_first) * group * head_dim);
+    for (int64_t t0 = 0; t0 < len; t0 += VL) {
+        const int64_t n = len - t0 < VL ? len - t0 : VL;
+        const void *rows[VL];
+        for (int j = 0; j < VL; ++j) rows[j] = kv_element(cache, offsets[t0 + j < len ? t0 + j : len - 1], kv_bf16);
+        for (int64_t kv = kv_first; kv < kv_end; ++kv) {
+            const float *v[VL];
+            block_slices(v, widened, rows, kv * head_dim, head_dim, kv_bf16);
+            for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+                float *oh = out + h * head_dim;
+                const float *w = scores + h * stride + t0;
+                for (int64_t d = 0; d + VL <= head_dim; d += HELD * VL) {
+                    const int64_t count = (head_dim - d) / VL < HELD ? (head_dim - d) / VL : HELD;
+                    vec o[HELD];
+                    for (int64_t i = 0; i < count; ++i) o[i] = load(oh + d + i * VL);
+                    for (int64_t j = 0; j < n; ++j) {
+                        const vec wj = splat(w[j]);
+                        for (int64_t i = 0; i < count; ++i) o[i] += wj * load(v[j] + d + i * VL);
+                    }
+                    for (int64_t i = 0; i < count; ++i) store(oh + d + i * VL, o[i]);
+                }
+                for (int64_t d = head_dim / VL * VL; d < head_dim; ++d) /* head_dim % VL tail */
+                    for (int64_t j = 0; j < n; ++j) oh[d] += w[j] * v[j][d];
+            }
+        }
+    }
+}
+
 /* One sequence's KV heads kv_first .. kv_end - 1 and the query heads that read them: out, q
  * [num_heads, head_dim] (only those heads' rows are read and written); scores [num_heads, stride];
  * offsets [len]. Query heads h = kv * group + g share KV head kv (as HF's repeat_kv). */
@@ -244,20 +363,31 @@ static inline __attribute__((always_inline)) void attend_sequence(
         float *restrict out, const float *restrict q, const RowSource *keys, const RowSource *values,
         const int64_t *restrict offsets, int64_t len, int64_t stride, int64_t num_heads, int64_t num_kv_heads,
         int64_t kv_first, int64_t kv_end, const int64_t head_dim, float scale, float softcap,
-        float *restrict scores, const int kv_format) {
+        float *restrict scores, float *restrict widened, const int kv_format) {
     const int64_t group = num_heads / num_kv_heads, h_first = kv_first * group, h_end = kv_end * group;
-    const int bf16 = kv_format == KV_BF16;
-    for (int64_t t = 0; t < len; ++t) {
-        const void *k = row_at(keys, offsets[t], kv_format);
-        for (int64_t h = h_first; h < h_end; ++h)
-            scores[h * stride + t] = scale * dot(q + h * head_dim, kv_element(k, h / group * head_dim, bf16),
-                                                 head_dim, bf16);
+    const int bf16 = kv_format == KV_BF16, in_place = kv_format == KV_F32 || kv_format == KV_BF16;
+    /* fp8 rows are decoded into one scratch row just before use, so they go token by token. */
+    if (in_place) {
+        scores_in_blocks(scores, q, keys->cache, offsets, len, stride, group, kv_first, kv_end, head_dim, scale,
+                         widened, bf16);
+    } else {
+        for (int64_t t = 0; t < len; ++t) {
+            const void *k = row_at(keys, offsets[t], kv_format);
+            for (int64_t h = h_first; h < h_end; ++h)
+                scores[h * stride + t] = scale * dot(q + h * head_dim, kv_element(k, h / group * head_dim, bf16),
+                                                     head_dim, bf16);
+        }
     }
     float *own_scores = scores + h_first * stride;
     if (softcap > 0.0f) softcap_rows(own_scores, h_end - h_first, len, stride, softcap);
     for (int64_t h = h_first; h < h_end; ++h) /* pad to the vector width with the last score (max unchanged) */
         for (int64_t t = len; t < stride; ++t) scores[h * stride + t] = scores[h * stride + len - 1];
     softmax_rows(own_scores, h_end - h_first, len, stride);
+    if (in_place) {
+        weighted_sum_in_blocks(out, scores, values->cache, offsets, len, stride, group, kv_first, kv_end, head_dim,
+                               widened, bf16);
+        return;
+    }
     memset(out + h_first * head_dim, 0, sizeof(float) * (h_end - h_first) * head_dim);
     for (int64_t t = 0; t < len; ++t) {
         const void *v = row_at(values, offsets[t], kv_format);
@@ -273,10 +403,10 @@ static inline __attribute__((always_inline)) void attend_sequence(
 static void attend_dispatch(float *out, const float *q, const RowSource *keys, const RowSource *values,
                             const int64_t *offsets, int64_t len, int64_t stride, int64_t num_heads,
                             int64_t num_kv_heads, int64_t kv_first, int64_t kv_end, int64_t head_dim, float scale,
-                            float softcap, float *scores, int kv_format) {
+                            float softcap, float *scores, float *widened, int kv_format) {
 #define ATTEND(HEAD_DIM, FORMAT)                                                                       \
     attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, kv_first, kv_end, \
-                    HEAD_DIM, scale, softcap, scores, FORMAT)
+                    HEAD_DIM, scale, softcap, scores, widened, FORMAT)
     if (kv_format == KV_E4M3) ATTEND(head_dim, KV_E4M3);
     else if (kv_format == KV_E5M2) ATTEND(head_dim, KV_E5M2);
     else if (kv_format == KV_BF16) {
@@ -326,7 +456,10 @@ static void attend_units(void *context, int64_t begin, int64_t end) {
     int64_t *offsets = malloc(sizeof(int64_t) * c->max_stride);
     float *rows = fp8 ? malloc(sizeof(float) * 2 * row) : NULL; /* decoded K and V rows */
     float *q_out = c->io_bf16 ? malloc(sizeof(float) * 2 * width) : NULL; /* one sequence's q and out in float32 */
-    if (scores == NULL || offsets == NULL || (fp8 && rows == NULL) || (c->io_bf16 && q_out == NULL)) {
+    const int bf16 = c->kv_format == KV_BF16;
+    float *widened = bf16 ? malloc(sizeof(float) * VL * c->head_dim) : NULL; /* a block's K or V slices */
+    if (scores == NULL || offsets == NULL || (fp8 && rows == NULL) || (c->io_bf16 && q_out == NULL) ||
+        (bf16 && widened == NULL)) {
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
     } else {
         const RowSource keys = {c->key_cache, c->k_scale, row, rows};
@@ -349,7 +482,7 @@ static void attend_units(void *context, int64_t begin, int64_t end) {
                 out = q_out + width;
             }
             attend_dispatch(out, q, &keys, &values, offsets, len, stride, c->num_heads, c->num_kv_heads, kv_first,
-                            kv_end, c->head_dim, c->scale, c->softcap, scores, c->kv_format);
+                            kv_end, c->head_dim, c->scale, c->softcap, scores, widened, c->kv_format);
             if (c->io_bf16)
                 for (int64_t i = first_element; i < end_element; ++i) ((uint16_t *)c->out)[seq * width + i] = float_to_bf16(out[i]);
         }
@@ -358,6 +491,7 @@ static void attend_units(void *context, int64_t begin, int64_t end) {
     free(offsets);
     free(rows);
     free(q_out);
+    free(widened);
 }
 
 int paged_decode_attention(void *out, const void *q, const void *key_cache, const void *value_cache,
