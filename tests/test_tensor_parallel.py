@@ -5,6 +5,7 @@ and prefix hits; the packed step broadcast; clear errors; rank and driver failur
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -138,8 +139,10 @@ def test_two_nccl_ranks_match_one_rank_on_cuda(tmp_path) -> None:
         assert_greedy_equal(ours, single[request_id]["choices"][0]["token_ids"], logits, f"NCCL {request_id} vs TP=1")
 
 
+# The markers go out in one write each, after whatever the process had buffered: the ranks' log
+# lines share the pipe, and a marker split over two writes once had a log line land inside it.
 _SERVE_FOREVER = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     from pipeline.config import CacheConfig, EngineConfig, ModelConfig
     from pipeline.engine import LLMEngine
     from pipeline.sampling_params import SamplingParams
@@ -147,14 +150,16 @@ _SERVE_FOREVER = textwrap.dedent("""
     if __name__ == "__main__":
         engine = LLMEngine(EngineConfig(model=ModelConfig(model=sys.argv[1], tensor_parallel_size=2),
                                         cache=CacheConfig(num_kv_blocks=64)))
-        print("RANK", engine.runner.tp_group.processes[0].pid, flush=True)
+        sys.stdout.flush()
+        os.write(1, f"RANK {engine.runner.tp_group.processes[0].pid}\\n".encode())
         for index in range(10**6):
             engine.add_request(f"r{index}", [5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True))
             while engine.has_unfinished:
                 engine.step()
             if sys.argv[2] == "close" and index == 2:
                 engine.runner.close()
-                print("CLOSED", flush=True)
+                sys.stdout.flush()
+                os.write(1, b"CLOSED\\n")
                 time.sleep(60)
 """)
 
@@ -166,8 +171,9 @@ def _start_driver(tmp_path: Path, model: Path, mode: str) -> tuple[subprocess.Po
     driver = subprocess.Popen([sys.executable, str(script), str(model), mode], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True, env=env)
     for line in driver.stdout:
-        if line.startswith("RANK"):
-            return driver, int(line.split()[1])
+        marker = re.search(r"RANK (\d+)", line)
+        if marker:
+            return driver, int(marker.group(1))
     raise AssertionError(f"driver ended before its ranks started (exit {driver.wait()})")
 
 
@@ -199,7 +205,7 @@ def test_ranks_exit_when_the_driver_dies_or_closes(tmp_path) -> None:
     assert _gone(rank_pid, 30), "rank still running after its driver was killed"
     driver, rank_pid = _start_driver(tmp_path, model, "close")
     try:
-        assert any(line.startswith("CLOSED") for line in driver.stdout)
+        assert any("CLOSED" in line for line in driver.stdout)
         assert _gone(rank_pid, 30), "rank still running after the driver closed the group"
     finally:
         driver.kill()
