@@ -21,7 +21,6 @@ import ctypes
 import os
 from collections.abc import Sequence
 
-import structlog
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,8 +31,6 @@ from pipeline.model.cpu_linear import FewRowsLinear, PackedLinear
 from pipeline.model.layers import GatedMLP, RMSNorm
 from pipeline.model.models.llama import Attention, DecoderLayer, LlamaForCausalLM
 from pipeline.model.quantized_linear import Int4Linear, Int8Linear
-
-log = structlog.get_logger(__name__)
 
 _LINEAR_INT4, _LINEAR_INT8, _LINEAR_FLOAT = 0, 1, 2
 ANY_ROWS = 1 << 30  # the row limit of layers whose kernels take any number of rows (quantized)

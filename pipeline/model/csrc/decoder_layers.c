@@ -117,7 +117,8 @@ static int run_layer(void *hidden, const Layer *l, const Step *s, const Scratch 
     /* The attention kernel reads q as [rows, num_heads, head_dim]: the q part of each qkv row. */
     const char *q = b->qkv;
     if (rows > 1) {
-        for (int64_t t = 0; t < rows; t++) memcpy(b->q + t * q_size * elem, b->qkv + t * qkv_size * elem, q_size * elem);
+        for (int64_t t = 0; t < rows; t++)
+            memcpy(b->q + t * q_size * elem, b->qkv + t * qkv_size * elem, q_size * elem);
         q = b->q;
     }
     if (paged_decode_attention(b->attention, q, l->key_cache, l->value_cache, s->block_tables,

@@ -76,7 +76,7 @@ static inline float horizontal_sum(__m256 v) {
         const int bf16 = BF16;                                                                         \
         __m256 first[M], second[M], third[M], fourth[M];                                               \
         for (int m = 0; m < M; m++) first[m] = second[m] = third[m] = fourth[m] = _mm256_setzero_ps(); \
-        const int64_t row = o * in_features;                                                          \
+        const int64_t row = o * in_features;                                                           \
         int64_t i = 0;                                                                                 \
         __m256 w0, w1, w2, w3;                                                                         \
         if (M == 1) {                                                                                  \
@@ -89,7 +89,7 @@ static inline float horizontal_sum(__m256 v) {
                 fourth[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), w3, fourth[0]);               \
             }                                                                                          \
         }                                                                                              \
-        for (; i + CHUNK <= in_features; i += CHUNK) {                                                \
+        for (; i + CHUNK <= in_features; i += CHUNK) {                                                 \
             load_chunk(weight, bf16, row + i, &w0, &w1);                                               \
             for (int m = 0; m < M; m++) {                                                              \
                 const float *xm = x + m * in_features + i;                                             \
@@ -103,7 +103,7 @@ static inline float horizontal_sum(__m256 v) {
             float sum = horizontal_sum(pairs);                                                         \
             for (int64_t j = i; j < in_features; j++)                                                  \
                 sum += x[m * in_features + j] * weight_at(weight, bf16, row + j);                      \
-            store_output(y, io_bf16, m * out_features + o, sum + (bias ? bias[o] : 0.0f));                    \
+            store_output(y, io_bf16, m * out_features + o, sum + (bias ? bias[o] : 0.0f));             \
         }                                                                                              \
     }
 
@@ -121,7 +121,7 @@ static inline float horizontal_sum(__m256 v) {
             for (int m = 0; m < M; m++) sums[m] += x[m * in_features + at] * w;                        \
         }                                                                                              \
         for (int m = 0; m < M; m++)                                                                    \
-            store_output(y, io_bf16, m * out_features + o, sums[m] + (bias ? bias[o] : 0.0f));                \
+            store_output(y, io_bf16, m * out_features + o, sums[m] + (bias ? bias[o] : 0.0f));         \
     }
 
 #endif

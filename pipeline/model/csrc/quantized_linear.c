@@ -110,7 +110,8 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
         const float *x_scales = p->x_scales + (first + m) * groups, *sums = p->group_sums + (first + m) * groups;
         __m256 offset = _mm256_setzero_ps();
         for (g = 0; g + 8 <= groups; g += 8) {
-            _mm256_storeu_ps(dxs + m * groups + g, _mm256_mul_ps(_mm256_loadu_ps(d + g), _mm256_loadu_ps(x_scales + g)));
+            const __m256 scales = _mm256_mul_ps(_mm256_loadu_ps(d + g), _mm256_loadu_ps(x_scales + g));
+            _mm256_storeu_ps(dxs + m * groups + g, scales);
             offset = _mm256_fmadd_ps(_mm256_loadu_ps(mins + g), _mm256_loadu_ps(sums + g), offset);
         }
         float tail = 0.0f;
@@ -137,7 +138,7 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
         for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();                                      \
         for (int64_t g = 0; g < groups; g++) {                                                         \
             /* Each byte widened to 16 bits holds both its weights: low nibble = bits 0-3, high nibble \
-             * = bits 4-7 with nothing above, so one mask and one shift split them. */                \
+             * = bits 4-7 with nothing above, so one mask and one shift split them. */                 \
             const __m256i wide = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(nibbles + g * 16))); \
             const __m256i q_low = _mm256_and_si256(wide, low_mask16);                                  \
             const __m256i q_high = _mm256_srli_epi16(wide, 4);                                         \
@@ -150,7 +151,7 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
             }                                                                                          \
         }                                                                                              \
         for (int m = 0; m < M; m++)                                                                    \
-            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                          \
                   horizontal_sum(acc[m]) + offsets[m] + (p->bias ? p->bias[o] : 0.0f));                \
     }
 
@@ -176,9 +177,9 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
                 acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(p->x_scales[at]), acc[m]); \
             }                                                                                          \
         }                                                                                              \
-        const float scale = ((const float *)p->scales)[o];                                            \
+        const float scale = ((const float *)p->scales)[o];                                             \
         for (int m = 0; m < M; m++)                                                                    \
-            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                          \
                   horizontal_sum(acc[m]) * scale + (p->bias ? p->bias[o] : 0.0f));                     \
     }
 
@@ -194,11 +195,11 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
             for (int m = 0; m < M; m++)                                                                \
                 acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(p->x + (first + m) * p->in_features + i), w, acc[m]); \
         }                                                                                              \
-        const float scale = ((const float *)p->scales)[o];                                            \
+        const float scale = ((const float *)p->scales)[o];                                             \
         for (int m = 0; m < M; m++) {                                                                  \
             float sum = horizontal_sum(acc[m]);                                                        \
             for (int64_t j = i; j < p->in_features; j++) sum += p->x[(first + m) * p->in_features + j] * q[j]; \
-            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                          \
                   sum * scale + (p->bias ? p->bias[o] : 0.0f));                                        \
         }                                                                                              \
     }
@@ -225,7 +226,8 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
             }                                                                                          \
         }                                                                                              \
         for (int m = 0; m < M; m++)                                                                    \
-            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o, sums[m] + (p->bias ? p->bias[o] : 0.0f)); \
+            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                          \
+                         sums[m] + (p->bias ? p->bias[o] : 0.0f));                                     \
     }
 
 #define DEFINE_INT8_COLUMN(M)                                                                          \
@@ -234,9 +236,9 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
         float sums[M] = {0};                                                                           \
         for (int64_t i = 0; i < p->in_features; i++)                                                   \
             for (int m = 0; m < M; m++) sums[m] += p->x[(first + m) * p->in_features + i] * q[i];      \
-        const float scale = ((const float *)p->scales)[o];                                            \
+        const float scale = ((const float *)p->scales)[o];                                             \
         for (int m = 0; m < M; m++)                                                                    \
-            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                          \
                   sums[m] * scale + (p->bias ? p->bias[o] : 0.0f));                                    \
     }
 
@@ -252,9 +254,9 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
                 for (int j = 0; j < GROUP; j++) dot += q[g * GROUP + j] * p->x_q[at * GROUP + j];      \
                 sums[m] += p->x_scales[at] * (float)dot;                                               \
             }                                                                                          \
-        const float scale = ((const float *)p->scales)[o];                                            \
+        const float scale = ((const float *)p->scales)[o];                                             \
         for (int m = 0; m < M; m++)                                                                    \
-            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                                 \
+            store_output(p->y, p->io_bf16, (first + m) * p->out_features + o,                          \
                   sums[m] * scale + (p->bias ? p->bias[o] : 0.0f));                                    \
     }
 

@@ -10,9 +10,9 @@
  * with cos, sin [T, D / 2] per token. Then token t's k and v rows go to cache slot slots[t]
  * (key_cache, value_cache [slots, H_kv * D]); slots[t] < 0 is padding, not written.
  *
- * The arithmetic is torch's, op for op: no FMA fusing here (the pragma below; -std=c11 builds do
- * not contract anyway), each product rounded as torch rounds it, and for bfloat16 every product, sum and
- * difference is rounded to bfloat16 as torch's bfloat16 ops round it (to nearest even), so the
+ * The arithmetic is torch's, op for op: no FMA fusing here (the library's -ffp-contract=off, and
+ * the pragma below), each product rounded as torch rounds it, and for bfloat16 every product, sum
+ * and difference is rounded to bfloat16 as torch's bfloat16 ops round it (to nearest even), so the
  * results are bit-identical to the torch path in float32 and in bfloat16.
  * Worked example (float32, D = 2): x = (1, 2), cos 0.6, sin 0.8 -> (0.6 - 1.6, 1.2 + 0.8) = (-1, 2).
  */
