@@ -29,6 +29,11 @@ _INITIAL_CONTEXT_TOKENS = 5
 _MAX_PENDING_TOKENS = 4
 # Drop ids left of prefix_offset once this many pile up, so the window stays small.
 _TRIM_THRESHOLD = 64
+# The sealed-part search tries at most this many split points, the last ones: a split that seals
+# text sits just before the trailing partial character, a few tokens from the end. Unbounded, a
+# lone lead byte followed by ids that decode to nothing (skipped special tokens, e.g. EOS under
+# ignore_eos) made every new id try every split: 180k decodes for 600 ids.
+_SEAL_SEARCH_SPLITS = 8
 
 
 class Decoder(Protocol):
@@ -94,7 +99,8 @@ class IncrementalDetokenizer:
         is final when it is a strict prefix of the full text: a later character already follows
         it, so no future byte can change how it decodes.
         """
-        for split in range(len(self._window) - 1, self._read_offset, -1):
+        last_tried = max(self._read_offset, len(self._window) - 1 - _SEAL_SEARCH_SPLITS)
+        for split in range(len(self._window) - 1, last_tried, -1):
             split_text = self._decode(self._prefix_offset, split)
             if len(emitted_text) < len(split_text) < len(full_text) and full_text.startswith(split_text):
                 return self._emit(split_text[len(emitted_text):], split)

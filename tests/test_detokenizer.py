@@ -137,6 +137,22 @@ def test_invalid_bytes_do_not_grow_the_window(tokenizer):
     assert max(recorder.decode_lengths) <= 12
 
 
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_partial_character_before_special_tokens_costs_few_decodes_per_id(tokenizer, skip_special_tokens):
+    """A lone lead byte, then ids that decode to nothing (skipped EOS, as under ignore_eos): the text
+    keeps ending in U+FFFD with nothing to seal. Each id costs a bounded number of decodes (the
+    sealed-part search once tried every split: 180k decodes for 600 ids), and the text still ends
+    as the tokenizer decodes it."""
+    lead_byte = tokenizer.convert_tokens_to_ids("â")  # the byte-level symbol for 0xE2, a 3-byte lead
+    eos = tokenizer.eos_token_id
+    token_ids = tokenizer.encode("Hi") + [lead_byte] + [eos] * 600 + tokenizer.encode(" fine")
+    recorder = RecordingTokenizer(tokenizer)
+    detokenizer = IncrementalDetokenizer(recorder, skip_special_tokens=skip_special_tokens)
+    deltas = stream(detokenizer, token_ids)
+    assert "".join(deltas) == tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+    assert len(recorder.decode_lengths) <= 12 * len(token_ids)
+
+
 def test_empty_add_returns_empty_string(tokenizer):
     detokenizer = IncrementalDetokenizer(tokenizer)
     assert detokenizer.add([]) == ""
