@@ -10,8 +10,9 @@
  *   1. scores[h][t] = scale * q_h . k_t for every query head h and token t;
  *   2. an exact (max-subtracted) softmax over each head's scores, as in SDPA, with a vectorized exp;
  *   3. out_h = sum_t w[h][t] v_t.
- * Passes 1 and 3 walk the tokens in order and finish each token's K (or V) row, all of the run's KV
- * heads and query heads, before the next: the cache is read in address order, a block at a time.
+ * Passes 1 and 3 walk the tokens in order, 8 at a time for float32/bfloat16 caches (one at a time
+ * for fp8, decoded row by row), and finish those rows for all of the run's KV heads and query heads
+ * before the next: the cache is read in address order, a block at a time.
  * That is what the memory system rewards: the earlier version took 8 tokens per query head, so
  * each sweep touched the same 8 rows once per head at a 2-line stride, and on a Zen 4 VM it
  * read K/V at 10-15 GB/s where this order reads 22-27 GB/s (1.5-2.3x the calls per second on
