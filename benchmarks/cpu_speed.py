@@ -32,11 +32,15 @@ from pipeline.model.loader import weight_files
 from pipeline.model_source import resolve_model
 from pipeline.sampling_params import SamplingParams
 
-CONFIGS = {  # name -> (dtype, quantization)
-    "float32": ("float32", "none"),
-    "bfloat16": ("bfloat16", "none"),
-    "gguf-q4 (bf16)": ("bfloat16", "gguf"),
-    "int8 (bf16)": ("bfloat16", "int8"),
+CONFIGS = {  # name -> (dtype, quantization, cpu_linear)
+    "float32": ("float32", "none", "auto"),
+    "bfloat16": ("bfloat16", "none", "auto"),
+    "gguf-q4 (bf16)": ("bfloat16", "gguf", "auto"),
+    "int8 (bf16)": ("bfloat16", "int8", "auto"),
+    # oneDNN's and torch's kernels only (no native decode kernels): what auto gains over them.
+    "float32 onednn": ("float32", "none", "onednn"),
+    "bfloat16 onednn": ("bfloat16", "none", "onednn"),
+    "gguf-q4 onednn": ("bfloat16", "gguf", "onednn"),
 }
 PROMPT = list(range(100, 116))
 
@@ -52,8 +56,9 @@ def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
     return buffer.numel() * 4 / best
 
 
-def engine_runner(model: str, dtype: str, quantization: str) -> Callable[[int], float | None]:
-    engine = LLMEngine(EngineConfig(model=ModelConfig(model=model, dtype=dtype, quantization=quantization),
+def engine_runner(model: str, dtype: str, quantization: str, cpu_linear: str) -> Callable[[int], float | None]:
+    engine = LLMEngine(EngineConfig(model=ModelConfig(model=model, dtype=dtype, quantization=quantization,
+                                                      cpu_linear=cpu_linear),
                                     cache=CacheConfig(kv_cache_memory=64 * 2**20)))
     counter = iter(range(10**9))
 
@@ -91,8 +96,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    runners = {name: engine_runner(args.model, dtype, quantization)
-               for name, (dtype, quantization) in CONFIGS.items() if args.only is None or name in args.only}
+    runners = {name: engine_runner(args.model, *config)
+               for name, config in CONFIGS.items() if args.only is None or name in args.only}
     if args.only is None or "llama.cpp" in args.only:
         peer = llama_cpp_runner(args.model)
         if peer is not None:

@@ -45,8 +45,8 @@ class ModelConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enforce_eager: bool = False  # disable CUDA graphs (always eager on CPU)
     seed: int = 0  # weight-independent engine seed (e.g. for profiling inputs)
-    cpu_linear: str = "auto"  # CPU matmuls: oneDNN with packed weights (auto: a few rows through a native
-    # kernel on CPUs without AVX-512), or torch's nn.Linear (model/cpu_linear.py)
+    cpu_linear: str = "auto"  # CPU matmuls: oneDNN with packed weights (auto: plus native kernels for a
+    # few rows and quantized weights), or torch's nn.Linear (model/cpu_linear.py)
     quantization: str = "none"  # gguf: keep a GGUF file's Q4_0/Q4_1/Q8_0 weights; int8: per-channel at load
     logprobs_mode: str = "processed_logprobs"  # returned logprobs: after the sampler chain, or the model's
     max_logprobs: int = 20  # the largest `logprobs` / `prompt_logprobs` a request may ask for

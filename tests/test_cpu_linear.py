@@ -232,14 +232,13 @@ def test_gated_mlp_down_projection_applies_silu_gating_in_the_kernel(dtype: torc
             torch.testing.assert_close(mlp(x), reference(x), atol=tolerance, rtol=tolerance)
 
 
-def test_auto_uses_the_few_rows_kernel_only_without_avx512(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    assert few_rows_kernel_for("auto", torch.float32) is load_few_rows_linear_kernel()
-    assert few_rows_kernel_for("auto", torch.bfloat16) is load_few_rows_linear_kernel()
-    assert few_rows_kernel_for("onednn", torch.float32) is None
-    assert few_rows_kernel_for("auto", torch.float16) is None
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    assert few_rows_kernel_for("auto", torch.float32) is None
+def test_auto_uses_the_few_rows_kernel_whatever_the_vector_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    for capability in ("AVX2", "AVX512"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda capability=capability: capability)
+        assert few_rows_kernel_for("auto", torch.float32) is load_few_rows_linear_kernel()
+        assert few_rows_kernel_for("auto", torch.bfloat16) is load_few_rows_linear_kernel()
+        assert few_rows_kernel_for("onednn", torch.float32) is None
+        assert few_rows_kernel_for("auto", torch.float16) is None
 
 
 def test_few_rows_kernel_takes_and_returns_bfloat16_rounding_its_float32_sums_as_torch_does() -> None:

@@ -205,12 +205,12 @@ def test_gguf_quantization_keeps_q4_blocks_and_agrees_with_the_dequantized_model
     assert _first_token_agreement(ours, reference) >= 0.75, (ours, reference)
 
 
-def test_auto_takes_the_native_quantized_kernel_only_without_avx512(monkeypatch):
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    assert native_kernel_for("auto") is load_quantized_linear_kernel()
-    assert native_kernel_for("torch") is None
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    assert native_kernel_for("auto") is None
+def test_auto_takes_the_native_quantized_kernel_whatever_the_vector_width(monkeypatch):
+    for capability in ("AVX2", "AVX512"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda capability=capability: capability)
+        assert native_kernel_for("auto") is load_quantized_linear_kernel()
+        assert native_kernel_for("torch") is None
+        assert native_kernel_for("onednn") is None
 
 
 def test_gguf_quantization_of_an_hf_checkpoint_is_a_clear_error(tmp_path):

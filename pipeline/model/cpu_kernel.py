@@ -6,9 +6,9 @@ chained into whole decoder layers (csrc/decoder_layers.c, used by native_decode.
 
 They are plain C, loaded through ctypes, so building takes about a second and needs no torch
 headers. They share one library with the thread pool they run on (csrc/thread_pool.c). The shared
-object is cached by sources and flags hash under $AQUEDUCT_CACHE_DIR/kernels. When no compiler is
-available, or AQUEDUCT_CPU_KERNEL=0, the loaders return None and the model stays on the portable
-torch path.
+object is cached by a hash of the sources, flags and CPU (model, features) under
+$AQUEDUCT_CACHE_DIR/kernels. When no compiler is available, or AQUEDUCT_CPU_KERNEL=0, the loaders
+return None and the model stays on the portable torch path.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -242,7 +243,7 @@ def _load_library(name: str, flags: list[str], sources: tuple[str, ...] | None =
     paths = [_CSRC / f"{source}.c" for source in sources or (name,)]
     headers = b"".join(header.read_bytes() for header in sorted(_CSRC.glob("*.h")))  # what the sources include
     code = b"".join(path.read_bytes() for path in paths)
-    digest = hashlib.sha256(code + headers + " ".join(flags).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(code + headers + " ".join(flags).encode() + _cpu_identity()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"{name}-{digest}.so"
     try:
         if not target.exists():
@@ -253,6 +254,18 @@ def _load_library(name: str, flags: list[str], sources: tuple[str, ...] | None =
         detail = getattr(error, "stderr", "") or str(error)
         log.warning("CPU kernel unavailable; using the torch path", kernel=name, error=detail[-500:])
         return None
+
+
+@functools.cache
+def _cpu_identity() -> bytes:
+    """The CPU's model and feature flags: -march=native objects built on one CPU may fault on another
+    (a cache directory shared between hosts), so each CPU gets its own."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor().encode()
+    keys = ("model name", "flags", "Features", "CPU part")  # x86 and ARM spellings
+    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in keys})).encode()
 
 
 def _pooled_library() -> ctypes.CDLL | None:

@@ -10,16 +10,16 @@ Both accumulate in float32 but in different orders, so results differ from HF tr
 (MKL) in the last bits: greedy tokens agree except at near-ties, as with any reordering.
 `cpu_linear="torch"` keeps nn.Linear for bit-level comparisons.
 
-On CPUs without AVX-512 the picture splits by row count. On an AMD EPYC (Zen 3, AVX2, 2 cores),
-SmolLM2's weights, 2 threads: for 1-4 rows our few-rows kernel (csrc/few_rows_linear.c: each
-weight read once for all rows) was fastest, 1.5-2x MKL's float32 product for one row (the 49k-row
-LM head: 8.3 vs 16.3 ms, at the box's read bandwidth) and up to 8x for 4 rows, where MKL takes a
-slow path; from about 8 rows on the packed weight won. oneDNN packs bfloat16 there only with
-AVX-512 or AVX-NE-CONVERT, and torch's bfloat16 product was 2-5x slower than the kernel for 1-8
-rows. So `cpu_linear="auto"` (the default) on such CPUs: float32 keeps the plain weight beside
-the packed one (twice the linear layers' weight memory), 1-4 rows go to the kernel and more to
-oneDNN; bfloat16 sends 1-8 rows to the kernel and more to torch. With AVX-512 (measured on Zen 4
-and on a Xeon with AMX) a single row was about as fast packed, and auto is plain oneDNN.
+For a few rows our few-rows kernel (csrc/few_rows_linear.c: each weight read once for all rows)
+beats both. On an AMD EPYC (Zen 3, AVX2, 2 cores), SmolLM2's weights, 2 threads: 1.5-2x MKL's
+float32 product for one row (the 49k-row LM head: 8.3 vs 16.3 ms, at the box's read bandwidth) and
+up to 8x for 4 rows, where MKL takes a slow path; from about 8 rows on the packed weight won. On a
+Zen 4 (AVX-512) oneDNN alone was about as fast as the kernel for a single linear, but the kernel is
+what lets a decode step's layers run in one native call (native_decode.py): SmolLM2 decoded 2.5x
+(float32) and 2.7x (bfloat16) faster with it than with oneDNN's per-op path (benchmarks/cpu_speed.py).
+So `cpu_linear="auto"` (the default) keeps the plain weight beside the packed one (twice the linear
+layers' weight memory) and sends 1-4 rows to the kernel, more to oneDNN; where oneDNN cannot pack
+bfloat16 (AVX2 without AVX-NE-CONVERT), bfloat16 sends 1-8 rows to the kernel and more to torch.
 
 oneDNN builds and caches one primitive per input shape, ~0.6 MiB each whatever the weight size
 (measured), and a step's row count takes any value up to the token budget: unpadded, a long run
@@ -130,10 +130,8 @@ class FewRowsLinear(nn.Module):
 
 
 def few_rows_kernel_for(cpu_linear: str, dtype: torch.dtype) -> FewRowsLinearKernel | None:
-    """The few-rows kernel when `cpu_linear` uses it on this CPU (auto, no AVX-512; module docstring)."""
+    """The few-rows kernel when `cpu_linear` uses it (auto; module docstring) and a C compiler built it."""
     if cpu_linear != "auto" or dtype not in (torch.float32, torch.bfloat16):
-        return None
-    if torch.backends.cpu.get_cpu_capability() == "AVX512":
         return None
     return load_few_rows_linear_kernel()
 
@@ -142,8 +140,7 @@ def prepare_cpu_linears(model: nn.Module, cpu_linear: str, dtype: torch.dtype) -
     """Swap `model`'s nn.Linear layers for the CPU paths `cpu_linear` picks on this CPU; returns counts."""
     few_rows = few_rows_kernel_for(cpu_linear, dtype)
     if cpu_linear in ("auto", "onednn") and onednn_linear_works(dtype):
-        return {"packed": pack_linears(model, few_rows if dtype == torch.float32 else None),
-                "with_few_rows_path": int(few_rows is not None and dtype == torch.float32)}
+        return {"packed": pack_linears(model, few_rows), "with_few_rows_path": int(few_rows is not None)}
     if few_rows is not None:
         return {"few_rows": _replace_linears(model, lambda linear: FewRowsLinear(linear, few_rows))}
     return {}

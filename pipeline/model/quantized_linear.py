@@ -1,14 +1,13 @@
 """Weight-only quantized linear layers for the CPU: int8 per output channel, int4 in groups of 32.
 
-Each runs either our native kernel (csrc/quantized_linear.c: `cpu_linear="auto"`, the default, on
-CPUs without AVX-512) or torch's CPU weight-packed kernels (otherwise); a layer holds only its
+Each runs either our native kernel (csrc/quantized_linear.c: `cpu_linear="auto"`, the default) or
+torch's CPU weight-packed kernels (otherwise, or without a C compiler); a layer holds only its
 kernel's layout.
 
 The native kernel reads GGUF's 4-bit layout as it is (nibbles, float16 scale and offset per group)
 and quantizes each group of 32 input values to int16 (one scale each), so a group's dot product is
 exact integer arithmetic (csrc/quantized_linear.c has the measurements: on SmolLM2 Q4_1, top-1
-agreement with the float32 model of the same weights 98.8%, mean KL 0.0019 nats). Not measured
-with AVX-512.
+agreement with the float32 model of the same weights 98.8%, mean KL 0.0019 nats).
 
 Torch's kernels dequantize inside the matmul:
 - Int8Linear: `_weight_int8pack_mm(x, q [N, K] int8, scales [N])`, w = q * scale[n];
@@ -184,12 +183,12 @@ def unpack_nibbles(nibbles: torch.Tensor) -> torch.Tensor:
 
 
 def native_kernel_for(cpu_linear: str) -> QuantizedLinearKernel | None:
-    """The native quantized kernel when `cpu_linear` uses it (auto) on this CPU, and a C compiler built it.
+    """The native quantized kernel when `cpu_linear` uses it (auto), and a C compiler built it.
 
-    As for the few-rows kernel (cpu_linear.py), auto takes it only on CPUs without AVX-512: it is
-    written for AVX2 and measured there, while torch's int4 kernel was measured fast with AVX-512
-    (SmolLM2 Q4_1 on a Xeon with AMX: 52 tokens/s, 2 threads)."""
-    if cpu_linear != "auto" or torch.backends.cpu.get_cpu_capability() == "AVX512":
+    SmolLM2 Q4_1, 2 threads, on a Zen 4 with AVX-512: 69-88 tokens/s against 41-42 with torch's int4
+    kernel (benchmarks/cpu_speed.py, gguf-q4 vs gguf-q4 onednn); on a Xeon with AMX torch's kernel gave
+    52 tokens/s, ours was not run there."""
+    if cpu_linear != "auto":
         return None
     return load_quantized_linear_kernel()
 
