@@ -285,8 +285,13 @@ class ModelRunner:
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Float32 logits [len(logits_indices), vocab_size] on self.device."""
-        if self.tp_group is not None:
+        if self.tp_group is None:
+            return self._execute(inputs)
+        with self.tp_group.collectives():
             self.tp_group.broadcast(inputs)
+            return self._execute(inputs)
+
+    def _execute(self, inputs: StepInputs) -> torch.Tensor:
         with torch.inference_mode():
             self._prepare_lora(inputs)
             eager_only = inputs.lora_slots is not None or bool(inputs.images)

@@ -16,11 +16,12 @@ loop. Failure handling:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -168,14 +169,32 @@ class DriverGroup:
                 process.kill()
         dist.destroy_process_group()
 
+    @contextlib.contextmanager
+    def collectives(self) -> Iterator[None]:
+        """Around a step's collectives: when one fails because a rank died (its peer socket reset before
+        the watchdog's next look), end the driver with exit code 1 as the watchdog would. Raised out of
+        the step instead, the error would end the process through interpreter shutdown, where gloo's
+        still-joinable threads abort it (SIGABRT, seen)."""
+        try:
+            yield
+        except RuntimeError:
+            deadline = time.monotonic() + 4 * _WATCH_SECONDS
+            while time.monotonic() < deadline:
+                self._exit_if_a_rank_died()
+                time.sleep(_WATCH_SECONDS / 10)
+            raise
+
     def _watch(self) -> None:
         while not self._closing:
-            for process in self.processes:
-                if process.exitcode is not None and not self._closing:
-                    log.error("a tensor-parallel rank died; ending the worker", rank=process.name,
-                              exitcode=process.exitcode)
-                    os._exit(1)
+            self._exit_if_a_rank_died()
             time.sleep(_WATCH_SECONDS)
+
+    def _exit_if_a_rank_died(self) -> None:
+        for process in self.processes:
+            if process.exitcode is not None and not self._closing:
+                log.error("a tensor-parallel rank died; ending the worker", rank=process.name,
+                          exitcode=process.exitcode)
+                os._exit(1)
 
 
 def _watch_driver(driver_pid: int) -> None:
