@@ -27,8 +27,7 @@
 
 #define MAX_ROWS 8
 #define CHUNK 16 /* weights per row and inner-loop step: two 8-lane vectors */
-/* Columns a thread claims at a time (thread_pool.c): a thread descheduled mid-task (a busy host)
- * holds the call up by one task at most. */
+/* The fewest columns a thread claims at a time; larger weights split into longer runs (threads.h). */
 #define COLUMNS_PER_TASK 32
 
 static inline float weight_at(const void *weight, int bf16, int64_t index) {
@@ -174,7 +173,8 @@ int few_rows_linear(void *y, const void *x, const void *weight, const float *bia
     prepare_rows(x_f32, x, rows, in_features, io_bf16, gated, bf16);
     Columns columns = {COLUMNS[bf16 != 0][rows - 1], y, io_bf16, x_f32, weight, bias, out_features, in_features};
     const int64_t weight_bytes = out_features * in_features * (bf16 ? 2 : 4);
-    pool_run(run_columns, &columns, out_features, COLUMNS_PER_TASK, threads_for(weight_bytes, num_threads));
+    const int threads = threads_for(weight_bytes, num_threads);
+    pool_run(run_columns, &columns, out_features, columns_per_task(out_features, threads, COLUMNS_PER_TASK), threads);
     free(x_f32);
     return 0;
 }

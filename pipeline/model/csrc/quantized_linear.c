@@ -37,7 +37,7 @@
 #define GROUP 32
 #define MAX_ROWS 8
 #define MAX_GROUPS 2048 /* 4-bit in_features up to 65536: a column's per-group scales stay on the stack */
-#define COLUMNS_PER_TASK 32
+#define COLUMNS_PER_TASK 32 /* the fewest columns a task takes; larger weights split into longer runs (threads.h) */
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -316,7 +316,8 @@ static void run(const Problem *p, const column_fn *columns, int num_threads) {
     const int64_t row_groups = (p->rows + MAX_ROWS - 1) / MAX_ROWS;
     const int threads = threads_for(p->out_features * p->in_features * 2 * row_groups, num_threads);
     Columns context = {p, columns};
-    pool_run(run_columns, &context, p->out_features, COLUMNS_PER_TASK, threads);
+    pool_run(run_columns, &context, p->out_features, columns_per_task(p->out_features, threads, COLUMNS_PER_TASK),
+             threads);
 }
 
 static float *widened(const void *x, int64_t rows, int64_t in_features, int io_bf16, int gated) {
