@@ -4,10 +4,11 @@ Q4 blocks kept quantized, int8 per channel, and llama.cpp on the same file when 
     python benchmarks/cpu_speed.py --model smollm2 --output-len 128 --rounds 3 [--threads N]
 
 Each round runs every configuration once, in turn (so load from other processes falls on all of
-them alike): one request, a fixed 16-token prompt, `--output-len` greedy tokens ignoring EOS,
-prefill included. Printed per configuration: the median tokens/s (wall clock), the median
-process CPU seconds per token, and the ratio to the bfloat16 memory floor = the tokens/s at
-which reading the bfloat16 weights once per token takes all of the box's measured read bandwidth.
+them alike): one request, a fixed prompt of `--prompt-len` tokens (default 16), `--output-len`
+greedy tokens ignoring EOS, prefill included. Printed per configuration: the median tokens/s (wall
+clock), the median process CPU seconds per token, the ratio to the bfloat16 memory floor = the
+tokens/s at which reading the bfloat16 weights once per token takes all of the box's measured read
+bandwidth, and the median seconds per request (with `--output-len 1`, about the prefill's time).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from actors.frontends.bench import Workload, gguf_file_of, llama_cpp_available, 
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig
 from pipeline.engine import LLMEngine
 from pipeline.model.loader import weight_files
+from pipeline.model.quantized_linear import per_group_kernel_only
 from pipeline.model_source import resolve_model
 from pipeline.sampling_params import SamplingParams
 
@@ -36,13 +38,15 @@ CONFIGS = {  # name -> (dtype, quantization, cpu_linear)
     "float32": ("float32", "none", "auto"),
     "bfloat16": ("bfloat16", "none", "auto"),
     "gguf-q4 (bf16)": ("bfloat16", "gguf", "auto"),
+    # 4-bit layers on the per-group kernel for every row count (the prefill too): what the dequantized
+    # product for many rows gains (quantized_linear.py).
+    "gguf-q4 kernel": ("bfloat16", "gguf", "kernel"),
     "int8 (bf16)": ("bfloat16", "int8", "auto"),
     # oneDNN's and torch's kernels only (no native decode kernels): what auto gains over them.
     "float32 onednn": ("float32", "none", "onednn"),
     "bfloat16 onednn": ("bfloat16", "none", "onednn"),
     "gguf-q4 onednn": ("bfloat16", "gguf", "onednn"),
 }
-PROMPT = list(range(100, 116))
 
 
 def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
@@ -56,7 +60,10 @@ def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
     return buffer.numel() * 4 / best
 
 
-def engine_runner(model: str, dtype: str, quantization: str, cpu_linear: str) -> Callable[[int], float | None]:
+def engine_runner(model: str, dtype: str, quantization: str, cpu_linear: str,
+                  prompt: list[int]) -> Callable[[int], float | None]:
+    kernel_only = cpu_linear == "kernel"
+    cpu_linear = "auto" if kernel_only else cpu_linear
     engine = LLMEngine(EngineConfig(model=ModelConfig(model=model, dtype=dtype, quantization=quantization,
                                                       cpu_linear=cpu_linear),
                                     cache=CacheConfig(kv_cache_memory=64 * 2**20)))
@@ -64,14 +71,16 @@ def engine_runner(model: str, dtype: str, quantization: str, cpu_linear: str) ->
 
     def run(output_len: int) -> float | None:
         params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-        engine.add_request(f"speed-{next(counter)}", PROMPT, params)
-        while engine.has_unfinished:
-            engine.step()
+        index = next(counter)  # a new first token each run: no prefix-cache hits on earlier runs' prompts
+        engine.add_request(f"speed-{index}", [prompt[0] + index, *prompt[1:]], params)
+        with per_group_kernel_only(kernel_only):
+            while engine.has_unfinished:
+                engine.step()
 
     return run
 
 
-def llama_cpp_runner(model: str) -> Callable[[int], float | None] | None:
+def llama_cpp_runner(model: str, prompt: list[int]) -> Callable[[int], float | None] | None:
     """llama.cpp on the model's GGUF file, timed in a child process (actors/frontends/bench.py says why)."""
     path = gguf_file_of(model)
     if path is None or not llama_cpp_available():
@@ -79,7 +88,7 @@ def llama_cpp_runner(model: str) -> Callable[[int], float | None] | None:
     threads = torch.get_num_threads()
 
     def run(output_len: int) -> float | None:
-        workload = Workload([PROMPT], [output_len])
+        workload = Workload([prompt], [output_len])
         return time_llama_cpp(path, workload, threads)
 
     return run
@@ -88,6 +97,7 @@ def llama_cpp_runner(model: str) -> Callable[[int], float | None] | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", nargs="*", default=None, help="configuration names to run (default: all)")
@@ -96,10 +106,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    runners = {name: engine_runner(args.model, *config)
+    prompt = list(range(100, 100 + args.prompt_len))
+    runners = {name: engine_runner(args.model, *config, prompt)
                for name, config in CONFIGS.items() if args.only is None or name in args.only}
     if args.only is None or "llama.cpp" in args.only:
-        peer = llama_cpp_runner(args.model)
+        peer = llama_cpp_runner(args.model, prompt)
         if peer is not None:
             runners["llama.cpp"] = peer
         else:
@@ -125,17 +136,18 @@ def main() -> None:
                 cpus[name].append(time.process_time() - cpu)
     bandwidth = statistics.median(bandwidths)
     floor_rate = bandwidth / bf16_bytes
-    print(f"{args.model}: {args.output_len} greedy tokens, one request, {torch.get_num_threads()} threads, "
+    print(f"{args.model}: {args.prompt_len}-token prompt, {args.output_len} greedy tokens, one request, "
+          f"{torch.get_num_threads()} threads, "
           f"{args.rounds} rounds; read bandwidth {bandwidth / 1e9:.1f} GB/s; bfloat16 weights "
           f"{bf16_bytes / 1e6:.0f} MB -> floor {floor_rate:.1f} tokens/s")
-    print(f"{'configuration':<16} {'tokens/s':>9} {'CPU ms/token':>13} {'x floor':>8}")
+    print(f"{'configuration':<16} {'tokens/s':>9} {'CPU ms/token':>13} {'x floor':>8} {'request s':>10}")
     for name in runners:
         if not walls[name]:
             print(f"{name:<16} crashed (a native fault in its process)")
             continue
         rate = args.output_len / statistics.median(walls[name])
         cpu_ms = f"{statistics.median(cpus[name]) / args.output_len * 1e3:.1f}" if cpus[name] else "-"
-        print(f"{name:<16} {rate:>9.1f} {cpu_ms:>13} {rate / floor_rate:>8.2f}")
+        print(f"{name:<16} {rate:>9.1f} {cpu_ms:>13} {rate / floor_rate:>8.2f} {statistics.median(walls[name]):>10.3f}")
 
 
 def checkpoint_parameters(model_dir: str) -> int:

@@ -13,7 +13,8 @@ import torch
 from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.model.cpu_kernel import load_decoder_layers
-from pipeline.model.native_decode import NativeDecoder
+from pipeline.model.native_decode import ANY_ROWS, NativeDecoder
+from pipeline.model.quantized_linear import dequantize_min_rows
 from pipeline.sampling_params import SamplingParams
 from tests.engine_helpers import run_requests
 from tests.gguf_files import write_gguf
@@ -88,15 +89,18 @@ def test_native_layers_equal_per_op_path(tmp_path: Path, arch: str, dtype: str, 
 
 
 def test_gguf_4bit_native_equals_per_op(tmp_path: Path) -> None:
-    """GGUF Q4_0 weights kept 4-bit (the int4 kernel takes any row count) and a Q8_0 one."""
+    """GGUF Q4_0 weights kept 4-bit and a Q8_0 one (int8: the kernel takes any row count)."""
     requests = _requests(9)
     hf_dir = make_tiny_hf_model("llama", tmp_path / "hf", seed=3)
     for qtype in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0):
         path = write_gguf(hf_dir, tmp_path / f"{qtype.name}.gguf", qtype)
         native_engine = _engine(path, "bfloat16", "gguf")
-        served, _ = _counting(native_engine)
+        served, decoder = _counting(native_engine)
         assert _outputs(native_engine, requests) == _per_op_outputs(path, "bfloat16", "gguf", requests)
         assert max(served) == 9 and min(served) == 1
+        # From dequantize_min_rows rows on, 4-bit layers multiply by their dequantized weight, per op.
+        four_bit = qtype == gguf.GGMLQuantizationType.Q4_0
+        assert decoder.max_rows == (min(ANY_ROWS, dequantize_min_rows(torch.bfloat16) - 1) if four_bit else ANY_ROWS)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma2", "mixtral"])

@@ -11,6 +11,7 @@ import torch
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.gguf.quant_blocks import decode_q4
+from pipeline.model import quantized_linear
 from pipeline.model.cpu_kernel import load_quantized_linear_kernel
 from pipeline.model.quantized_linear import (
     Int4Linear,
@@ -139,6 +140,37 @@ def test_native_int4_linear_on_any_input_is_within_int16_activation_rounding():
     bound = x.abs().amax(dim=1, keepdim=True).double() / 65534 * layer.dequantized().abs().sum(dim=1).double()
     assert bool((error <= bound + 1e-4).all())
     assert float(error.mean()) < 1e-4 * float(expected.pow(2).mean().sqrt())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_int4_many_rows_multiply_by_the_dequantized_weight(monkeypatch, dtype):
+    rng = np.random.default_rng(9)
+    raw = gguf.quants.quantize(rng.standard_normal((48, 128)).astype(np.float32), Q.Q4_1)
+    bias = torch.from_numpy(rng.standard_normal(48).astype(np.float32))
+    layer = Int4Linear(*decode_q4(raw, "Q4_1"), bias, _native())
+    x = torch.from_numpy(rng.standard_normal((40, 256)).astype(np.float32)).to(dtype)
+    weight = layer.native.dequantize_int4(layer.nibbles, layer.scales_offsets, dtype)
+    assert torch.equal(weight, layer.dequantized().to(dtype))  # the same float32 math, then rounded
+    by_kernel = layer(x[:, :128]) if dtype == torch.float32 else layer.native.int4(x[:, :128], layer.nibbles,
+                                                                                   layer.scales_offsets, bias)
+    monkeypatch.setattr(quantized_linear, "dequantize_min_rows", lambda _dtype: 16)
+    ours = layer(x[:, :128])
+    assert torch.equal(ours, torch.nn.functional.linear(x[:, :128], layer.dequantized().to(dtype), bias.to(dtype)))
+    # Outputs here reach ~30: the kernel's int16 activations move them by up to ~5e-3, bfloat16
+    # rounding of the output by up to 2^-8 of their size.
+    tolerance = 1e-2 if dtype == torch.float32 else 0.125
+    torch.testing.assert_close(ours.float(), by_kernel.float(), atol=tolerance, rtol=0.0)
+    assert layer.forward_gated(x) is None and layer.forward_float32(x[:, :128]) is None  # per op from 16 rows
+    assert layer.forward_gated(x[:8]) is not None and layer(x[:8, :128]).shape == (8, 48)
+
+
+def test_int4_dequantize_rows_by_dtype_and_cpu(monkeypatch):
+    monkeypatch.setattr(quantized_linear, "_bfloat16_arithmetic", lambda: True)
+    assert quantized_linear.dequantize_min_rows(torch.bfloat16) == 32
+    assert quantized_linear.dequantize_min_rows(torch.float32) == 128
+    monkeypatch.setattr(quantized_linear, "_bfloat16_arithmetic", lambda: False)  # torch's bf16 product is slow
+    assert quantized_linear.dequantize_min_rows(torch.bfloat16) == quantized_linear.ALWAYS_KERNEL
+    assert quantized_linear.dequantize_min_rows(torch.float16) == quantized_linear.ALWAYS_KERNEL
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

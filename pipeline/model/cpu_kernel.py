@@ -138,6 +138,8 @@ class QuantizedLinearKernel:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         self._int4 = _bind(library, "quantized_linear_int4", [p, p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
         self._int8 = _bind(library, "quantized_linear_int8", [p, p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
+        self._dequantize_int4 = _bind(library, "dequantize_int4", [p, p, p, i64, i64, i32, i32], i32)
+        self._scratch = torch.empty(0, dtype=torch.bfloat16)  # dequantized weights, one layer at a time
 
     def int4(self, x: torch.Tensor, nibbles: torch.Tensor, scales_offsets: torch.Tensor,
              bias: torch.Tensor | None, gated: bool = False, float32_out: bool = False) -> torch.Tensor:
@@ -152,6 +154,21 @@ class QuantizedLinearKernel:
         """x [M, I]; values [O, I] int8 and scales [O] float32 -> [M, O] in x's dtype; gated and
         float32_out as int4."""
         return self._run(self._int8, x, values, scales, bias, values.shape[1], gated, float32_out)
+
+    def dequantize_int4(self, nibbles: torch.Tensor, scales_offsets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The plain [O, I] weight (float32 or bfloat16) in a scratch buffer this kernel reuses: valid
+        until its next call, so for one layer's product at a time (the model runs layers in turn)."""
+        out_features, in_features = nibbles.shape[0], 2 * nibbles.shape[1]
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"dequantize_int4 writes float32 or bfloat16, not {dtype}")
+        needed = out_features * in_features * dtype.itemsize // 2  # in bfloat16 elements
+        if self._scratch.numel() < needed:
+            self._scratch = torch.empty(needed, dtype=torch.bfloat16)
+        out = self._scratch[:needed].view(dtype).view(out_features, in_features)
+        if self._dequantize_int4(out.data_ptr(), nibbles.data_ptr(), scales_offsets.data_ptr(), out_features,
+                                 in_features, int(dtype == torch.bfloat16), torch.get_num_threads()):
+            raise ValueError(f"4-bit weights need in_features divisible by 32, got {in_features}")
+        return out
 
     @staticmethod
     def _run(function: Any, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor,

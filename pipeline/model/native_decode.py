@@ -11,8 +11,9 @@ llama.py's layers without q/k norms) on the CPU when every projection runs a nat
 8-bit quantized, or the few-rows kernel for float32/bfloat16 weights), the norms are native, no
 LoRA or tensor-parallel wrapper sits on a projection, and the KV cache is float32/bfloat16. Per
 step (NativeDecoder.__call__) when every row is one sequence's decode token and the few-rows
-kernels take that many rows (up to 8, or 4 for float32 weights kept beside oneDNN's packed copy);
-any other step takes the per-op path. AQUEDUCT_NATIVE_DECODE=0 turns it off.
+kernels take that many rows (up to 8, or 4 for float32 weights kept beside oneDNN's packed copy;
+4-bit layers below quantized_linear.dequantize_min_rows); any other step takes the per-op path.
+AQUEDUCT_NATIVE_DECODE=0 turns it off.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pipeline.model.cpu_kernel import FewRowsLinearKernel, load_decoder_layers
 from pipeline.model.cpu_linear import FewRowsLinear, PackedLinear
 from pipeline.model.layers import GatedMLP, RMSNorm
 from pipeline.model.models.llama import Attention, DecoderLayer, LlamaForCausalLM
-from pipeline.model.quantized_linear import Int4Linear, Int8Linear
+from pipeline.model.quantized_linear import Int4Linear, Int8Linear, dequantize_min_rows
 
 _LINEAR_INT4, _LINEAR_INT8, _LINEAR_FLOAT = 0, 1, 2
 ANY_ROWS = 1 << 30  # the row limit of layers whose kernels take any number of rows (quantized)
@@ -87,7 +88,7 @@ class NativeDecoder:
                 or model.model.embed_tokens.weight.device.type != "cpu"):
             return None
         kept: list[torch.Tensor] = []
-        described = [_describe_layer(layer, kept) for layer in model.model.layers]
+        described = [_describe_layer(layer, kept, dtype) for layer in model.model.layers]
         if any(entry is None for entry in described):
             return None
         layers = (_Layer * len(described))(*(entry[0] for entry in described))
@@ -144,7 +145,7 @@ class NativeDecoder:
             layer.value_cache = cache.data_ptr() + cache.stride(0) * cache.element_size()
 
 
-def _describe_layer(layer: nn.Module, kept: list[torch.Tensor]) -> tuple[_Layer, int] | None:
+def _describe_layer(layer: nn.Module, kept: list[torch.Tensor], dtype: torch.dtype) -> tuple[_Layer, int] | None:
     """The C description of one decoder layer and the most rows its kernels take, or None."""
     if type(layer) is not DecoderLayer or type(layer.self_attn) is not Attention or type(layer.mlp) is not GatedMLP:
         return None
@@ -153,7 +154,7 @@ def _describe_layer(layer: nn.Module, kept: list[torch.Tensor]) -> tuple[_Layer,
     if attention.q_norm is not None or mlp.activation is not F.silu or \
             not all(type(norm) is RMSNorm and norm.kernel is not None for norm in norms):
         return None
-    linears = [_describe_linear(module, kept) for module in
+    linears = [_describe_linear(module, kept, dtype) for module in
                (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)]
     if any(entry is None for entry in linears):
         return None
@@ -165,12 +166,12 @@ def _describe_layer(layer: nn.Module, kept: list[torch.Tensor]) -> tuple[_Layer,
     return described, min(entry[1] for entry in linears)
 
 
-def _describe_linear(module: nn.Module, kept: list[torch.Tensor]) -> tuple[_Linear, int] | None:
+def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.dtype) -> tuple[_Linear, int] | None:
     """(kind, pointers, shape) of a projection whose native kernel the C side can call, and its row limit."""
     bias = _float32_bias(module, kept)
-    if type(module) is Int4Linear and module.native is not None:
+    if type(module) is Int4Linear and module.native is not None:  # more rows take the per-op path's product
         return _Linear(_LINEAR_INT4, 0, module.nibbles.data_ptr(), module.scales_offsets.data_ptr(), bias,
-                       module.out_features, module.in_features), ANY_ROWS
+                       module.out_features, module.in_features), min(ANY_ROWS, dequantize_min_rows(dtype) - 1)
     if type(module) is Int8Linear and module.native is not None:
         return _Linear(_LINEAR_INT8, 0, module.weight_int8.data_ptr(), module.scales.data_ptr(), bias,
                        module.out_features, module.in_features), ANY_ROWS

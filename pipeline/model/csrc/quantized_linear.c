@@ -402,3 +402,49 @@ int quantized_linear_int8(void *y, const void *x, const int8_t *values, const fl
     free(x_q);
     return 0;
 }
+
+/* The 4-bit weight as a plain [O, I] matrix, float32 or (out_bf16) bfloat16 rounded to nearest even:
+ * w = q * d + m per group, multiplied then added in float32 (no fused multiply-add), the values
+ * Int4Linear.dequantized() computes. For many rows a plain matrix product beats the per-group
+ * kernel above (quantized_linear.py says when), and writing the weight out costs about one pass. */
+typedef struct {
+    void *out;
+    const uint8_t *nibbles;
+    const uint16_t *scales_offsets;
+    int64_t in_features;
+    int out_bf16;
+} Dequantize;
+
+static void dequantize_rows(void *context, int64_t begin, int64_t end) {
+    const Dequantize *c = (const Dequantize *)context;
+    const int64_t groups = c->in_features / GROUP;
+    float values[GROUP];
+    for (int64_t o = begin; o < end; o++) {
+        const uint8_t *nibbles = c->nibbles + o * (c->in_features / 2);
+        const uint16_t *d_half = c->scales_offsets + o * groups * 2, *m_half = d_half + groups;
+        for (int64_t g = 0; g < groups; g++) {
+            const float d = half_to_float(d_half[g]), m = half_to_float(m_half[g]);
+            for (int j = 0; j < GROUP / 2; j++) {
+                const uint8_t byte = nibbles[g * (GROUP / 2) + j];
+                values[j] = (float)(byte & 0x0F) * d + m;
+                values[j + GROUP / 2] = (float)(byte >> 4) * d + m;
+            }
+            const int64_t at = o * c->in_features + g * GROUP;
+            if (c->out_bf16)
+                for (int j = 0; j < GROUP; j++) ((uint16_t *)c->out)[at + j] = float_to_bf16(values[j]);
+            else
+                memcpy((float *)c->out + at, values, sizeof values);
+        }
+    }
+}
+
+/* Returns 0, 1 when in_features is not a multiple of 32. */
+int dequantize_int4(void *out, const uint8_t *nibbles, const uint16_t *scales_offsets, int64_t out_features,
+                    int64_t in_features, int out_bf16, int num_threads) {
+    if (in_features % GROUP) return 1;
+    Dequantize context = {out, nibbles, scales_offsets, in_features, out_bf16};
+    const int threads = threads_for(out_features * in_features * 2, num_threads);
+    pool_run(dequantize_rows, &context, out_features, columns_per_task(out_features, threads, COLUMNS_PER_TASK),
+             threads);
+    return 0;
+}
