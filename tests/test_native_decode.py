@@ -89,7 +89,7 @@ def test_native_layers_equal_per_op_path(tmp_path: Path, arch: str, dtype: str, 
 
 
 def test_gguf_4bit_native_equals_per_op(tmp_path: Path) -> None:
-    """GGUF Q4_0 weights kept 4-bit and a Q8_0 one (int8: the kernel takes any row count)."""
+    """GGUF Q4_0 weights kept 4-bit, and Q8_0 ones as int8."""
     requests = _requests(9)
     hf_dir = make_tiny_hf_model("llama", tmp_path / "hf", seed=3)
     for qtype in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0):
@@ -98,9 +98,9 @@ def test_gguf_4bit_native_equals_per_op(tmp_path: Path) -> None:
         served, decoder = _counting(native_engine)
         assert _outputs(native_engine, requests) == _per_op_outputs(path, "bfloat16", "gguf", requests)
         assert max(served) == 9 and min(served) == 1
-        # From dequantize_min_rows rows on, 4-bit layers multiply by their dequantized weight, per op.
-        four_bit = qtype == gguf.GGMLQuantizationType.Q4_0
-        assert decoder.max_rows == (min(ANY_ROWS, dequantize_min_rows(torch.bfloat16) - 1) if four_bit else ANY_ROWS)
+        # From dequantize_min_rows rows on, quantized layers multiply by their dequantized weight, per op.
+        bits = 4 if qtype == gguf.GGMLQuantizationType.Q4_0 else 8
+        assert decoder.max_rows == min(ANY_ROWS, dequantize_min_rows(torch.bfloat16, bits) - 1)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma2", "mixtral"])

@@ -143,31 +143,38 @@ def test_native_int4_linear_on_any_input_is_within_int16_activation_rounding():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_native_int4_many_rows_multiply_by_the_dequantized_weight(monkeypatch, dtype):
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_native_many_rows_multiply_by_the_dequantized_weight(monkeypatch, kind, dtype):
     rng = np.random.default_rng(9)
-    raw = gguf.quants.quantize(rng.standard_normal((48, 128)).astype(np.float32), Q.Q4_1)
+    weight = rng.standard_normal((48, 128)).astype(np.float32)
     bias = torch.from_numpy(rng.standard_normal(48).astype(np.float32))
-    layer = Int4Linear(*decode_q4(raw, "Q4_1"), bias, _native())
+    if kind == "int4":
+        layer = Int4Linear(*decode_q4(gguf.quants.quantize(weight, Q.Q4_1), "Q4_1"), bias, _native())
+        dequantized = layer.native.dequantize_int4(layer.nibbles, layer.scales_offsets, dtype)
+        kernel = lambda rows: layer.native.int4(rows, layer.nibbles, layer.scales_offsets, bias)  # noqa: E731
+    else:
+        layer = Int8Linear.from_float(torch.from_numpy(weight), bias, _native())
+        dequantized = layer.native.dequantize_int8(layer.weight_int8, layer.scales, dtype)
+        kernel = lambda rows: layer.native.int8(rows, layer.weight_int8, layer.scales, bias)  # noqa: E731
+    assert torch.equal(dequantized, layer.dequantized().to(dtype))  # the same float32 math, then rounded
     x = torch.from_numpy(rng.standard_normal((40, 256)).astype(np.float32)).to(dtype)
-    weight = layer.native.dequantize_int4(layer.nibbles, layer.scales_offsets, dtype)
-    assert torch.equal(weight, layer.dequantized().to(dtype))  # the same float32 math, then rounded
-    by_kernel = layer(x[:, :128]) if dtype == torch.float32 else layer.native.int4(x[:, :128], layer.nibbles,
-                                                                                   layer.scales_offsets, bias)
-    monkeypatch.setattr(quantized_linear, "dequantize_min_rows", lambda _dtype: 16)
+    monkeypatch.setattr(quantized_linear, "dequantize_min_rows", lambda _dtype, bits=4: 16)
     ours = layer(x[:, :128])
     assert torch.equal(ours, torch.nn.functional.linear(x[:, :128], layer.dequantized().to(dtype), bias.to(dtype)))
-    # Outputs here reach ~30: the kernel's int16 activations move them by up to ~5e-3, bfloat16
+    # Outputs here reach ~30: the kernels' int16 activations move them by up to ~5e-3, bfloat16
     # rounding of the output by up to 2^-8 of their size.
     tolerance = 1e-2 if dtype == torch.float32 else 0.125
-    torch.testing.assert_close(ours.float(), by_kernel.float(), atol=tolerance, rtol=0.0)
+    torch.testing.assert_close(ours.float(), kernel(x[:, :128]).float(), atol=tolerance, rtol=0.0)
     assert layer.forward_gated(x) is None and layer.forward_float32(x[:, :128]) is None  # per op from 16 rows
     assert layer.forward_gated(x[:8]) is not None and layer(x[:8, :128]).shape == (8, 48)
 
 
-def test_int4_dequantize_rows_by_dtype_and_cpu(monkeypatch):
+def test_dequantize_rows_by_dtype_bits_and_cpu(monkeypatch):
     monkeypatch.setattr(quantized_linear, "_bfloat16_arithmetic", lambda: True)
     assert quantized_linear.dequantize_min_rows(torch.bfloat16) == 32
     assert quantized_linear.dequantize_min_rows(torch.float32) == 128
+    assert quantized_linear.dequantize_min_rows(torch.bfloat16, bits=8) == 64
+    assert quantized_linear.dequantize_min_rows(torch.float32, bits=8) == quantized_linear.ALWAYS_KERNEL
     monkeypatch.setattr(quantized_linear, "_bfloat16_arithmetic", lambda: False)  # torch's bf16 product is slow
     assert quantized_linear.dequantize_min_rows(torch.bfloat16) == quantized_linear.ALWAYS_KERNEL
     assert quantized_linear.dequantize_min_rows(torch.float16) == quantized_linear.ALWAYS_KERNEL

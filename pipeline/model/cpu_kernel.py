@@ -139,6 +139,7 @@ class QuantizedLinearKernel:
         self._int4 = _bind(library, "quantized_linear_int4", [p, p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
         self._int8 = _bind(library, "quantized_linear_int8", [p, p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
         self._dequantize_int4 = _bind(library, "dequantize_int4", [p, p, p, i64, i64, i32, i32], i32)
+        self._dequantize_int8 = _bind(library, "dequantize_int8", [p, p, p, i64, i64, i32, i32], None)
         self._scratch = torch.empty(0, dtype=torch.bfloat16)  # dequantized weights, one layer at a time
 
     def int4(self, x: torch.Tensor, nibbles: torch.Tensor, scales_offsets: torch.Tensor,
@@ -158,17 +159,26 @@ class QuantizedLinearKernel:
     def dequantize_int4(self, nibbles: torch.Tensor, scales_offsets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The plain [O, I] weight (float32 or bfloat16) in a scratch buffer this kernel reuses: valid
         until its next call, so for one layer's product at a time (the model runs layers in turn)."""
-        out_features, in_features = nibbles.shape[0], 2 * nibbles.shape[1]
+        out = self._scratch_for(nibbles.shape[0], 2 * nibbles.shape[1], dtype)
+        if self._dequantize_int4(out.data_ptr(), nibbles.data_ptr(), scales_offsets.data_ptr(), out.shape[0],
+                                 out.shape[1], int(dtype == torch.bfloat16), torch.get_num_threads()):
+            raise ValueError(f"4-bit weights need in_features divisible by 32, got {out.shape[1]}")
+        return out
+
+    def dequantize_int8(self, values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """As dequantize_int4, for int8 values [O, I] with float32 scales [O]."""
+        out = self._scratch_for(values.shape[0], values.shape[1], dtype)
+        self._dequantize_int8(out.data_ptr(), values.data_ptr(), scales.data_ptr(), out.shape[0], out.shape[1],
+                              int(dtype == torch.bfloat16), torch.get_num_threads())
+        return out
+
+    def _scratch_for(self, out_features: int, in_features: int, dtype: torch.dtype) -> torch.Tensor:
         if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"dequantize_int4 writes float32 or bfloat16, not {dtype}")
+            raise ValueError(f"dequantized weights are float32 or bfloat16, not {dtype}")
         needed = out_features * in_features * dtype.itemsize // 2  # in bfloat16 elements
         if self._scratch.numel() < needed:
             self._scratch = torch.empty(needed, dtype=torch.bfloat16)
-        out = self._scratch[:needed].view(dtype).view(out_features, in_features)
-        if self._dequantize_int4(out.data_ptr(), nibbles.data_ptr(), scales_offsets.data_ptr(), out_features,
-                                 in_features, int(dtype == torch.bfloat16), torch.get_num_threads()):
-            raise ValueError(f"4-bit weights need in_features divisible by 32, got {in_features}")
-        return out
+        return self._scratch[:needed].view(dtype).view(out_features, in_features)
 
     @staticmethod
     def _run(function: Any, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor,

@@ -12,7 +12,7 @@ llama.py's layers without q/k norms) on the CPU when every projection runs a nat
 LoRA or tensor-parallel wrapper sits on a projection, and the KV cache is float32/bfloat16. Per
 step (NativeDecoder.__call__) when every row is one sequence's decode token and the few-rows
 kernels take that many rows (up to 8, or 4 for float32 weights kept beside oneDNN's packed copy;
-4-bit layers below quantized_linear.dequantize_min_rows); any other step takes the per-op path.
+quantized layers below quantized_linear.dequantize_min_rows); any other step takes the per-op path.
 AQUEDUCT_NATIVE_DECODE=0 turns it off.
 """
 
@@ -174,7 +174,7 @@ def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
                        module.out_features, module.in_features), min(ANY_ROWS, dequantize_min_rows(dtype) - 1)
     if type(module) is Int8Linear and module.native is not None:
         return _Linear(_LINEAR_INT8, 0, module.weight_int8.data_ptr(), module.scales.data_ptr(), bias,
-                       module.out_features, module.in_features), ANY_ROWS
+                       module.out_features, module.in_features), min(ANY_ROWS, dequantize_min_rows(dtype, bits=8) - 1)
     if type(module) is FewRowsLinear:
         weight, max_rows = module.weight, FewRowsLinearKernel.MAX_ROWS
     elif type(module) is PackedLinear and module.plain_weight is not None:

@@ -9,13 +9,15 @@ and quantizes each group of 32 input values to int16 (one scale each), so a grou
 exact integer arithmetic (csrc/quantized_linear.c has the measurements: on SmolLM2 Q4_1, top-1
 agreement with the float32 model of the same weights 98.8%, mean KL 0.0019 nats).
 
-Many rows at once (a prefill, a large decode batch) are compute-bound in that kernel, where a plain
-matrix product is faster: from `dequantize_min_rows` rows on, a 4-bit layer writes its weight out
-(bit for bit what `dequantized()` gives, rounded to bfloat16 for bfloat16 inputs) and multiplies by
-it with torch. Measured on a Zen 4 (2 threads, one 3072 x 576 layer, weights in cache): bfloat16
-(oneDNN's AVX512-BF16 product) 0.67 vs 0.57 ms at 16 rows, 0.83 vs 1.22 at 32, 2.5 vs 10.1 at 256;
-float32 1.62 vs 1.07 ms at 32 rows, 2.2 vs 2.1 at 64, 5.9 vs 8.6 at 256. CPUs without bfloat16
-arithmetic (no AVX512-BF16 or AMX) multiply bfloat16 slowly, so there bfloat16 keeps the kernel.
+Many rows at once (a prefill, a large decode batch) are compute-bound in those kernels, where a
+plain matrix product is faster: from `dequantize_min_rows` rows on, a layer writes its weight out
+(bit for bit what `dequantized()` gives, rounded to bfloat16 for bfloat16 inputs) into a scratch
+buffer and multiplies by it with torch. Measured on a Zen 4 (2 threads; dequantize + product vs
+kernel): 4-bit 3072 x 576, bfloat16 (oneDNN's AVX512-BF16 product) 0.67 vs 0.57 ms at 16 rows, 0.83
+vs 1.22 at 32, 2.5 vs 10.1 at 256; float32 1.62 vs 1.07 ms at 32 rows, 2.2 vs 2.1 at 64, 5.9 vs 8.6
+at 256. int8 bfloat16, the 49152 x 576 head: 14.6 vs 12.2 ms at 32 rows, 16.7 vs 24.2 at 64, 44 vs 94
+at 256 (3072 x 576: ahead from 16 rows); int8 float32 lost up to 256 rows. CPUs without bfloat16
+arithmetic (no AVX512-BF16 or AMX) multiply bfloat16 slowly, so there bfloat16 keeps the kernels.
 
 Torch's kernels dequantize inside the matmul:
 - Int8Linear: `_weight_int8pack_mm(x, q [N, K] int8, scales [N])`, w = q * scale[n];
@@ -46,7 +48,8 @@ GROUP_SIZE = 32  # GGUF's Q4_0/Q4_1/Q8_0 block length
 COMPUTE_DTYPE = torch.bfloat16
 
 
-_DEQUANTIZE_MIN_ROWS = {torch.bfloat16: 32, torch.float32: 128}  # measured (module docstring)
+# (bits, dtype) -> rows, measured (module docstring); int8 in float32 was never faster dequantized.
+_DEQUANTIZE_MIN_ROWS = {(4, torch.bfloat16): 32, (4, torch.float32): 128, (8, torch.bfloat16): 64}
 ALWAYS_KERNEL = 1 << 30  # dequantize_min_rows where the kernel takes every row count
 
 
@@ -60,21 +63,21 @@ def _bfloat16_arithmetic() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def dequantize_min_rows(dtype: torch.dtype) -> int:
-    """The fewest rows of `dtype` for which a native 4-bit layer multiplies by its dequantized weight."""
+def dequantize_min_rows(dtype: torch.dtype, bits: int = 4) -> int:
+    """The fewest rows of `dtype` for which a native `bits`-bit layer multiplies by its dequantized weight."""
     if dtype == torch.bfloat16 and not _bfloat16_arithmetic():
         return ALWAYS_KERNEL
-    return _DEQUANTIZE_MIN_ROWS.get(dtype, ALWAYS_KERNEL)
+    return _DEQUANTIZE_MIN_ROWS.get((bits, dtype), ALWAYS_KERNEL)
 
 
 @contextlib.contextmanager
 def per_group_kernel_only(active: bool = True) -> Iterator[None]:
-    """Within (when `active`): native 4-bit layers take the per-group kernel for every row count. For
+    """Within (when `active`): native 4- and 8-bit layers take their kernel for every row count. For
     measurements that compare the two paths in one process (benchmarks/quant_accuracy.py, cpu_speed.py)."""
     global dequantize_min_rows
     original = dequantize_min_rows
     if active:
-        dequantize_min_rows = lambda _dtype: ALWAYS_KERNEL  # noqa: E731
+        dequantize_min_rows = lambda _dtype, bits=4: ALWAYS_KERNEL  # noqa: E731
     try:
         yield
     finally:
@@ -107,7 +110,12 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
-            out = self.native.int8(x.reshape(-1, self.in_features), self.weight_int8, self.scales, self.bias)
+            rows = x.reshape(-1, self.in_features)
+            if rows.shape[0] >= dequantize_min_rows(rows.dtype, bits=8):
+                weight = self.native.dequantize_int8(self.weight_int8, self.scales, rows.dtype)
+                bias = None if self.bias is None else self.bias.to(rows.dtype)
+                return F.linear(rows, weight, bias).view(*x.shape[:-1], self.out_features)
+            out = self.native.int8(rows, self.weight_int8, self.scales, self.bias)
             return out.view(*x.shape[:-1], self.out_features)
         out = torch.ops.aten._weight_int8pack_mm(_rows_of(x, self.in_features), self.weight_int8, self.scales)
         if self.bias is not None:
@@ -116,7 +124,8 @@ class Int8Linear(nn.Module):
 
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """self(silu(gate) * up) from a gated MLP's [gate | up] in one native call, else None."""
-        if self.native is None:
+        if self.native is None or gate_up.reshape(-1, 2 * self.in_features).shape[0] >= dequantize_min_rows(
+                gate_up.dtype, bits=8):
             return None
         out = self.native.int8(gate_up.reshape(-1, 2 * self.in_features), self.weight_int8, self.scales, self.bias,
                                gated=True)
@@ -124,7 +133,7 @@ class Int8Linear(nn.Module):
 
     def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
         """self(x).float() in one native call (an LM head's logits), else None."""
-        if self.native is None:
+        if self.native is None or x.reshape(-1, self.in_features).shape[0] >= dequantize_min_rows(x.dtype, bits=8):
             return None
         out = self.native.int8(x.reshape(-1, self.in_features), self.weight_int8, self.scales, self.bias,
                                float32_out=True)

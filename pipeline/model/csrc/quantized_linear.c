@@ -448,3 +448,36 @@ int dequantize_int4(void *out, const uint8_t *nibbles, const uint16_t *scales_of
              threads);
     return 0;
 }
+
+/* The int8 weight as a plain [O, I] matrix, float32 or (out_bf16) bfloat16: w = q * scale, the values
+ * Int8Linear.dequantized() computes; for many rows, as dequantize_int4. */
+typedef struct {
+    void *out;
+    const int8_t *values;
+    const float *scales;
+    int64_t in_features;
+    int out_bf16;
+} DequantizeInt8;
+
+static void dequantize_int8_rows(void *context, int64_t begin, int64_t end) {
+    const DequantizeInt8 *c = (const DequantizeInt8 *)context;
+    for (int64_t o = begin; o < end; o++) {
+        const int8_t *q = c->values + o * c->in_features;
+        const float scale = c->scales[o];
+        if (c->out_bf16) {
+            uint16_t *out = (uint16_t *)c->out + o * c->in_features;
+            for (int64_t i = 0; i < c->in_features; i++) out[i] = float_to_bf16((float)q[i] * scale);
+        } else {
+            float *out = (float *)c->out + o * c->in_features;
+            for (int64_t i = 0; i < c->in_features; i++) out[i] = (float)q[i] * scale;
+        }
+    }
+}
+
+void dequantize_int8(void *out, const int8_t *values, const float *scales, int64_t out_features, int64_t in_features,
+                     int out_bf16, int num_threads) {
+    DequantizeInt8 context = {out, values, scales, in_features, out_bf16};
+    const int threads = threads_for(out_features * in_features * 2, num_threads);
+    pool_run(dequantize_int8_rows, &context, out_features,
+             columns_per_task(out_features, threads, COLUMNS_PER_TASK), threads);
+}
