@@ -15,8 +15,8 @@ beats both. On an AMD EPYC (Zen 3, AVX2, 2 cores), SmolLM2's weights, 2 threads:
 float32 product for one row (the 49k-row LM head: 8.3 vs 16.3 ms, at the box's read bandwidth) and
 up to 8x for 4 rows, where MKL takes a slow path; from about 8 rows on the packed weight won. On a
 Zen 4 (AVX-512) oneDNN alone was about as fast as the kernel for a single linear, but the kernel is
-what lets a decode step's layers run in one native call (native_decode.py): SmolLM2 decoded 2.5x
-(float32) and 2.7x (bfloat16) faster with it than with oneDNN's per-op path (benchmarks/cpu_speed.py).
+what lets a decode step's layers run in one native call (native_decode.py): SmolLM2 decoded 2.1x
+(float32) and 2.9-3.1x (bfloat16) faster with it than with oneDNN's per-op path (benchmarks/cpu_speed.py).
 So `cpu_linear="auto"` (the default) keeps the plain weight beside the packed one (twice the linear
 layers' weight memory) and sends 1-4 rows to the kernel, more to oneDNN; where oneDNN cannot pack
 bfloat16 (AVX2 without AVX-NE-CONVERT), bfloat16 sends 1-8 rows to the kernel and more to torch.

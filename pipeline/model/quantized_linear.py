@@ -249,7 +249,7 @@ def unpack_nibbles(nibbles: torch.Tensor) -> torch.Tensor:
 def native_kernel_for(cpu_linear: str) -> QuantizedLinearKernel | None:
     """The native quantized kernel when `cpu_linear` uses it (auto), and a C compiler built it.
 
-    SmolLM2 Q4_1, 2 threads, on a Zen 4 with AVX-512: 69-88 tokens/s against 41-42 with torch's int4
+    SmolLM2 Q4_1, 2 threads, on a Zen 4 with AVX-512: 145-159 tokens/s against 54-55 with torch's int4
     kernel (benchmarks/cpu_speed.py, gguf-q4 vs gguf-q4 onednn); on a Xeon with AMX torch's kernel gave
     52 tokens/s, ours was not run there."""
     if cpu_linear != "auto":

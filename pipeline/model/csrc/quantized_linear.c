@@ -123,9 +123,6 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
     }
 }
 
-/* Column o for rows first .. first + M - 1: sum over groups of d * x_scale * (q . x_q) + m * sum(x).
- * The 4-bit values (0..15), widened to 16 bits, and x_q multiply in pairs summed to 32 bits (at
- * most 4 * 15 * 32767 per lane): an exact integer dot product per group. */
 /* One group g of the column into acc[0 .. M - 1]. Each byte widened to 16 bits holds both its
  * weights: low nibble = bits 0-3, high nibble = bits 4-7 with nothing above, so one mask and one
  * shift split them. */
@@ -143,7 +140,10 @@ static inline void column_scales(const Problem *p, const uint16_t *d_half, const
         }                                                                                              \
     } while (0)
 
-/* With one row, even and odd groups sum into separate accumulators: a single chain of fused
+/* Column o for rows first .. first + M - 1: sum over groups of d * x_scale * (q . x_q) + m * sum(x).
+ * The 4-bit values (0..15), widened to 16 bits, and x_q multiply in pairs summed to 32 bits (at
+ * most 4 * 15 * 32767 per lane): an exact integer dot product per group.
+ * With one row, even and odd groups sum into separate accumulators: a single chain of fused
  * multiply-adds would make each group wait for the previous one's (4 cycles), longer than its other
  * work (C harness, SmolLM2's 30 layers, one thread, Zen 4: 5.0 vs 5.5 ms in cache, 5.8 vs 6.0 ms from
  * memory). More rows give the core independent chains already (4 rows: no gain, 4% slower). */
