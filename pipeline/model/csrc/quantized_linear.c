@@ -409,8 +409,8 @@ int quantized_linear_int8(void *y, const void *x, const int8_t *values, const fl
  * kernel above (quantized_linear.py says when), and writing the weight out costs about one pass. */
 typedef struct {
     void *out;
-    const uint8_t *nibbles;
-    const uint16_t *scales_offsets;
+    const void *values; /* 4-bit: nibbles; int8: values */
+    const void *scales; /* 4-bit: float16 scales and offsets; int8: float32 scales */
     int64_t in_features;
     int out_bf16;
 } Dequantize;
@@ -420,8 +420,8 @@ static void dequantize_rows(void *context, int64_t begin, int64_t end) {
     const int64_t groups = c->in_features / GROUP;
     float values[GROUP];
     for (int64_t o = begin; o < end; o++) {
-        const uint8_t *nibbles = c->nibbles + o * (c->in_features / 2);
-        const uint16_t *d_half = c->scales_offsets + o * groups * 2, *m_half = d_half + groups;
+        const uint8_t *nibbles = (const uint8_t *)c->values + o * (c->in_features / 2);
+        const uint16_t *d_half = (const uint16_t *)c->scales + o * groups * 2, *m_half = d_half + groups;
         for (int64_t g = 0; g < groups; g++) {
             const float d = half_to_float(d_half[g]), m = half_to_float(m_half[g]);
             for (int j = 0; j < GROUP / 2; j++) {
@@ -451,19 +451,11 @@ int dequantize_int4(void *out, const uint8_t *nibbles, const uint16_t *scales_of
 
 /* The int8 weight as a plain [O, I] matrix, float32 or (out_bf16) bfloat16: w = q * scale, the values
  * Int8Linear.dequantized() computes; for many rows, as dequantize_int4. */
-typedef struct {
-    void *out;
-    const int8_t *values;
-    const float *scales;
-    int64_t in_features;
-    int out_bf16;
-} DequantizeInt8;
-
 static void dequantize_int8_rows(void *context, int64_t begin, int64_t end) {
-    const DequantizeInt8 *c = (const DequantizeInt8 *)context;
+    const Dequantize *c = (const Dequantize *)context;
     for (int64_t o = begin; o < end; o++) {
-        const int8_t *q = c->values + o * c->in_features;
-        const float scale = c->scales[o];
+        const int8_t *q = (const int8_t *)c->values + o * c->in_features;
+        const float scale = ((const float *)c->scales)[o];
         if (c->out_bf16) {
             uint16_t *out = (uint16_t *)c->out + o * c->in_features;
             for (int64_t i = 0; i < c->in_features; i++) out[i] = float_to_bf16((float)q[i] * scale);
@@ -476,7 +468,7 @@ static void dequantize_int8_rows(void *context, int64_t begin, int64_t end) {
 
 void dequantize_int8(void *out, const int8_t *values, const float *scales, int64_t out_features, int64_t in_features,
                      int out_bf16, int num_threads) {
-    DequantizeInt8 context = {out, values, scales, in_features, out_bf16};
+    Dequantize context = {out, values, scales, in_features, out_bf16};
     const int threads = threads_for(out_features * in_features * 2, num_threads);
     pool_run(dequantize_int8_rows, &context, out_features,
              columns_per_task(out_features, threads, COLUMNS_PER_TASK), threads);
