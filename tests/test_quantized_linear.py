@@ -167,6 +167,8 @@ def test_native_many_rows_multiply_by_the_dequantized_weight(monkeypatch, kind, 
     torch.testing.assert_close(ours.float(), kernel(x[:, :128]).float(), atol=tolerance, rtol=0.0)
     assert layer.forward_gated(x) is None and layer.forward_float32(x[:, :128]) is None  # per op from 16 rows
     assert layer.forward_gated(x[:8]) is not None and layer(x[:8, :128]).shape == (8, 48)
+    monkeypatch.setattr(quantized_linear, "_DEQUANTIZE_CHUNK", 128 * 20)  # 20 output rows a chunk: 20, 20, 8
+    torch.testing.assert_close(layer(x[:, :128]), ours, atol=1e-4, rtol=1e-5)  # the product's blocking may differ
 
 
 def test_dequantize_rows_by_dtype_bits_and_cpu(monkeypatch):

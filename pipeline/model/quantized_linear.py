@@ -12,12 +12,13 @@ agreement with the float32 model of the same weights 98.8%, mean KL 0.0019 nats)
 Many rows at once (a prefill, a large decode batch) are compute-bound in those kernels, where a
 plain matrix product is faster: from `dequantize_min_rows` rows on, a layer writes its weight out
 (bit for bit what `dequantized()` gives, rounded to bfloat16 for bfloat16 inputs) into a scratch
-buffer and multiplies by it with torch. Measured on a Zen 4 (2 threads; dequantize + product vs
-kernel): 4-bit 3072 x 576, bfloat16 (oneDNN's AVX512-BF16 product) 0.67 vs 0.57 ms at 16 rows, 0.83
-vs 1.22 at 32, 2.5 vs 10.1 at 256; float32 1.62 vs 1.07 ms at 32 rows, 2.2 vs 2.1 at 64, 5.9 vs 8.6
-at 256. int8 bfloat16, the 49152 x 576 head: 14.6 vs 12.2 ms at 32 rows, 16.7 vs 24.2 at 64, 44 vs 94
-at 256 (3072 x 576: ahead from 16 rows); int8 float32 lost up to 256 rows. CPUs without bfloat16
-arithmetic (no AVX512-BF16 or AMX) multiply bfloat16 slowly, so there bfloat16 keeps the kernels.
+buffer, up to 2^24 weights at a time, and multiplies by it with torch. Measured on a Zen 4 (2
+threads; dequantize + product vs kernel): 4-bit 3072 x 576, bfloat16 (oneDNN's AVX512-BF16 product)
+0.67 vs 0.57 ms at 16 rows, 0.83 vs 1.22 at 32, 2.5 vs 10.1 at 256; float32 1.62 vs 1.07 ms at 32
+rows, 2.2 vs 2.1 at 64, 5.9 vs 8.6 at 256. int8 bfloat16, the 49152 x 576 head: 14.6 vs 12.2 ms at
+32 rows, 16.7 vs 24.2 at 64, 44 vs 94 at 256 (3072 x 576: ahead from 16 rows); int8 float32 lost up
+to 256 rows. CPUs without bfloat16 arithmetic (no AVX512-BF16 or AMX) multiply bfloat16 slowly, so
+there bfloat16 keeps the kernels.
 
 Torch's kernels dequantize inside the matmul:
 - Int8Linear: `_weight_int8pack_mm(x, q [N, K] int8, scales [N])`, w = q * scale[n];
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -51,6 +52,7 @@ COMPUTE_DTYPE = torch.bfloat16
 # (bits, dtype) -> rows, measured (module docstring); int8 in float32 was never faster dequantized.
 _DEQUANTIZE_MIN_ROWS = {(4, torch.bfloat16): 32, (4, torch.float32): 128, (8, torch.bfloat16): 64}
 ALWAYS_KERNEL = 1 << 30  # dequantize_min_rows where the kernel takes every row count
+_DEQUANTIZE_CHUNK = 1 << 24  # weights dequantized at a time: the scratch buffer stays within 64 MiB
 
 
 @functools.cache
@@ -84,6 +86,18 @@ def per_group_kernel_only(active: bool = True) -> Iterator[None]:
         dequantize_min_rows = original
 
 
+def _dequantized_product(rows: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+                         dequantize: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+    """rows W^T + b, W's output rows [begin, end) dequantized by dequantize(begin, end) a chunk at a time
+    (a 128k-token int8 LM head would take 1 GiB at once in bfloat16)."""
+    step = max(1, _DEQUANTIZE_CHUNK // rows.shape[1])
+    bias = None if bias is None else bias.to(rows.dtype)
+    parts = [F.linear(rows, dequantize(begin, min(begin + step, out_features)),
+                      None if bias is None else bias[begin:begin + step])
+             for begin in range(0, out_features, step)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
 def _rows_of(x: torch.Tensor, in_features: int) -> torch.Tensor:
     return x.reshape(-1, in_features).to(COMPUTE_DTYPE).contiguous()
 
@@ -112,9 +126,9 @@ class Int8Linear(nn.Module):
         if self.native is not None:
             rows = x.reshape(-1, self.in_features)
             if rows.shape[0] >= dequantize_min_rows(rows.dtype, bits=8):
-                weight = self.native.dequantize_int8(self.weight_int8, self.scales, rows.dtype)
-                bias = None if self.bias is None else self.bias.to(rows.dtype)
-                return F.linear(rows, weight, bias).view(*x.shape[:-1], self.out_features)
+                out = _dequantized_product(rows, self.bias, self.out_features, lambda begin, end: (
+                    self.native.dequantize_int8(self.weight_int8[begin:end], self.scales[begin:end], rows.dtype)))
+                return out.view(*x.shape[:-1], self.out_features)
             out = self.native.int8(rows, self.weight_int8, self.scales, self.bias)
             return out.view(*x.shape[:-1], self.out_features)
         out = torch.ops.aten._weight_int8pack_mm(_rows_of(x, self.in_features), self.weight_int8, self.scales)
@@ -187,9 +201,9 @@ class Int4Linear(nn.Module):
         if self.native is not None:
             rows = x.reshape(-1, self.in_features)
             if rows.shape[0] >= dequantize_min_rows(rows.dtype):
-                weight = self.native.dequantize_int4(self.nibbles, self.scales_offsets, rows.dtype)
-                bias = None if self.bias is None else self.bias.to(rows.dtype)
-                return F.linear(rows, weight, bias).view(*x.shape[:-1], self.out_features)
+                out = _dequantized_product(rows, self.bias, self.out_features, lambda begin, end: (
+                    self.native.dequantize_int4(self.nibbles[begin:end], self.scales_offsets[begin:end], rows.dtype)))
+                return out.view(*x.shape[:-1], self.out_features)
             out = self.native.int4(rows, self.nibbles, self.scales_offsets, self.bias)
             return out.view(*x.shape[:-1], self.out_features)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(_rows_of(x, self.in_features), self.packed, GROUP_SIZE,
