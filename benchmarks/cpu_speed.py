@@ -34,18 +34,18 @@ from pipeline.model.quantized_linear import per_group_kernel_only
 from pipeline.model_source import resolve_model
 from pipeline.sampling_params import SamplingParams
 
-CONFIGS = {  # name -> (dtype, quantization, cpu_linear)
-    "float32": ("float32", "none", "auto"),
-    "bfloat16": ("bfloat16", "none", "auto"),
-    "gguf-q4 (bf16)": ("bfloat16", "gguf", "auto"),
-    # 4-bit layers on the per-group kernel for every row count (the prefill too): what the dequantized
-    # product for many rows gains (quantized_linear.py).
-    "gguf-q4 kernel": ("bfloat16", "gguf", "kernel"),
-    "int8 (bf16)": ("bfloat16", "int8", "auto"),
+CONFIGS = {  # name -> (dtype, quantization, cpu_linear, quantized layers on their kernels for every row count)
+    "float32": ("float32", "none", "auto", False),
+    "bfloat16": ("bfloat16", "none", "auto", False),
+    "gguf-q4 (bf16)": ("bfloat16", "gguf", "auto", False),
+    # The prefill too on the per-group kernels: what the dequantized product for many rows gains
+    # (quantized_linear.py).
+    "gguf-q4 kernel": ("bfloat16", "gguf", "auto", True),
+    "int8 (bf16)": ("bfloat16", "int8", "auto", False),
     # oneDNN's and torch's kernels only (no native decode kernels): what auto gains over them.
-    "float32 onednn": ("float32", "none", "onednn"),
-    "bfloat16 onednn": ("bfloat16", "none", "onednn"),
-    "gguf-q4 onednn": ("bfloat16", "gguf", "onednn"),
+    "float32 onednn": ("float32", "none", "onednn", False),
+    "bfloat16 onednn": ("bfloat16", "none", "onednn", False),
+    "gguf-q4 onednn": ("bfloat16", "gguf", "onednn", False),
 }
 
 
@@ -60,10 +60,8 @@ def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
     return buffer.numel() * 4 / best
 
 
-def engine_runner(model: str, dtype: str, quantization: str, cpu_linear: str,
+def engine_runner(model: str, dtype: str, quantization: str, cpu_linear: str, kernel_only: bool,
                   prompt: list[int]) -> Callable[[int], float | None]:
-    kernel_only = cpu_linear == "kernel"
-    cpu_linear = "auto" if kernel_only else cpu_linear
     engine = LLMEngine(EngineConfig(model=ModelConfig(model=model, dtype=dtype, quantization=quantization,
                                                       cpu_linear=cpu_linear),
                                     cache=CacheConfig(kv_cache_memory=64 * 2**20)))

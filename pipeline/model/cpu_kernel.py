@@ -284,15 +284,27 @@ def _load_library(name: str, flags: list[str], sources: tuple[str, ...] | None =
 
 
 @functools.cache
-def _cpu_identity() -> bytes:
-    """The CPU's model and feature flags: -march=native objects built on one CPU may fault on another
-    (a cache directory shared between hosts), so each CPU gets its own."""
+def _cpu_info_lines() -> tuple[str, ...]:
+    """/proc/cpuinfo's distinct model and feature lines (x86 and ARM spellings); empty where it is absent."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return platform.processor().encode()
-    keys = ("model name", "flags", "Features", "CPU part")  # x86 and ARM spellings
-    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in keys})).encode()
+        return ()
+    keys = ("model name", "flags", "Features", "CPU part")
+    return tuple(sorted({line for line in lines if line.split(":")[0].strip() in keys}))
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (e.g. "avx512_bf16"); empty where it is absent."""
+    return frozenset(word for line in _cpu_info_lines() if line.split(":")[0].strip() in ("flags", "Features")
+                     for word in line.split(":", 1)[1].split())
+
+
+def _cpu_identity() -> bytes:
+    """The CPU's model and feature flags: -march=native objects built on one CPU may fault on another
+    (a cache directory shared between hosts), so each CPU gets its own."""
+    lines = _cpu_info_lines()
+    return "\n".join(lines).encode() if lines else platform.processor().encode()
 
 
 def _pooled_library() -> ctypes.CDLL | None:

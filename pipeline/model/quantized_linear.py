@@ -35,15 +35,13 @@ the input and output when it differs; their scales and zeros are bfloat16 for th
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.model.cpu_kernel import QuantizedLinearKernel, load_quantized_linear_kernel
+from pipeline.model.cpu_kernel import QuantizedLinearKernel, cpu_flags, load_quantized_linear_kernel
 
 GROUP_SIZE = 32  # GGUF's Q4_0/Q4_1/Q8_0 block length
 COMPUTE_DTYPE = torch.bfloat16
@@ -55,14 +53,9 @@ ALWAYS_KERNEL = 1 << 30  # dequantize_min_rows where the kernel takes every row 
 _DEQUANTIZE_CHUNK = 1 << 24  # weights dequantized at a time: the scratch buffer stays within 64 MiB
 
 
-@functools.cache
 def _bfloat16_arithmetic() -> bool:
     """Whether the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), so torch's bfloat16 product is fast."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return not cpu_flags().isdisjoint(("avx512_bf16", "amx_bf16"))
 
 
 def dequantize_min_rows(dtype: torch.dtype, bits: int = 4) -> int:
