@@ -1,8 +1,8 @@
-"""`aqueduct bench`'s llama.cpp column: which GGUF file it runs, and how it runs the workload."""
+"""`aqueduct bench`'s baselines: the GGUF file the llama.cpp column runs and how, and HF's own process."""
 
 from __future__ import annotations
 
-from actors.frontends.bench import Workload, gguf_file_of, run_llama_cpp
+from actors.frontends.bench import Workload, gguf_file_of, run_llama_cpp, time_hf
 
 
 def test_the_peer_runs_the_gguf_file_the_model_names(tmp_path):
@@ -37,3 +37,11 @@ def test_the_peer_generates_each_requests_output_length_one_request_at_a_time():
     assert run_llama_cpp(llama, Workload(prompts=[[1, 2], [3]], output_lens=[4, 2])) >= 0
     assert llama.prompts == [[1, 2], [3]] and llama.drawn == 6
 
+
+
+def test_hf_runs_in_its_own_process_with_the_users_openmp_policy(default_model_path, monkeypatch):
+    # As after passive_omp_wait in this process: the child must not inherit our PASSIVE.
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("AQUEDUCT_SET_OMP_WAIT_POLICY", "1")
+    seconds, policy = time_hf(str(default_model_path), Workload([[5, 6, 7], [8, 9]], [3, 2]), 2, threads=1)
+    assert seconds > 0 and policy is None

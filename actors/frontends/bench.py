@@ -6,6 +6,11 @@ baseline is HF `generate` with static batching and left padding on the same weig
 runs until its longest request is done, so only each request's own output length counts as
 useful tokens on both sides. Model loading is outside both timings.
 
+HF runs in a child process of its own, as a user would run it: with OpenMP's default wait policy
+(idle threads spin a while), not the PASSIVE policy this process sets for itself
+(process_tuning.passive_omp_wait), which slowed HF by 7-15% on a 2-core box; with the same
+compute threads and malloc tuning as ours.
+
 When llama-cpp-python is installed (optional, not a dependency) and the model is a GGUF file, the
 same workload also runs through llama.cpp on that file, one request at a time (the library's only
 mode), and its ratio is printed beside HF's.
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import multiprocessing
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -26,7 +32,7 @@ import numpy as np
 import structlog
 
 from actors.frontends.engine_args import engine_config_from_args
-from actors.process_tuning import peer_omp_defaults
+from actors.process_tuning import peer_omp_defaults, tune_glibc_malloc
 from pipeline.engine import EngineStats, LLMEngine
 from pipeline.model_source import PACKAGED_MODELS, packaged_model_file
 from pipeline.sampling_params import SamplingParams
@@ -67,10 +73,13 @@ def run_engine(engine: LLMEngine, workload: Workload) -> tuple[float, float, flo
     return elapsed, engine.stats.forward_seconds / elapsed, engine.stats.sample_seconds / elapsed
 
 
-def run_hf(model_dir: str, workload: Workload, batch_size: int) -> float:
+def run_hf(model_dir: str, workload: Workload, batch_size: int, threads: int | None = None) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
+    if threads is not None:
+        torch.set_num_threads(threads)
+    tune_glibc_malloc()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # ignore_eos: generate the full length
     model.generation_config.pad_token_id = 0
@@ -88,6 +97,19 @@ def run_hf(model_dir: str, workload: Workload, batch_size: int) -> float:
             model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new,
                            do_sample=False)
     return time.perf_counter() - started
+
+
+def time_hf(model_dir: str, workload: Workload, batch_size: int, threads: int) -> tuple[float, str | None]:
+    """run_hf in a spawned child process with the user's OpenMP wait policy (module docstring):
+    its seconds, and the OMP_WAIT_POLICY the child saw (None: libgomp's default)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with peer_omp_defaults():
+            future = pool.submit(_hf_child, model_dir, workload, batch_size, threads)
+        return future.result()
+
+
+def _hf_child(model_dir: str, workload: Workload, batch_size: int, threads: int) -> tuple[float, str | None]:
+    return run_hf(model_dir, workload, batch_size, threads), os.environ.get("OMP_WAIT_POLICY")
 
 
 def gguf_file_of(model: str) -> Path | None:
@@ -160,6 +182,8 @@ def _print_peer(engine: LLMEngine, workload: Workload, ours_rate: float) -> None
 
 
 def run_bench(args: argparse.Namespace) -> None:
+    import torch
+
     engine = LLMEngine(engine_config_from_args(args))
     workload = make_workload(args.num_requests, tuple(args.prompt_len), tuple(args.output_len),
                              engine.vocab_size, args.workload_seed)
@@ -177,7 +201,7 @@ def run_bench(args: argparse.Namespace) -> None:
     if args.skip_hf:
         return
     batch_size = args.hf_batch_size or args.num_requests
-    hf_seconds = run_hf(str(engine.model_dir), workload, batch_size)
+    hf_seconds, _ = time_hf(str(engine.model_dir), workload, batch_size, torch.get_num_threads())
     hf_rate = workload.useful_tokens / hf_seconds
     print(f"hf-generate (static batch {batch_size}): {hf_seconds:.2f} s, {hf_rate:.1f} useful tokens/s")
     print(f"ratio aqueduct / hf: {ours_rate / hf_rate:.2f}x")
