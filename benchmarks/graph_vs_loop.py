@@ -7,8 +7,8 @@
 One engine, built on its device thread, serves the same workload three ways in turn:
 - loop:   `aqueduct batch` (LLMEngine.step on the device thread, replies encoded and dropped)
 - memory: `aqueduct batch --actor-graph` (the actor graph over memory streams, replies to a memory sink)
-- redis:  `aqueduct worker` (the graph behind a Redis consumer group; a client submits every request
-          and reads all replies from one shared reply stream)
+- redis:  `aqueduct worker` (the graph behind a Redis consumer group; a client in a process of its
+          own submits every request and reads all replies from one shared reply stream)
 Each round runs the three in a rotating order, so a drift of the (shared, noisy) machine hits them
 alike. Prompts have the same lengths on every path but a different first token, so no path gets
 another's prefix-cache hits. Greedy, ignore_eos: every request generates exactly its output length.
@@ -23,10 +23,11 @@ passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch an
 
 import argparse
 import asyncio
+import multiprocessing
 import statistics
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import msgspec
 import redis.asyncio as aioredis
@@ -67,23 +68,18 @@ def run_memory(engine: LLMEngine, device: ThreadPoolExecutor, requests: list[Wir
     return time.perf_counter() - started
 
 
-async def _redis_round(engine: LLMEngine, device: ThreadPoolExecutor, requests: list[WireRequest],
-                       redis_url: str) -> float:
-    prefix = f"graphbench-{uuid.uuid4().hex[:8]}"
-    stop = asyncio.Event()
-    worker = asyncio.create_task(run_worker(engine, WorkerOptions(redis_url, prefix, name="bench"), stop, device))
+async def _submit_and_read(redis_url: str, prefix: str, requests: list[WireRequest]) -> float:
+    """The client's side: submit every request, read every reply; seconds from the first submit to
+    the last final reply."""
     redis = aioredis.from_url(redis_url)
     client = AqueductClient(redis_url, prefix)
     reply_to = f"{prefix}:out:all"
     try:
-        await asyncio.sleep(0.3)  # the worker creates its group and starts reading
         started = time.perf_counter()
         for request in requests:
             await client.submit(msgspec.structs.replace(request, reply_to=reply_to))
         remaining, last_id = len(requests), "0"
         while remaining:
-            if worker.done():
-                raise RuntimeError("the worker stopped before the workload finished")
             for _, entries in await redis.xread({reply_to: last_id}, block=1000, count=1000) or []:
                 for entry_id, fields in entries:
                     last_id = entry_id
@@ -91,17 +87,40 @@ async def _redis_round(engine: LLMEngine, device: ThreadPoolExecutor, requests: 
                     remaining -= reply.usage is not None or reply.error is not None
         return time.perf_counter() - started
     finally:
+        await client.close()
+        await redis.aclose()
+
+
+def client_round(redis_url: str, prefix: str, requests: list[WireRequest]) -> float:
+    """In the client process (as a real client is: its own process, not the worker's event loop)."""
+    return asyncio.run(_submit_and_read(redis_url, prefix, requests))
+
+
+async def _redis_round(engine: LLMEngine, device: ThreadPoolExecutor, requests: list[WireRequest],
+                       redis_url: str, clients: ProcessPoolExecutor) -> float:
+    prefix = f"graphbench-{uuid.uuid4().hex[:8]}"
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(engine, WorkerOptions(redis_url, prefix, name="bench"), stop, device))
+    redis = aioredis.from_url(redis_url)
+    try:
+        await asyncio.sleep(0.3)  # the worker creates its group and starts reading
+        client = asyncio.wrap_future(clients.submit(client_round, redis_url, prefix, requests))
+        done, _ = await asyncio.wait([client, worker], return_when=asyncio.FIRST_COMPLETED)
+        if client not in done:
+            raise RuntimeError("the worker stopped before the workload finished")
+        return client.result()
+    finally:
         stop.set()
         await worker
-        await client.close()
         keys = [key async for key in redis.scan_iter(f"{prefix}:*")]
         if keys:
             await redis.delete(*keys)
         await redis.aclose()
 
 
-def run_redis(engine: LLMEngine, device: ThreadPoolExecutor, requests: list[WireRequest], redis_url: str) -> float:
-    return event_loop.run(_redis_round(engine, device, requests, redis_url))
+def run_redis(engine: LLMEngine, device: ThreadPoolExecutor, requests: list[WireRequest], redis_url: str,
+              clients: ProcessPoolExecutor) -> float:
+    return event_loop.run(_redis_round(engine, device, requests, redis_url, clients))
 
 
 def main() -> None:
@@ -122,8 +141,11 @@ def main() -> None:
     vocab = engine.vocab_size
     workload = make_workload(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), vocab, seed=0)
     paths = [path for path in PATHS if not (args.skip_redis and path == "redis")]
+    # The Redis path's client: one process, started (and warm) before any round.
+    clients = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    clients.submit(time.perf_counter).result()
     runners = {"loop": lambda r: run_loop(engine, device, r), "memory": lambda r: run_memory(engine, device, r),
-               "redis": lambda r: run_redis(engine, device, r, args.redis_url)}
+               "redis": lambda r: run_redis(engine, device, r, args.redis_url, clients)}
     warm = make_workload(4, (8, 16), (4, 8), vocab, seed=1)
     for path in paths:
         runners[path](requests_for(warm, path, "warm", vocab))
@@ -146,6 +168,7 @@ def main() -> None:
     if "redis" in paths:
         ratios = [rate / memory for rate, memory in zip(rates["redis"], rates["memory"], strict=True)]
         print("  redis / memory: " + "  ".join(f"{ratio:.2f}x" for ratio in ratios))
+    clients.shutdown()
 
 
 if __name__ == "__main__":
