@@ -82,6 +82,12 @@ class MemoryStream(Generic[T]):
             self._changed.notify_all()  # wakes producers waiting for room
         return [self._delivery(item) for item in taken]
 
+    async def wait_ready(self) -> bool:
+        """Until a message is queued (True) or the stream is closed and drained (False); takes nothing."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self._items) or self.closed)
+            return bool(self._items)
+
     async def _wait_for_items(self, timeout_s: float | None) -> bool:
         """With the lock held: whether items are there before the timeout (or close)."""
         def ready() -> bool:
@@ -144,6 +150,11 @@ class MemoryConsumer(Generic[T]):
         if self._closed:
             return []
         return await self.stream.take(max_count, timeout_s)
+
+    async def wait_ready(self) -> bool:
+        """Until the stream holds a message (True) or is closed and drained (False), taking nothing:
+        for a reader that must take it at a moment of its own choosing."""
+        return not self._closed and await self.stream.wait_ready()
 
     async def close(self) -> None:
         self._closed = True

@@ -134,3 +134,20 @@ def test_closed_producer_refuses_sends() -> None:
 def test_maxsize_must_be_positive() -> None:
     with pytest.raises(ValueError, match="maxsize must be >= 1"):
         MemoryStream(maxsize=0)
+
+
+def test_wait_ready_waits_for_a_message_without_taking_it_and_ends_when_closed() -> None:
+    async def scenario() -> None:
+        stream: MemoryStream[str] = MemoryStream()
+        consumer = stream.consumer()
+        waiting = asyncio.create_task(consumer.wait_ready())
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        await stream.producer().send("route")
+        assert await waiting is True
+        assert await consumer.wait_ready() is True  # still there: nothing was taken
+        assert [d.message for d in await consumer.receive(timeout_s=0)] == ["route"]
+        await stream.close()
+        assert await consumer.wait_ready() is False  # closed and drained
+
+    asyncio.run(scenario())
