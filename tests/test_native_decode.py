@@ -131,3 +131,15 @@ def test_fp8_cache_keeps_per_op_path(tmp_path: Path) -> None:
     served, _ = _counting(engine)
     outputs = _outputs(engine, _requests(3))
     assert not served and all(len(tokens) >= 12 for tokens, _ in outputs.values())
+
+
+def test_the_layers_start_hook_runs_once_per_forward_native_or_per_op(tmp_path: Path) -> None:
+    """on_layers_start (the worker's cue to hand the previous step's result over) fires once in every
+    forward: just before the native call, or as the per-op path starts (prefills, large batches)."""
+    engine = _engine(make_tiny_hf_model("llama", tmp_path / "llama"), "float32")
+    served, decoder = _counting(engine)
+    starts: list[int] = []
+    decoder.on_layers_start = lambda: starts.append(1)
+    _outputs(engine, _requests(6))
+    assert 0 < len(served) < engine.stats.num_steps  # native steps, and per-op ones (the prefill)
+    assert len(starts) == engine.stats.num_steps

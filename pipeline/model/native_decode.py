@@ -14,13 +14,18 @@ step (NativeDecoder.__call__) when every row is one sequence's decode token and 
 kernels take that many rows (up to 8, or 4 for float32 weights kept beside oneDNN's packed copy;
 quantized layers below quantized_linear.dequantize_min_rows); any other step takes the per-op path.
 AQUEDUCT_NATIVE_DECODE=0 turns it off.
+
+`on_layers_start`, when set, is called as the layers start: just before the native call, or at once
+when the step takes the per-op path. The worker's device thread hands the previous step's result to
+the event loop there (actors/stages.py), so the event loop's work on it (which holds the GIL) runs
+while this call runs without the GIL, not while the step's Python prelude needs it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +77,7 @@ class NativeDecoder:
         self._hidden_size = hidden_size
         self._bound_caches: Sequence[torch.Tensor] | None = None
         self._caches_fit = False
+        self.on_layers_start: Callable[[], None] | None = None  # module docstring
 
     @classmethod
     def build(cls, model: nn.Module) -> NativeDecoder | None:
@@ -101,6 +107,7 @@ class NativeDecoder:
         """The hidden states after every layer (before the final norm), or None: take the per-op path."""
         group = self._decode_group(hidden, metadata, kv_caches)
         if group is None:
+            self._layers_starting()
             return None
         assert isinstance(metadata, TorchAttentionMetadata)
         hidden = hidden.clone(memory_format=torch.contiguous_format)  # updated in place
@@ -110,10 +117,15 @@ class NativeDecoder:
                      group.block_tables.data_ptr(), group.block_tables.shape[1], group.seq_lens.data_ptr(),
                      group.max_seq_len, backend.scale, backend.logit_softcap or 0.0,
                      int(self.dtype == torch.bfloat16), torch.get_num_threads())
+        self._layers_starting()
         failed = self._function(hidden.data_ptr(), self._layers, len(self._layers), ctypes.byref(step))
         if failed:  # shapes were checked in build: only memory can run out
             raise MemoryError(f"the native decoder layers failed (code {failed})")
         return hidden
+
+    def _layers_starting(self) -> None:
+        if self.on_layers_start is not None:
+            self.on_layers_start()
 
     def _decode_group(self, hidden: torch.Tensor, metadata: object, kv_caches: Sequence[torch.Tensor]) -> object:
         """The step's one decode group when every row is a decode token the kernels take, else None."""

@@ -174,6 +174,11 @@ class ModelRunner:
             log.info("native RMSNorm", count=use_native_norms(model))
         return model, info
 
+    @property
+    def native_decoder(self) -> NativeDecoder | None:
+        """The decode steps' one-call layers (native_decode.py), or None where the model does not qualify."""
+        return getattr(getattr(self.model, "language_model", self.model), "native_decoder", None)
+
     def _use_native_decoder(self) -> None:
         """Decode steps' layers in one native call where the model qualifies (native_decode.py); after
         LoRA, whose wrappers it leaves to the per-op path."""
