@@ -38,7 +38,7 @@ from actors.frontends.batch import run_embedded, run_offline
 from actors.frontends.bench import Workload, make_workload
 from actors.frontends.engine_args import add_engine_args, engine_config_from_args
 from actors.frontends.logging_setup import configure_logging
-from actors.process_tuning import set_compute_threads, tune_glibc_malloc
+from actors.process_tuning import set_compute_threads, startup_collector_paused, tune_glibc_malloc
 from actors.worker import WorkerOptions, run_worker
 from pipeline.engine import LLMEngine
 from queue_adapters.client import AqueductClient
@@ -137,7 +137,8 @@ def main() -> None:
     tune_glibc_malloc()  # as the CLI does
     set_compute_threads(args.cpu_threads)
     device = device_thread()
-    engine = load_engine(engine_config_from_args(args), device)
+    with startup_collector_paused():  # as the CLI does: the model and modules frozen out of the collector
+        engine = load_engine(engine_config_from_args(args), device)
     vocab = engine.vocab_size
     workload = make_workload(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), vocab, seed=0)
     paths = [path for path in PATHS if not (args.skip_redis and path == "redis")]
