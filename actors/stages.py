@@ -12,7 +12,8 @@ before its forward.
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Future, ThreadPoolExecutor
+import contextlib
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -71,13 +72,14 @@ class DeviceSteps:
                 self._hand_over()  # the previous step's result, if the layers did not start
             outcome = sample_step(self.sampler, prepared, logits)
         except BaseException as error:
-            result.set_exception(error)
+            with contextlib.suppress(InvalidStateError):  # cancelled: the worker is stopping
+                result.set_exception(error)
             return
         self.last_sampled = dict(zip(outcome.seq_ids, outcome.token_ids, strict=True))
         if self._hold_back and self.steps_started < self.steps_queued:
             self._held_back.append((result, outcome))  # the next step is queued: hand over as its layers start
         else:
-            result.set_result(outcome)
+            _settle(result, outcome)
 
     def forward(self, prepared: PreparedStep) -> torch.Tensor:
         prepared.fill_placeholders(self.last_sampled)
@@ -86,7 +88,12 @@ class DeviceSteps:
     def _hand_over(self) -> None:
         held, self._held_back = self._held_back, []
         for result, outcome in held:
-            result.set_result(outcome)
+            _settle(result, outcome)
+
+
+def _settle(result: Future[StepResult], outcome: StepResult) -> None:
+    with contextlib.suppress(InvalidStateError):  # cancelled by its waiter: the worker is stopping
+        result.set_result(outcome)
 
 
 class GPUActor(Actor):

@@ -89,3 +89,13 @@ def test_models_without_the_native_layers_call_hand_over_at_once():
     steps.steps_queued = 2
     steps.run(_step(1), result)
     assert result.done()
+
+
+def test_a_result_whose_waiter_gave_up_is_dropped_without_breaking_the_next_step():
+    steps = DeviceSteps(_Runner(), sampler=None)
+    first, second = Future(), Future()
+    steps.steps_queued = 2
+    steps.run(_step(1), first)
+    first.cancel()  # the worker is stopping: its waiter went away
+    steps.run(_step(2), second)
+    assert first.cancelled() and second.result().logits == "logits-2"

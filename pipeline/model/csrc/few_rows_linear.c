@@ -60,7 +60,8 @@ static inline __m512 load_chunk(const void *weight, int bf16, int64_t index) {
 /* Output column o for M rows, 16 lanes wide: where the CPU runs 512-bit FMAs at full width (Zen 5),
  * twice the products per instruction of the AVX2 version below, which several rows are bound by
  * (SmolLM2's 30 layers, 4 rows, 2 threads, Zen 5: float32 12.2 -> 10.1 ms, bfloat16 10.8 -> 5.8-6.6
- * ms; one row, bound by memory, and 8 rows, whose x outgrows L1 on the widest layer, unchanged).
+ * ms; one row, bound by memory, unchanged; 8 rows too, where the loads of x, 18 per 16 FMAs, set the
+ * pace; variants that paired columns to reuse each x load were slower at 3-6 rows).
  * Each row sums into two accumulators (two chunks per step): 2-16 independent FMA chains. */
 #define DEFINE_COLUMN_FORMAT(M, BF16)                                                                  \
     static void column_##M##_##BF16(void *y, int io_bf16, const float *x, const void *weight,          \
