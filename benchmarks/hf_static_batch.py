@@ -3,13 +3,11 @@
 Reads the same batch file as `aqueduct batch` (token-id prompts, max_tokens, greedy,
 ignore_eos), writes {custom_id, token_ids} lines, prints whole-run figures. Time the whole
 process (`time python benchmarks/hf_static_batch.py ...`) next to `time aqueduct batch ...`.
+HF runs as a user would run it, at OpenMP's default wait policy: not the PASSIVE policy `aqueduct`
+sets for itself, which slowed HF's generate (see actors/frontends/bench.py).
 """
 
 from __future__ import annotations
-
-from actors.process_tuning import passive_omp_wait
-
-passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
 
 import argparse
 import json
