@@ -28,64 +28,26 @@ gets the quantized copy for later steps.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.model.attention_groups import (
+    AttentionView,
+    DecodeGroup,
+    PrefillGroup,
+    TorchAttentionMetadata,
+    as_tensor,
+    first_key_blocks,
+    gather_block_ids,
+    split_decodes,
+    split_prefills,
+)
 from pipeline.model.cpu_kernel import DecodeKernel, RopeKVKernel
 from pipeline.model.kv_quant import KERNEL_FORMATS, Fp8KVCache, calculated_scale, dequantize_into, quantize
 from pipeline.step_inputs import StepInputs
-
-# A prefill group may cost at most this many times its unpadded attention work.
-_MAX_PADDING_RATIO = 2.0
-# Decode groups: padded keys at most this many times the real ones, but at least this many
-# sequences per group (each group is one more SDPA call per layer).
-_DECODE_PADDING_RATIO = 1.25
-_MIN_DECODE_GROUP = 16
-
-
-@dataclass(slots=True)
-class DecodeGroup:
-    token_rows: torch.Tensor  # [Bd] rows of the flat token axis
-    block_ids: torch.Tensor | None  # [Bd * nb] block ids, nb blocks per sequence, flattened
-    mask: torch.Tensor | None  # [Bd, 1, 1, nb * block_size] bool, True = attend
-    all_rows: bool  # token_rows == arange(T): no gather/scatter of q and out needed
-    # Inputs of the native CPU kernel (set instead of block_ids/mask when it is used).
-    block_tables: torch.Tensor | None = None  # [Bd, nb] int32
-    seq_lens: torch.Tensor | None = None  # [Bd] int32
-    max_seq_len: int = 0
-    window: int = 0  # the kernel's sliding window (0 = none)
-
-
-@dataclass(slots=True)
-class PrefillGroup:
-    query_rows: torch.Tensor  # [P, Q] token row of each padded query (pads repeat the last row)
-    out_src: torch.Tensor  # [n] indices into the flattened [P * Q] queries that are real
-    out_dst: torch.Tensor  # [n] their token rows
-    block_ids: torch.Tensor | None  # [P * nb]; None = no cached context, keys are the new tokens
-    mask: torch.Tensor | None  # [P, 1, Q, L] bool; None = plain causal (one sequence, no context)
-    # One sequence: its query rows are first_row .. first_row + Q - 1, read and written as slices
-    # (no gather or scatter: on a 2-core box each indexing op of a 16-token prefill took ~90 us).
-    first_row: int | None = None
-
-
-@dataclass(slots=True)
-class AttentionView:
-    """The groups of one step as seen by the layers of one sliding window (None = full attention)."""
-
-    decodes: list[DecodeGroup]
-    prefills: list[PrefillGroup]
-
-
-@dataclass(slots=True)
-class TorchAttentionMetadata:
-    slot_mapping: torch.Tensor  # [T'] slots written (padding already removed)
-    write_rows: torch.Tensor | None  # [T'] token rows whose K/V are written; None = rows 0..T'-1
-    views: dict[int | None, AttentionView]  # by window
-
 
 # One layer's cache: a tensor in the model's dtype, or fp8 bytes with their scales.
 KVCache = torch.Tensor | Fp8KVCache
@@ -101,74 +63,6 @@ class AttentionBackend(Protocol):
         """q [T, H, D], k/v [T, H_kv, D] -> [T, H, D]; writes k/v into kv_cache first.
         `window`: the layer's sliding window (None = full attention)."""
         ...
-
-
-def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
-
-
-def _split_prefills(query_lens: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
-    """Group prefill sequences (indices into the arrays) so padding wastes at most ~2x.
-
-    Sorted by cost, a group grows while padded work (n * max_q * max_kv) stays within
-    _MAX_PADDING_RATIO of the real work (sum of q * kv). Worked example, no cached context:
-    query lens [300, 8, 290, 6, 5] -> groups [[0, 2, 1], [3, 4]] (the 8-token chunk still fits
-    beside the long ones; 3 * 300 * 300 <= 2 * (300^2 + 290^2 + 8^2)).
-    """
-    order = np.argsort(-(query_lens * seq_lens), kind="stable")
-    groups: list[list[int]] = []
-    real = max_q = max_kv = 0
-    for seq in order.tolist():
-        q_len, kv_len = int(query_lens[seq]), int(seq_lens[seq])
-        grown = len(groups[-1]) + 1 if groups else 0
-        padded = grown * max(max_q, q_len) * max(max_kv, kv_len)
-        if groups and padded <= _MAX_PADDING_RATIO * (real + q_len * kv_len):
-            groups[-1].append(seq)
-            real, max_q, max_kv = real + q_len * kv_len, max(max_q, q_len), max(max_kv, kv_len)
-        else:
-            groups.append([seq])
-            real, max_q, max_kv = q_len * kv_len, q_len, kv_len
-    return [np.array(group, dtype=np.int64) for group in groups]
-
-
-def _split_decodes(seq_lens: np.ndarray) -> list[np.ndarray]:
-    """Group decode sequences (indices) by length so gathered keys are mostly real, not padding.
-
-    Sorted by length, a group grows while len(group) * longest <= ratio * sum(lengths), or while
-    it is smaller than _MIN_DECODE_GROUP. Worked example with ratio 1.25 and min size 2:
-    seq_lens [500, 40, 480, 60, 45] -> [[0, 2], [3, 4, 1]].
-    """
-    order = np.argsort(-seq_lens, kind="stable")
-    groups: list[list[int]] = []
-    total = longest = 0
-    for seq in order.tolist():
-        length = int(seq_lens[seq])
-        if groups and (len(groups[-1]) < _MIN_DECODE_GROUP
-                       or (len(groups[-1]) + 1) * longest <= _DECODE_PADDING_RATIO * (total + length)):
-            groups[-1].append(seq)
-            total += length
-        else:
-            groups.append([seq])
-            total = longest = length
-    return [np.array(group, dtype=np.int64) for group in groups]
-
-
-def _first_key_blocks(first_key_positions: np.ndarray, block_size: int) -> np.ndarray:
-    """The block of each sequence's first visible key: where its gather starts."""
-    return np.maximum(first_key_positions, 0) // block_size
-
-
-def _gather_block_ids(block_tables: np.ndarray, first_blocks: np.ndarray, end_blocks: np.ndarray) -> np.ndarray:
-    """Per sequence, block ids first_blocks[i] .. first_blocks[i] + nb - 1, nb = max(end - first),
-    entries at or past end_blocks[i] replaced by block 0 (padding, masked out).
-
-    block_tables [[7, 2, 9], [4, 5, 0]], first [1, 0], end [3, 1] -> nb 2 -> [[2, 9], [4, 0]]
-    """
-    num_blocks = int((end_blocks - first_blocks).max())
-    index = first_blocks[:, None] + np.arange(num_blocks)[None, :]  # [B, nb]
-    valid = index < end_blocks[:, None]
-    clipped = np.minimum(index, block_tables.shape[1] - 1)
-    return np.where(valid, np.take_along_axis(block_tables, clipped, axis=1), 0)
 
 
 class TorchPagedAttention:
@@ -201,9 +95,9 @@ class TorchPagedAttention:
         write_rows = None
         if (slots < 0).any():
             keep = np.flatnonzero(slots >= 0)
-            slots, write_rows = slots[keep], _to(keep, device)
+            slots, write_rows = slots[keep], as_tensor(keep, device)
         views = {window: self._view(inputs, window, device) for window in self.windows}
-        return TorchAttentionMetadata(_to(slots.astype(np.int64), device), write_rows, views)
+        return TorchAttentionMetadata(as_tensor(slots.astype(np.int64), device), write_rows, views)
 
     def _view(self, inputs: StepInputs, window: int | None, device: torch.device) -> AttentionView:
         starts = inputs.query_start_loc[:-1].astype(np.int64)
@@ -216,14 +110,14 @@ class TorchPagedAttention:
                                                      inputs.block_tables[decode_seqs], len(inputs.input_ids),
                                                      window))
         elif len(decode_seqs):
-            for group in _split_decodes(np.minimum(seq_lens[decode_seqs], window or np.iinfo(np.int64).max)):
+            for group in split_decodes(np.minimum(seq_lens[decode_seqs], window or np.iinfo(np.int64).max)):
                 seqs = decode_seqs[group]
                 decodes.append(self._decode_group(starts[seqs], seq_lens[seqs], inputs.block_tables[seqs],
                                                   len(inputs.input_ids), window, device))
         prefill_seqs = np.flatnonzero(query_lens > 1)
         prefills = []
         if len(prefill_seqs):
-            for group in _split_prefills(query_lens[prefill_seqs], seq_lens[prefill_seqs]):
+            for group in split_prefills(query_lens[prefill_seqs], seq_lens[prefill_seqs]):
                 seqs = prefill_seqs[group]
                 prefills.append(self._prefill_group(starts[seqs], query_lens[seqs], seq_lens[seqs],
                                                     inputs.block_tables[seqs], window, device))
@@ -232,17 +126,17 @@ class TorchPagedAttention:
     def _decode_group(self, rows: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
                       total_rows: int, window: int | None, device: torch.device) -> DecodeGroup:
         first_keys = seq_lens - window if window else np.zeros_like(seq_lens)
-        first_blocks = _first_key_blocks(first_keys, self.block_size)
+        first_blocks = first_key_blocks(first_keys, self.block_size)
         end_blocks = -(-seq_lens // self.block_size)
-        block_ids = _gather_block_ids(block_tables, first_blocks, end_blocks)
+        block_ids = gather_block_ids(block_tables, first_blocks, end_blocks)
         num_blocks = block_ids.shape[1]
         # Key j of sequence i sits at position first_blocks[i] * block_size + j.
         # seq_lens [3, 5], no window, block_size 4, 2 blocks -> [[T T T F F F F F], [T T T T T F F F]]
         key_positions = first_blocks[:, None] * self.block_size + np.arange(num_blocks * self.block_size)[None, :]
         mask = (key_positions < seq_lens[:, None]) & (key_positions >= first_keys[:, None])
         all_rows = len(rows) == total_rows and bool((rows == np.arange(len(rows))).all())
-        return DecodeGroup(_to(rows, device), _to(block_ids.astype(np.int64).reshape(-1), device),
-                           _to(mask[:, None, None, :], device), all_rows)
+        return DecodeGroup(as_tensor(rows, device), as_tensor(block_ids.astype(np.int64).reshape(-1), device),
+                           as_tensor(mask[:, None, None, :], device), all_rows)
 
     def _kernel_decode_group(self, rows: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
                              total_rows: int, window: int | None) -> DecodeGroup:
@@ -271,10 +165,10 @@ class TorchPagedAttention:
             keys_len, key_end = max_q, query_lens
         else:
             # The first query (position contexts[p]) sees keys from contexts[p] - W + 1 on.
-            first_blocks = _first_key_blocks(contexts - window + 1 if window else np.zeros_like(contexts),
+            first_blocks = first_key_blocks(contexts - window + 1 if window else np.zeros_like(contexts),
                                              self.block_size)
-            ids = _gather_block_ids(block_tables, first_blocks, -(-seq_lens // self.block_size))
-            block_ids = _to(ids.astype(np.int64).reshape(-1), device)
+            ids = gather_block_ids(block_tables, first_blocks, -(-seq_lens // self.block_size))
+            block_ids = as_tensor(ids.astype(np.int64).reshape(-1), device)
             first_positions = first_blocks * self.block_size
             keys_len, key_end = ids.shape[1] * self.block_size, seq_lens
         mask = None
@@ -285,9 +179,10 @@ class TorchPagedAttention:
             mask = (key_positions <= query_positions[:, :, None]) & (key_positions < key_end[:, None, None])
             if window:
                 mask &= key_positions > query_positions[:, :, None] - window
-            mask = _to(mask[:, None], device)
+            mask = as_tensor(mask[:, None], device)
         first_row = int(starts[0]) if len(starts) == 1 else None
-        return PrefillGroup(_to(rows, device), _to(out_src, device), _to(out_dst, device), block_ids, mask, first_row)
+        return PrefillGroup(as_tensor(rows, device), as_tensor(out_src, device), as_tensor(out_dst, device),
+                            block_ids, mask, first_row)
 
     def static_decode_metadata(self, slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
                                block_tables: torch.Tensor) -> TorchAttentionMetadata:

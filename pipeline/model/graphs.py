@@ -24,7 +24,8 @@ import structlog
 import torch
 
 from pipeline.host_to_device import to_device
-from pipeline.model.attention import TorchAttentionMetadata, TorchPagedAttention
+from pipeline.model.attention import TorchPagedAttention
+from pipeline.model.attention_groups import TorchAttentionMetadata
 from pipeline.model.flex_attention import FlexPagedAttention
 from pipeline.model.flex_graphs import FlexDecodeBuffers
 from pipeline.step_inputs import StepInputs

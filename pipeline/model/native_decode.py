@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.model.attention import TorchAttentionMetadata, TorchPagedAttention
+from pipeline.model.attention import TorchPagedAttention
+from pipeline.model.attention_groups import TorchAttentionMetadata
 from pipeline.model.cpu_kernel import FewRowsLinearKernel, load_decoder_layers
 from pipeline.model.cpu_linear import FewRowsLinear, PackedLinear
 from pipeline.model.layers import GatedMLP, RMSNorm

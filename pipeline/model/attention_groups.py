@@ -1,0 +1,129 @@
+"""How a step's sequences are grouped for paged attention, and the metadata the layers read.
+
+A step's decode sequences are grouped by length and its prefill sequences by cost, so that the
+padding each group's one attention call per layer brings stays bounded (split_decodes,
+split_prefills); the groups' index tensors are built once per step (attention.py's
+TorchPagedAttention.build_metadata), never per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# A prefill group may cost at most this many times its unpadded attention work.
+MAX_PADDING_RATIO = 2.0
+# Decode groups: padded keys at most this many times the real ones, but at least this many
+# sequences per group (each group is one more SDPA call per layer).
+DECODE_PADDING_RATIO = 1.25
+MIN_DECODE_GROUP = 16
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    token_rows: torch.Tensor  # [Bd] rows of the flat token axis
+    block_ids: torch.Tensor | None  # [Bd * nb] block ids, nb blocks per sequence, flattened
+    mask: torch.Tensor | None  # [Bd, 1, 1, nb * block_size] bool, True = attend
+    all_rows: bool  # token_rows == arange(T): no gather/scatter of q and out needed
+    # Inputs of the native CPU kernel (set instead of block_ids/mask when it is used).
+    block_tables: torch.Tensor | None = None  # [Bd, nb] int32
+    seq_lens: torch.Tensor | None = None  # [Bd] int32
+    max_seq_len: int = 0
+    window: int = 0  # the kernel's sliding window (0 = none)
+
+
+@dataclass(slots=True)
+class PrefillGroup:
+    query_rows: torch.Tensor  # [P, Q] token row of each padded query (pads repeat the last row)
+    out_src: torch.Tensor  # [n] indices into the flattened [P * Q] queries that are real
+    out_dst: torch.Tensor  # [n] their token rows
+    block_ids: torch.Tensor | None  # [P * nb]; None = no cached context, keys are the new tokens
+    mask: torch.Tensor | None  # [P, 1, Q, L] bool; None = plain causal (one sequence, no context)
+    # One sequence: its query rows are first_row .. first_row + Q - 1, read and written as slices
+    # (no gather or scatter: on a 2-core box each indexing op of a 16-token prefill took ~90 us).
+    first_row: int | None = None
+
+
+@dataclass(slots=True)
+class AttentionView:
+    """The groups of one step as seen by the layers of one sliding window (None = full attention)."""
+
+    decodes: list[DecodeGroup]
+    prefills: list[PrefillGroup]
+
+
+@dataclass(slots=True)
+class TorchAttentionMetadata:
+    slot_mapping: torch.Tensor  # [T'] slots written (padding already removed)
+    write_rows: torch.Tensor | None  # [T'] token rows whose K/V are written; None = rows 0..T'-1
+    views: dict[int | None, AttentionView]  # by window
+
+
+def as_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+
+def split_prefills(query_lens: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
+    """Group prefill sequences (indices into the arrays) so padding wastes at most ~2x.
+
+    Sorted by cost, a group grows while padded work (n * max_q * max_kv) stays within
+    MAX_PADDING_RATIO of the real work (sum of q * kv). Worked example, no cached context:
+    query lens [300, 8, 290, 6, 5] -> groups [[0, 2, 1], [3, 4]] (the 8-token chunk still fits
+    beside the long ones; 3 * 300 * 300 <= 2 * (300^2 + 290^2 + 8^2)).
+    """
+    order = np.argsort(-(query_lens * seq_lens), kind="stable")
+    groups: list[list[int]] = []
+    real = max_q = max_kv = 0
+    for seq in order.tolist():
+        q_len, kv_len = int(query_lens[seq]), int(seq_lens[seq])
+        grown = len(groups[-1]) + 1 if groups else 0
+        padded = grown * max(max_q, q_len) * max(max_kv, kv_len)
+        if groups and padded <= MAX_PADDING_RATIO * (real + q_len * kv_len):
+            groups[-1].append(seq)
+            real, max_q, max_kv = real + q_len * kv_len, max(max_q, q_len), max(max_kv, kv_len)
+        else:
+            groups.append([seq])
+            real, max_q, max_kv = q_len * kv_len, q_len, kv_len
+    return [np.array(group, dtype=np.int64) for group in groups]
+
+
+def split_decodes(seq_lens: np.ndarray) -> list[np.ndarray]:
+    """Group decode sequences (indices) by length so gathered keys are mostly real, not padding.
+
+    Sorted by length, a group grows while len(group) * longest <= ratio * sum(lengths), or while
+    it is smaller than MIN_DECODE_GROUP. Worked example with ratio 1.25 and min size 2:
+    seq_lens [500, 40, 480, 60, 45] -> [[0, 2], [3, 4, 1]].
+    """
+    order = np.argsort(-seq_lens, kind="stable")
+    groups: list[list[int]] = []
+    total = longest = 0
+    for seq in order.tolist():
+        length = int(seq_lens[seq])
+        if groups and (len(groups[-1]) < MIN_DECODE_GROUP
+                       or (len(groups[-1]) + 1) * longest <= DECODE_PADDING_RATIO * (total + length)):
+            groups[-1].append(seq)
+            total += length
+        else:
+            groups.append([seq])
+            total = longest = length
+    return [np.array(group, dtype=np.int64) for group in groups]
+
+
+def first_key_blocks(first_key_positions: np.ndarray, block_size: int) -> np.ndarray:
+    """The block of each sequence's first visible key: where its gather starts."""
+    return np.maximum(first_key_positions, 0) // block_size
+
+
+def gather_block_ids(block_tables: np.ndarray, first_blocks: np.ndarray, end_blocks: np.ndarray) -> np.ndarray:
+    """Per sequence, block ids first_blocks[i] .. first_blocks[i] + nb - 1, nb = max(end - first),
+    entries at or past end_blocks[i] replaced by block 0 (padding, masked out).
+
+    block_tables [[7, 2, 9], [4, 5, 0]], first [1, 0], end [3, 1] -> nb 2 -> [[2, 9], [4, 0]]
+    """
+    num_blocks = int((end_blocks - first_blocks).max())
+    index = first_blocks[:, None] + np.arange(num_blocks)[None, :]  # [B, nb]
+    valid = index < end_blocks[:, None]
+    clipped = np.minimum(index, block_tables.shape[1] - 1)
+    return np.where(valid, np.take_along_axis(block_tables, clipped, axis=1), 0)
