@@ -81,9 +81,13 @@ def _kill_the_victim_mid_generation(model_dir: Path, prefix: str, tmp_path: Path
             client.xadd(f"{prefix}:requests", {"data": msgpack.packb(request)})
 
         def victim_is_mid_generation() -> bool:
-            held = {c["name"].decode(): c["pending"] for c in client.xinfo_consumers(f"{prefix}:requests", "workers")}
-            emitted = sum(client.xlen(f"{prefix}:out:{r}") for r in requests)
-            return held.get("victim", 0) > 0 and emitted >= kill_after_entries
+            """Enough entries out, and the victim owns a request less than half done: one it cannot
+            finish in the moment before the kill (an entry it merely had not acked yet could be)."""
+            emitted = {r: client.xlen(f"{prefix}:out:{r}") for r in requests}
+            if sum(emitted.values()) < kill_after_entries:
+                return False
+            return any(client.get(f"{prefix}:owner:{r}") == b"victim"
+                       and emitted[r] < requests[r]["params"]["max_tokens"] // 2 for r in requests)
 
         _wait(victim_is_mid_generation, 60, "the victim to be generating")
         workers["victim"].send_signal(signal.SIGKILL)
