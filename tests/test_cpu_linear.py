@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
-from pipeline.model.cpu_kernel import load_few_rows_linear_kernel
+from pipeline.model.cpu_kernel import load_few_rows_linear_kernel, load_panel_linear_kernel
 from pipeline.model.cpu_linear import (
     FewRowsLinear,
     PackedLinear,
@@ -251,3 +251,43 @@ def test_few_rows_kernel_takes_and_returns_bfloat16_rounding_its_float32_sums_as
     ours = kernel(x, linear.weight.detach(), linear.bias)
     assert ours.dtype == torch.bfloat16
     assert torch.equal(ours, kernel(x.float(), linear.weight.detach(), linear.bias).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 33, 64, 130])
+@pytest.mark.parametrize("shape", [(37, 19), (100, 68), (64, 1536)])  # a part-filled panel; K in any size
+def test_panel_kernel_matches_float64_with_bias_and_gating(rows: int, shape: tuple[int, int]) -> None:
+    kernel = load_panel_linear_kernel()
+    if kernel is None:
+        pytest.skip("no AVX-512 or no C compiler")
+    torch.manual_seed(rows)
+    out_features, in_features = shape
+    weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
+    x, gate_up = torch.randn(rows, in_features), torch.randn(rows, 2 * in_features)
+    panels = kernel.pack(weight)
+    expected = x.double() @ weight.double().T + bias.double()
+    torch.testing.assert_close(kernel(x, panels, out_features, bias).double(), expected, atol=1e-4, rtol=1e-5)
+    gated = F.silu(gate_up[:, :in_features].double()) * gate_up[:, in_features:].double()
+    torch.testing.assert_close(kernel(gate_up, panels, out_features, None, gated=True).double(),
+                               gated @ weight.double().T, atol=1e-4, rtol=1e-5)
+    # Each output sums alone, k in order: the same values whatever else shares the call.
+    assert torch.equal(kernel(x[:1], panels, out_features, bias), kernel(x, panels, out_features, bias)[:1])
+
+
+def test_float32_packed_linear_keeps_panels_instead_of_the_plain_weight_and_uses_them_up_to_64_rows() -> None:
+    panel, few_rows = load_panel_linear_kernel(), load_few_rows_linear_kernel()
+    if panel is None or few_rows is None:
+        pytest.skip("no AVX-512 or no C compiler")
+    torch.manual_seed(5)
+    linear = nn.Linear(68, 48)
+    layer = PackedLinear(linear, few_rows, panel)
+    assert layer.plain_weight is None and layer.few_rows is None and layer.panels is not None
+    with torch.no_grad():
+        for rows in (1, 4, 5, 64):
+            x = torch.randn(rows, 68)
+            assert torch.equal(layer(x), panel(x, layer.panels, 48, linear.bias))
+        many = torch.randn(65, 68)
+        assert torch.equal(layer(many), PackedLinear(linear)(many))  # oneDNN above PANEL_ROWS
+        gate_up = torch.randn(3, 136)
+        assert torch.equal(layer.forward_gated(gate_up), panel(gate_up, layer.panels, 48, linear.bias, gated=True))
+    bf16 = PackedLinear(linear.to(torch.bfloat16), few_rows, panel)
+    assert bf16.panels is None and bf16.plain_weight is not None  # bfloat16 keeps the few-rows kernel

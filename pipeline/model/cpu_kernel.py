@@ -36,8 +36,8 @@ _CSRC = Path(__file__).parent / "csrc"
 # does, product by product; the attention kernel turns fusing on for itself).
 _POOL_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=c11"]
 # One library, so that one pool of threads serves every kernel that splits its work.
-_POOLED_SOURCES = ("thread_pool", "few_rows_linear", "quantized_linear", "paged_decode_attention", "rms_norm",
-                   "rope_kv_write", "decoder_layers")
+_POOLED_SOURCES = ("thread_pool", "few_rows_linear", "panel_linear", "quantized_linear", "paged_decode_attention",
+                   "rms_norm", "rope_kv_write", "decoder_layers")
 
 
 # kv_format of the unquantized caches the kernel reads in place (fp8 callers pass 1 or 2 themselves,
@@ -129,6 +129,38 @@ class FewRowsLinearKernel:
         if failed:
             raise MemoryError("the few-rows linear kernel could not allocate its scratch buffer")
         return out if float32_out or out.dtype == x.dtype else out.to(x.dtype)
+
+
+class PanelLinearKernel:
+    """y = x W^T + b for a batch of rows, W float32 repacked into panels (csrc/panel_linear.c; AVX-512)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        self._size = _bind(library, "panel_linear_packed_size", [i64, i64], i64)
+        self._pack = _bind(library, "pack_panels", [p, p, i64, i64], None)
+        self._fn = _bind(library, "panel_linear", [p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """weight [O, I] float32 -> its panels (a flat float32 tensor), once at load."""
+        weight = weight.detach().contiguous()
+        out_features, in_features = weight.shape
+        panels = torch.empty(self._size(out_features, in_features), dtype=torch.float32)
+        self._pack(panels.data_ptr(), weight.data_ptr(), out_features, in_features)
+        return panels
+
+    def __call__(self, x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
+                 gated: bool = False) -> torch.Tensor:
+        """x [M, I] float32 or bfloat16 (others through float32) -> [M, O] in x's dtype; gated as
+        FewRowsLinearKernel's."""
+        rows, in_features = x.shape[0], x.shape[1] // (2 if gated else 1)
+        x_in, io_bf16 = _linear_input(x)
+        bias = _float32_bias(bias)
+        out = torch.empty(rows, out_features, dtype=x_in.dtype)
+        failed = self._fn(out.data_ptr(), x_in.data_ptr(), panels.data_ptr(), _address(bias), rows, out_features,
+                          in_features, _io_mode(io_bf16, False), int(gated), torch.get_num_threads())
+        if failed:
+            raise MemoryError("the panel linear kernel could not allocate its scratch buffer")
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 class QuantizedLinearKernel:
@@ -322,6 +354,15 @@ def load_decode_kernel() -> DecodeKernel | None:
 def load_few_rows_linear_kernel() -> FewRowsLinearKernel | None:
     library = _pooled_library()
     return FewRowsLinearKernel(library) if library is not None else None
+
+
+@functools.cache
+def load_panel_linear_kernel() -> PanelLinearKernel | None:
+    """The panel kernel where this CPU runs it (AVX-512 and a C compiler), else None."""
+    library = _pooled_library()
+    if library is None or not _bind(library, "panel_linear_available", [], ctypes.c_int)():
+        return None
+    return PanelLinearKernel(library)
 
 
 @functools.cache

@@ -18,8 +18,12 @@ Zen 4 (AVX-512) oneDNN alone was about as fast as the kernel for a single linear
 what lets a decode step's layers run in one native call (native_decode.py): SmolLM2 decoded 2.1x
 (float32) and 2.9-3.1x (bfloat16) faster with it than with oneDNN's per-op path (benchmarks/cpu_speed.py).
 So `cpu_linear="auto"` (the default) keeps the plain weight beside the packed one (twice the linear
-layers' weight memory) and sends 1-4 rows to the kernel, more to oneDNN; where oneDNN cannot pack
-bfloat16 (AVX2 without AVX-NE-CONVERT), bfloat16 sends 1-8 rows to the kernel and more to torch.
+layers' weight memory) and sends 1-4 rows to the kernel, more to oneDNN; on CPUs with AVX-512, float32
+weights are kept as the panel kernel's panels instead of plainly (csrc/panel_linear.c), which take
+1-64 rows (a decode batch) in one kernel per layer: as fast as the few-rows kernel for 1-4 rows and
+faster than oneDNN up to 64 (SmolLM2's layers, Zen 5; figures in that file), so a decode step of up
+to 64 sequences runs natively too. Where oneDNN cannot pack bfloat16 (AVX2 without AVX-NE-CONVERT),
+bfloat16 sends 1-8 rows to the kernel and more to torch.
 
 oneDNN builds and caches one primitive per input shape, ~0.6 MiB each whatever the weight size
 (measured), and a step's row count takes any value up to the token budget: unpadded, a long run
@@ -41,7 +45,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.model.cpu_kernel import FewRowsLinearKernel, load_few_rows_linear_kernel
+from pipeline.model.cpu_kernel import (
+    FewRowsLinearKernel,
+    PanelLinearKernel,
+    load_few_rows_linear_kernel,
+    load_panel_linear_kernel,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -53,23 +62,28 @@ class PackedLinear(nn.Module):
     """y = x W^T + b with W held in oneDNN's blocked layout (not a Parameter: not trainable)."""
 
     FEW_ROWS = 4  # float32 inputs up to this many rows take the few-rows kernel when one is given
+    PANEL_ROWS = 64  # float32 weights with panels: 1 to this many rows take the panel kernel
 
-    def __init__(self, linear: nn.Linear, few_rows: FewRowsLinearKernel | None = None) -> None:
-        """few_rows: keep the plain weight too, for 1-FEW_ROWS rows through this kernel (module docstring)."""
+    def __init__(self, linear: nn.Linear, few_rows: FewRowsLinearKernel | None = None,
+                 panel: PanelLinearKernel | None = None) -> None:
+        """few_rows: keep the plain weight too, for 1-FEW_ROWS rows through this kernel (module docstring).
+        panel: float32 weights kept in its panel layout instead of the plain one, for 1-PANEL_ROWS rows."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         # batch-size hint None: the layout suits every row count (measured: within noise of a hint).
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.bias = linear.bias
-        self.few_rows = few_rows
-        self.plain_weight = linear.weight.detach() if few_rows is not None else None
+        self.panel = panel if linear.weight.dtype == torch.float32 else None
+        self.panels = self.panel.pack(linear.weight) if self.panel is not None else None
+        self.few_rows = few_rows if self.panel is None else None
+        self.plain_weight = linear.weight.detach() if self.few_rows is not None else None
         self._small_rows = torch.zeros(_BUFFERED_ROWS, self.in_features, dtype=linear.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         num_rows = rows.shape[0]
-        if self.few_rows is not None and 0 < num_rows <= self.FEW_ROWS:
-            return self.few_rows(rows, self.plain_weight, self.bias).view(*x.shape[:-1], self.out_features)
+        if (direct := self._direct(rows)) is not None:
+            return direct.view(*x.shape[:-1], self.out_features)
         padded = padded_row_count(num_rows)
         if padded != num_rows and padded == _BUFFERED_ROWS and rows.dtype == self._small_rows.dtype:
             self._small_rows[:num_rows].copy_(rows)
@@ -81,23 +95,26 @@ class PackedLinear(nn.Module):
 
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """self(silu(gate) * up) from a gated MLP's [gate | up] in one kernel call (few rows only), else None."""
-        rows = gate_up.reshape(-1, 2 * self.in_features)
-        if self.few_rows is None or not 0 < rows.shape[0] <= self.FEW_ROWS:
-            return None
-        return self.few_rows(rows, self.plain_weight, self.bias, gated=True).view(*gate_up.shape[:-1],
-                                                                                   self.out_features)
+        direct = self._direct(gate_up.reshape(-1, 2 * self.in_features), gated=True)
+        return direct.view(*gate_up.shape[:-1], self.out_features) if direct is not None else None
 
     def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
         """self(x).float() in one kernel call (an LM head's logits; few rows only), else None."""
-        rows = x.reshape(-1, self.in_features)
-        if self.few_rows is None or not 0 < rows.shape[0] <= self.FEW_ROWS:
-            return None
-        return self.few_rows(rows, self.plain_weight, self.bias, float32_out=True).view(*x.shape[:-1],
-                                                                                        self.out_features)
+        direct = self._direct(x.reshape(-1, self.in_features), float32_out=True)
+        return direct.view(*x.shape[:-1], self.out_features) if direct is not None else None
+
+    def _direct(self, rows: torch.Tensor, gated: bool = False, float32_out: bool = False) -> torch.Tensor | None:
+        """The product through the panel or few-rows kernel when one takes this many rows, else None."""
+        num_rows = rows.shape[0]
+        if self.panel is not None and 0 < num_rows <= self.PANEL_ROWS:
+            return self.panel(rows, self.panels, self.out_features, self.bias, gated=gated)  # float32 in and out
+        if self.few_rows is not None and 0 < num_rows <= self.FEW_ROWS:
+            return self.few_rows(rows, self.plain_weight, self.bias, gated=gated, float32_out=float32_out)
+        return None
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"few_rows={self.few_rows is not None}")
+                f"few_rows={self.few_rows is not None}, panels={self.panels is not None}")
 
 
 class FewRowsLinear(nn.Module):
@@ -140,7 +157,9 @@ def prepare_cpu_linears(model: nn.Module, cpu_linear: str, dtype: torch.dtype) -
     """Swap `model`'s nn.Linear layers for the CPU paths `cpu_linear` picks on this CPU; returns counts."""
     few_rows = few_rows_kernel_for(cpu_linear, dtype)
     if cpu_linear in ("auto", "onednn") and onednn_linear_works(dtype):
-        return {"packed": pack_linears(model, few_rows), "with_few_rows_path": int(few_rows is not None)}
+        panel = load_panel_linear_kernel() if few_rows is not None and dtype == torch.float32 else None
+        return {"packed": pack_linears(model, few_rows, panel), "with_few_rows_path": int(few_rows is not None),
+                "with_panels": int(panel is not None)}
     if few_rows is not None:
         return {"few_rows": _replace_linears(model, lambda linear: FewRowsLinear(linear, few_rows))}
     return {}
@@ -177,13 +196,14 @@ def onednn_linear_works(dtype: torch.dtype) -> bool:
                                                             rtol=tolerance)
 
 
-def pack_linears(model: nn.Module, few_rows: FewRowsLinearKernel | None = None) -> int:
+def pack_linears(model: nn.Module, few_rows: FewRowsLinearKernel | None = None,
+                 panel: PanelLinearKernel | None = None) -> int:
     """Replace every nn.Linear in `model` by a PackedLinear of the same weights; returns how many.
 
     A weight tied to another module (lm_head and embed_tokens) is copied into the packed layout;
     the other module keeps the original.
     """
-    return _replace_linears(model, lambda linear: PackedLinear(linear, few_rows))
+    return _replace_linears(model, lambda linear: PackedLinear(linear, few_rows, panel))
 
 
 def _replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> int:

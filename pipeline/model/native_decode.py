@@ -11,8 +11,9 @@ llama.py's layers without q/k norms) on the CPU when every projection runs a nat
 8-bit quantized, or the few-rows kernel for float32/bfloat16 weights), the norms are native, no
 LoRA or tensor-parallel wrapper sits on a projection, and the KV cache is float32/bfloat16. Per
 step (NativeDecoder.__call__) when every row is one sequence's decode token and the few-rows
-kernels take that many rows (up to 8, or 4 for float32 weights kept beside oneDNN's packed copy;
-quantized layers below quantized_linear.dequantize_min_rows); any other step takes the per-op path.
+kernels take that many rows (up to 8, or 4 for float32 weights kept beside oneDNN's packed copy, or 64
+where float32 weights are kept as the panel kernel's panels instead, on CPUs with AVX-512; quantized
+layers below quantized_linear.dequantize_min_rows); any other step takes the per-op path.
 AQUEDUCT_NATIVE_DECODE=0 turns it off.
 
 `on_layers_start`, when set, is called as the layers start: just before the native call, or at once
@@ -46,7 +47,7 @@ _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 class _Linear(ctypes.Structure):
     _fields_ = [("kind", _i64), ("weight_bf16", _i64), ("values", _ptr), ("scales", _ptr), ("bias", _ptr),
-                ("out_features", _i64), ("in_features", _i64)]
+                ("out_features", _i64), ("in_features", _i64), ("panels", _ptr)]
 
 
 class _Layer(ctypes.Structure):
@@ -188,6 +189,9 @@ def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
     if type(module) is Int8Linear and module.native is not None:
         return _Linear(_LINEAR_INT8, 0, module.weight_int8.data_ptr(), module.scales.data_ptr(), bias,
                        module.out_features, module.in_features), min(ANY_ROWS, dequantize_min_rows(dtype, bits=8) - 1)
+    if type(module) is PackedLinear and module.panels is not None:  # every row count it takes: the panels
+        return _Linear(_LINEAR_FLOAT, 0, None, None, bias, module.out_features, module.in_features,
+                       module.panels.data_ptr()), PackedLinear.PANEL_ROWS
     if type(module) is FewRowsLinear:
         weight, max_rows = module.weight, FewRowsLinearKernel.MAX_ROWS
     elif type(module) is PackedLinear and module.plain_weight is not None:
@@ -197,7 +201,7 @@ def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
     if weight.dtype not in (torch.float32, torch.bfloat16) or not weight.is_contiguous():
         return None
     return _Linear(_LINEAR_FLOAT, int(weight.dtype == torch.bfloat16), weight.data_ptr(), None, bias,
-                   module.out_features, module.in_features), max_rows
+                   module.out_features, module.in_features, None), max_rows
 
 
 def _float32_bias(module: nn.Module, kept: list[torch.Tensor]) -> int | None:
