@@ -158,6 +158,8 @@ class PanelLinearKernel:
         out = torch.empty(rows, out_features, dtype=x_in.dtype)
         failed = self._fn(out.data_ptr(), x_in.data_ptr(), panels.data_ptr(), _address(bias), rows, out_features,
                           in_features, _io_mode(io_bf16, False), int(gated), torch.get_num_threads())
+        if failed == 1:
+            raise ValueError(f"the panel linear kernel takes 1 or more rows on an AVX-512 CPU, got {rows} rows")
         if failed:
             raise MemoryError("the panel linear kernel could not allocate its scratch buffer")
         return out if out.dtype == x.dtype else out.to(x.dtype)
