@@ -73,8 +73,14 @@ def _kill_the_victim_mid_generation(model_dir: Path, prefix: str, tmp_path: Path
                                     requests: dict[str, dict], kill_after_entries: int,
                                     extra_flags: tuple[str, ...] = ()) -> dict[str, int]:
     """Two workers take `requests`; once `kill_after_entries` reply entries exist and the victim
-    holds some, it is killed with SIGKILL and a replacement starts. Returns every exit code."""
-    workers = {name: _start_worker(model_dir, prefix, name, tmp_path, extra_flags) for name in ("victim", "survivor")}
+    holds some, it is killed with SIGKILL and a replacement starts. Returns every exit code.
+
+    The survivor admits at most 2 requests at a time, so the victim takes the rest up to twice its
+    batch: some wait in its queue, unstarted, until the kill. (Left to chance, the survivor could
+    take nearly all, and the victim finish its few before the check saw them.)"""
+    workers = {"victim": _start_worker(model_dir, prefix, "victim", tmp_path, extra_flags),
+               "survivor": _start_worker(model_dir, prefix, "survivor", tmp_path,
+                                         (*extra_flags, "--max-in-flight", "2"))}
     try:
         _wait(lambda: all(client.exists(f"{prefix}:worker:{n}") for n in workers), 60, "workers to start")
         for request in requests.values():
