@@ -41,8 +41,11 @@ def apply_smoothing(logits: torch.Tensor, factor: np.ndarray, curve: np.ndarray)
     distance = logits - top
     if (curve == 1).all():  # the usual case, s = 0, k = f > 0: -inf gives top - f * inf = -inf as it is
         return top - f * distance.square()
+    # d^2 first, as above: a c = 1 row (k = f exactly, s = 0) gets the same bits in a batch that
+    # takes this path as alone ((k d) d would round differently from k (d d)).
     k, s = f * (3 - c) / 2, f * (c - 1) / 2
-    smoothed = top - k * distance * distance + s * distance * distance * distance
+    squared = distance.square()
+    smoothed = top - k * squared + s * squared * distance
     return torch.where(torch.isfinite(logits), smoothed, logits)
 
 

@@ -225,3 +225,17 @@ def test_smoothing_with_curve_one_keeps_masked_tokens_masked_and_matches_the_ref
         np.testing.assert_allclose(ours[row], smoothing(logits[row].astype(np.float64), float(factors[row]), 1.0),
                                    rtol=1e-5, atol=1e-5)
     assert np.isneginf(ours[1, [0, 7]]).all() and np.isfinite(np.delete(ours[1], [0, 7])).all()
+
+
+def test_a_quadratic_smoothing_row_is_bit_identical_beside_a_cubic_one() -> None:
+    """A curve-1 row alone takes smoothing's quadratic shortcut; beside a row of another curve the
+    batch takes the general formula, which must round the same for it (hypothesis found 1 ulp)."""
+    rng = np.random.default_rng(5)
+    quadratic = Row(SamplingParams(temperature=0.3, smoothing_factor=1.5, logprobs=5), [1, 2], [3])
+    cubic = Row(SamplingParams(temperature=0.7, smoothing_factor=1.0, smoothing_curve=2.5), [4], [])
+    logits = rng.normal(0, 3, (2, VOCAB)).astype(np.float32)
+    sampler = _sampler()
+    alone = sampler(torch.from_numpy(logits[:1]), batch_of([quadratic]))
+    batched = sampler(torch.from_numpy(logits), batch_of([quadratic, cubic]))
+    np.testing.assert_array_equal(batched.top_logprobs[0, :5], alone.top_logprobs[0])
+    assert batched.chosen_logprobs[0] == alone.chosen_logprobs[0]
