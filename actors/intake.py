@@ -14,7 +14,7 @@ import structlog
 
 from actors.admission import Admission
 from actors.messages import Admit, ErrorReply, OpenReply
-from actors.recovery.ownership import Ownership
+from actors.recovery.ownership import Claim, Ownership
 from actors.recovery.resume import is_answered, resume_state
 from pipeline.intake import RequestBuilder
 from pipeline.request import Request
@@ -61,35 +61,62 @@ class IntakeActor:
     async def run(self) -> None:
         while True:
             room = await self.admission.room()
-            for delivery in await self.requests.receive(max_count=min(room, self.max_read), timeout_s=1.0):
-                await self.admit(delivery)
+            await self.admit_all(await self.requests.receive(max_count=min(room, self.max_read), timeout_s=1.0))
 
     async def admit(self, delivery: Delivery[WireRequest | Malformed]) -> None:
+        await self.admit_all([delivery])
+
+    async def admit_all(self, deliveries: list[Delivery[WireRequest | Malformed]]) -> None:
+        """A read's requests are claimed in one round trip and reach the scheduler together, as
+        they would from memory (claimed one by one, the first would start a step alone)."""
+        admissible: list[Delivery[WireRequest]] = []
+        admissible_ids: set[str] = set()
+        for delivery in deliveries:
+            if await self._admissible(delivery, admissible_ids):
+                admissible.append(delivery)
+                admissible_ids.add(delivery.message.id)
+        if self.ownership is None:
+            claims = [Claim.TAKEN] * len(admissible)  # no owner record: the reply stream always tells
+        else:
+            claims = await retry_transient(lambda: self.ownership.claim([d.message.id for d in admissible]),
+                                           "claim requests")
+        for delivery, claim in zip(admissible, claims, strict=True):
+            await self._admit_claimed(delivery, claim)
+
+    async def _admissible(self, delivery: Delivery[WireRequest | Malformed], earlier_ids: set[str]) -> bool:
+        """False (after answering or acking it) for an entry that is not to be generated here.
+        `earlier_ids`: the admissible ids earlier in the same read."""
         message = delivery.message
         if isinstance(message, Malformed):
             await self._reject_malformed(message, delivery)
-            return
+            return False
         reply_to = message.reply_to or f"{self.prefix}:out:{message.id}"
         if not reply_to_allowed(reply_to, self.prefix, self.reply_to_pattern):
             await self._refuse_reply_to(message.id, reply_to, delivery)
-            return
-        if message.id in self.admission.in_flight_ids:
+            return False
+        if message.id in self.admission.in_flight_ids or message.id in earlier_ids:
             # Same id again while it runs here: its one reply stream already answers it.
             self.log.info("duplicate request id ignored while in flight", request_id=message.id)
             await delivery.ack()
+            return False
+        return True
+
+    async def _admit_claimed(self, delivery: Delivery[WireRequest], claim: Claim) -> None:
+        message = delivery.message
+        reply_to = message.reply_to or f"{self.prefix}:out:{message.id}"
+        if claim is Claim.ELSEWHERE:
+            self.log.info("request id in flight on another worker; not generated twice", request_id=message.id)
+            await delivery.ack()
             return
         replies: list[WireReply] = []
-        if self.reply_reader is not None:  # a resubmission, or claimed from a dead worker
+        # An id held before (a resubmission, or claimed from a dead worker) resumes from its reply
+        # stream; a fresh one has none to read.
+        if self.reply_reader is not None and (claim is Claim.TAKEN or delivery.attempt > 1):
             replies = await self.reply_reader(reply_to, message.id)
             if is_answered(replies):
                 self.log.info("request already answered; not generated again", request_id=message.id)
                 await delivery.ack()
                 return
-        if self.ownership is not None and not await retry_transient(
-                lambda: self.ownership.acquire(message.id), "acquire request"):
-            self.log.info("request id in flight on another worker; not generated twice", request_id=message.id)
-            await delivery.ack()
-            return
         next_seq = replies[-1].seq + 1 if replies else 0
         if delivery.attempt > self.max_attempts:
             await self._give_up(message, delivery, reply_to, next_seq)

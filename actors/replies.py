@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -42,14 +43,24 @@ class ReplySink(Protocol):
 
 
 # One step's reply entries in one script call: XADD each (capped at ~MAXLEN), and EXPIRE the
-# streams whose entry is final. ARGV: maxlen, expire seconds, field, then (data, "1" if final) per key.
+# streams whose entry is final, with the owner keys that follow the stream keys in KEYS (one per
+# final entry, when the sink keeps owner keys). ARGV: maxlen, expire seconds, field, then
+# (data, "1" if final) per stream key.
 _WRITE_REPLIES = """
 local maxlen, expire_s, field = ARGV[1], ARGV[2], ARGV[3]
-for i = 1, #KEYS do
+local num_streams = (#ARGV - 3) / 2
+local next_owner = num_streams + 1
+for i = 1, num_streams do
   redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', field, ARGV[2 * i + 2])
-  if ARGV[2 * i + 3] == '1' then redis.call('EXPIRE', KEYS[i], expire_s) end
+  if ARGV[2 * i + 3] == '1' then
+    redis.call('EXPIRE', KEYS[i], expire_s)
+    if next_owner <= #KEYS then
+      redis.call('EXPIRE', KEYS[next_owner], expire_s)
+      next_owner = next_owner + 1
+    end
+  end
 end
-return #KEYS
+return num_streams
 """
 
 
@@ -57,13 +68,18 @@ class RedisReplySink:
     """Writes a step's entries with one server-side script call (EVALSHA). A pipeline of one XADD
     per entry cost the worker's event loop ~4x the CPU (0.74 vs 0.17 ms for 64 entries, measured
     here): redis-py builds, sends and parses every command in Python, and that time holds the GIL
-    the forward needs. The script names every stream it writes as a key, so it needs one Redis
-    node, not a cluster (as the worker's consumer group does)."""
+    the forward needs. The script names every key it writes, so it needs one Redis node, not a
+    cluster (as the worker's consumer group does).
 
-    def __init__(self, redis: aioredis.Redis, expire_s: int = 3600, maxlen: int = 10_000) -> None:
+    `owner_key` (request id -> its owner key, see actors/recovery/ownership.py): a final entry
+    gives the request's owner key the stream's expiry, so the owner record outlives the stream."""
+
+    def __init__(self, redis: aioredis.Redis, expire_s: int = 3600, maxlen: int = 10_000,
+                 owner_key: Callable[[str], str] | None = None) -> None:
         self.redis = redis
         self.expire_s = expire_s
         self.maxlen = maxlen
+        self.owner_key = owner_key
         self._write_replies = redis.register_script(_WRITE_REPLIES)
 
     async def write(self, batch: list[tuple[str, WireReply]]) -> None:
@@ -74,7 +90,10 @@ class RedisReplySink:
         keys = [key for key, _ in batch]
         args: list[int | bytes | str] = [self.maxlen, self.expire_s, DATA_FIELD]
         for _, reply in batch:
-            args += [encode(reply), "1" if reply.usage is not None or reply.error is not None else "0"]
+            final = reply.usage is not None or reply.error is not None
+            args += [encode(reply), "1" if final else "0"]
+            if final and self.owner_key is not None:
+                keys.append(self.owner_key(reply.id))
 
         async def execute() -> None:
             await self._write_replies(keys=keys, args=args)

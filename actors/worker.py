@@ -127,7 +127,8 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
 
     name = options.consumer_name
     ownership = Ownership(redis, options.prefix, name, options.reply_expire_s)
-    graph = build_graph(engine, consumer, RedisReplySink(redis, options.reply_expire_s), options.prefix,
+    sink = RedisReplySink(redis, options.reply_expire_s, owner_key=ownership.key)
+    graph = build_graph(engine, consumer, sink, options.prefix,
                         dead_letter_fn, max_in_flight, metrics, edges, reply_reader, options.max_attempts, ownership,
                         options.max_queue_wait_ms, device, options.reply_to_pattern)
     await edges.start()

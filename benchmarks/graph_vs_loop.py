@@ -8,7 +8,8 @@ One engine, built on its device thread, serves the same workload three ways in t
 - loop:   `aqueduct batch` (LLMEngine.step on the device thread, replies encoded and dropped)
 - memory: `aqueduct batch --actor-graph` (the actor graph over memory streams, replies to a memory sink)
 - redis:  `aqueduct worker` (the graph behind a Redis consumer group; a client in a process of its
-          own submits every request and reads all replies from one shared reply stream)
+          own submits every request in one pipeline, as the other paths get them all at once, and
+          reads all replies from one shared reply stream)
 Each round runs the three in a rotating order, so a drift of the (shared, noisy) machine hits them
 alike. Prompts have the same lengths on every path but a different first token, so no path gets
 another's prefix-cache hits. Greedy, ignore_eos: every request generates exactly its output length.
@@ -76,8 +77,7 @@ async def _submit_and_read(redis_url: str, prefix: str, requests: list[WireReque
     reply_to = f"{prefix}:out:all"
     try:
         started = time.perf_counter()
-        for request in requests:
-            await client.submit(msgspec.structs.replace(request, reply_to=reply_to))
+        await client.submit_many([msgspec.structs.replace(request, reply_to=reply_to) for request in requests])
         remaining, last_id = len(requests), "0"
         while remaining:
             for _, entries in await redis.xread({reply_to: last_id}, block=1000, count=1000) or []:

@@ -118,6 +118,20 @@ class AqueductClient:
         self._remember(checked)
         return checked.id
 
+    async def submit_many(self, requests: list[dict[str, Any] | WireRequest], *,
+                          params_checked: bool = False) -> list[str]:
+        """`submit` for a batch: every request is checked before any is sent (a CodecError names the
+        first bad one), then all go in one pipelined round trip, so a worker finds them together."""
+        raws = [encode(request) for request in requests]
+        checked = [decode_request(raw, params_checked=params_checked) for raw in raws]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for raw in raws:
+                pipe.xadd(f"{self.prefix}:requests", {DATA_FIELD: raw})
+            await pipe.execute()
+        for request in checked:
+            self._remember(request)
+        return [request.id for request in checked]
+
     def _remember(self, request: WireRequest) -> None:
         if len(self._submitted) >= _MAX_REMEMBERED:
             self._submitted.pop(next(iter(self._submitted)))

@@ -48,6 +48,23 @@ def test_submit_validates_and_writes_the_request(prefix: str) -> None:
     asyncio.run(scenario())
 
 
+def test_submit_many_checks_every_request_before_sending_any(prefix: str) -> None:
+    async def scenario() -> None:
+        async with AqueductClient(REDIS_URL, prefix) as client:
+            with pytest.raises(CodecError, match=r"params\.temperature"):
+                await client.submit_many([{"id": "ok", "prompt": "hi"},
+                                          {"id": "bad", "prompt": "hi", "params": {"temperature": -1}}])
+            assert await client.redis.xlen(f"{prefix}:requests") == 0
+            ids = await client.submit_many([{"id": f"r{i}", "prompt_token_ids": [1, i + 2], "params": {"n": 2}}
+                                            for i in range(3)])
+            assert ids == ["r0", "r1", "r2"]
+            written = [decode_request(fields[b"data"]) for _, fields in await client.redis.xrange(f"{prefix}:requests")]
+            assert [(r.id, r.prompt_token_ids) for r in written] == [("r0", [1, 2]), ("r1", [1, 3]), ("r2", [1, 4])]
+            assert client._submitted["r2"] == (None, 2)  # remembered like submit's: n for a later stream
+
+    asyncio.run(scenario())
+
+
 def test_stream_yields_entries_as_they_arrive_dropping_duplicates(prefix: str) -> None:
     async def scenario() -> None:
         async with AqueductClient(REDIS_URL, prefix, block_ms=100) as client:

@@ -37,3 +37,23 @@ def test_entries_land_in_order_and_final_streams_expire(redis_url, prefix):
             await redis.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_final_entry_gives_the_owner_key_the_streams_expiry(redis_url, prefix):
+    """So the owner record outlives the reply stream (actors/recovery/ownership.py)."""
+    async def scenario() -> None:
+        redis = aioredis.from_url(redis_url)
+        sink = RedisReplySink(redis, expire_s=600, owner_key=lambda request_id: f"{prefix}:owner:{request_id}")
+        try:
+            for request_id in ("a", "b", "c"):
+                await redis.set(f"{prefix}:owner:{request_id}", "w", ex=5)
+            await sink.write([(f"{prefix}:out:a", _reply("a", 0, False)), (f"{prefix}:out:b", _reply("b", 0, True)),
+                              (f"{prefix}:out:shared", _reply("c", 3, True))])
+            assert 5 < await redis.ttl(f"{prefix}:owner:b") <= 600
+            assert 5 < await redis.ttl(f"{prefix}:owner:c") <= 600
+            assert await redis.ttl(f"{prefix}:owner:a") <= 5  # not final: untouched
+            assert 5 < await redis.ttl(f"{prefix}:out:shared") <= 600
+        finally:
+            await redis.aclose()
+
+    asyncio.run(scenario())

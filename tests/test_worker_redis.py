@@ -13,6 +13,8 @@ import redis.asyncio as aioredis
 import torch
 from transformers import AutoModelForCausalLM
 
+import actors.worker as worker_module
+from actors.recovery.resume import read_reply_stream
 from tests.conftest import REDIS_URL
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, make_engine
 from tests.hf_models import make_tiny_hf_model
@@ -267,3 +269,54 @@ async def test_reply_to_pattern_replaces_the_default_keys(model_dir, prefix):
         assert len(tokens_of(await read_replies(redis, f"{prefix}:mine:a"))) == 2
         (entry,) = await read_replies(redis, f"{prefix}:out:b")
         assert entry["error"]["code"] == "invalid_request" and f"{prefix}:mine:*" in entry["error"]["message"]
+
+
+async def test_new_requests_on_a_shared_reply_stream_do_not_read_it_and_a_resubmission_does(
+        model_dir, prefix, monkeypatch):
+    """A fresh id has no replies to resume from: reading a shared stream per admitted request would
+    cost the whole stream each time. A resubmitted id is looked up (and found answered)."""
+    reads: list[str] = []
+
+    async def counted_read(redis, reply_to, request_id):
+        reads.append(request_id)
+        return await read_reply_stream(redis, reply_to, request_id)
+
+    monkeypatch.setattr(worker_module, "read_reply_stream", counted_read)
+    params = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    shared = f"{prefix}:out:shared"
+    entries = [{"id": f"s{i}", "prompt_token_ids": [5, 6 + i], "params": params, "reply_to": shared}
+               for i in range(6)]
+    async with running_workers(model_dir, prefix) as (redis, engines):
+        for entry in entries:
+            await push(redis, prefix, entry)
+        finals, last_id = set(), "0"
+        while len(finals) < len(entries):
+            for _, stream_entries in await redis.xread({shared: last_id}, block=10_000, count=100) or []:
+                for entry_id, fields in stream_entries:
+                    last_id = entry_id
+                    reply = msgpack.unpackb(fields[b"data"])
+                    if reply.get("usage") is not None:
+                        finals.add(reply["id"])
+        assert await pending_count(redis, prefix) == 0
+        assert reads == []  # no reply stream read for a new request
+        await push(redis, prefix, entries[0])  # the same id again, after it finished
+        deadline = time.monotonic() + 10
+        while not reads and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert reads == ["s0"]
+        assert await pending_count(redis, prefix) == 0
+        assert await redis.xlen(shared) == 6 * 4  # answered already: nothing generated again
+    assert engines[0].scheduler.num_generated_tokens == 6 * 4
+
+
+async def test_one_id_twice_in_one_read_generates_once(model_dir, prefix):
+    entry = {"id": "pair", "prompt_token_ids": [7, 8], "params": {"max_tokens": 6, "ignore_eos": True}}
+    redis = aioredis.from_url(REDIS_URL)
+    await push(redis, prefix, entry)  # both wait before the worker starts, so its first read takes both
+    await push(redis, prefix, entry)
+    await redis.aclose()
+    async with running_workers(model_dir, prefix) as (redis, engines):
+        replies = await read_replies(redis, f"{prefix}:out:pair")
+        assert await pending_count(redis, prefix) == 0
+    assert [r["seq"] for r in replies] == list(range(len(replies)))
+    assert engines[0].scheduler.num_generated_tokens == 6

@@ -189,8 +189,7 @@ async def run_embedded(engine: LLMEngine, requests: list[WireRequest], progress:
 async def run_remote(redis_url: str, prefix: str, requests: list[WireRequest], progress: tqdm) -> dict[str, dict]:
     """Submit to a running deployment and collect the answers."""
     async with AqueductClient(redis_url, prefix) as client:
-        for request in requests:
-            await client.submit(request)
+        await client.submit_many(requests)
 
         async def collect(request: WireRequest) -> tuple[str, dict]:
             result = await client.result(request.id, n=request.params.get("n", 1))

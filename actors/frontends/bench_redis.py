@@ -105,8 +105,7 @@ class RedisPath:
     async def throughput(self, requests: list[WireRequest]) -> float:
         reply_to = f"{self.prefix}:out:load"
         started = time.perf_counter()
-        for request in requests:
-            await self.client.submit(msgspec.structs.replace(request, reply_to=reply_to))
+        await self.client.submit_many([msgspec.structs.replace(request, reply_to=reply_to) for request in requests])
         remaining, last_id = len(requests), "0"
         while remaining:
             for _, entries in await self.redis.xread({reply_to: last_id}, block=1000, count=1000) or []:

@@ -3,13 +3,50 @@
 `{prefix}:owner:{id}` names the worker generating a request (SET NX). A second entry with the same
 id, on any worker, finds a live owner and is acked without generating again; the client reads the
 one reply stream. An owner whose heartbeat is gone is replaced, and the new owner resumes.
+
+The owner key lives as long as the request's reply stream: set for `ttl_s` when taken, and given
+`ttl_s` again with the final reply entry (RedisReplySink). So a FRESH claim, no owner key at all,
+means no reply stream of this id exists either, and the worker skips reading it: on a reply stream
+shared by many requests that read costs the whole stream, once per admitted request.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Sequence
+
 import redis.asyncio as aioredis
 
 from actors.recovery.liveness import heartbeat_key
+
+
+class Claim(enum.Enum):
+    FRESH = "fresh"  # nobody held the id: a new request
+    TAKEN = "taken"  # held before, by this worker or a dead one: its reply stream tells how far it got
+    ELSEWHERE = "elsewhere"  # a live worker holds it: that worker answers it
+
+
+# Claims many ids in one round trip, each atomically. KEYS: owner keys. ARGV: this worker, ttl
+# seconds, the heartbeat key prefix (owner names are only known here, so their heartbeat keys are
+# built in the script: one Redis node, as the worker's other scripts need).
+_CLAIM = """
+local worker, ttl, heartbeat_prefix = ARGV[1], ARGV[2], ARGV[3]
+local claims = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('SET', key, worker, 'NX', 'EX', ttl) then
+    claims[i] = 'fresh'
+  else
+    local owner = redis.call('GET', key)
+    if owner and owner ~= worker and redis.call('EXISTS', heartbeat_prefix .. owner) == 1 then
+      claims[i] = 'elsewhere'
+    else
+      redis.call('SET', key, worker, 'EX', ttl)
+      claims[i] = 'taken'
+    end
+  end
+end
+return claims
+"""
 
 
 class Ownership:
@@ -18,18 +55,15 @@ class Ownership:
         self.prefix = prefix
         self.worker = worker
         self.ttl_s = ttl_s
+        self._claim = redis.register_script(_CLAIM)
 
-    def _key(self, request_id: str) -> str:
+    def key(self, request_id: str) -> str:
         return f"{self.prefix}:owner:{request_id}"
 
-    async def acquire(self, request_id: str) -> bool:
-        """True when this worker may generate the request (it owns it now)."""
-        key = self._key(request_id)
-        if await self.redis.set(key, self.worker, nx=True, ex=self.ttl_s):
-            return True
-        owner = await self.redis.get(key)
-        if owner is not None and owner.decode() != self.worker \
-                and await self.redis.exists(heartbeat_key(self.prefix, owner.decode())):
-            return False  # alive elsewhere: that worker answers it
-        await self.redis.set(key, self.worker, ex=self.ttl_s)  # ours already, or its owner is gone
-        return True
+    async def claim(self, request_ids: Sequence[str]) -> list[Claim]:
+        """One claim per id, in order (one round trip for a whole read of requests)."""
+        if not request_ids:
+            return []
+        results = await self._claim(keys=[self.key(request_id) for request_id in request_ids],
+                                    args=[self.worker, self.ttl_s, heartbeat_key(self.prefix, "")])
+        return [Claim(result.decode() if isinstance(result, bytes) else result) for result in results]
