@@ -154,6 +154,7 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
             await health.stop()
         await edges.close()
         await consumer.close()
+        await sink.close()
         await redis.aclose()
 
 

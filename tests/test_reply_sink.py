@@ -34,6 +34,7 @@ def test_entries_land_in_order_and_final_streams_expire(redis_url, prefix):
             assert 0 < await redis.ttl(done) <= 600
             assert await redis.ttl(running) == -1 and await redis.ttl(shared) == -1  # not final: no expiry
         finally:
+            await sink.close()
             await redis.aclose()
 
     asyncio.run(scenario())
@@ -54,6 +55,7 @@ def test_a_final_entry_gives_the_owner_key_the_streams_expiry(redis_url, prefix)
             assert await redis.ttl(f"{prefix}:owner:a") <= 5  # not final: untouched
             assert 5 < await redis.ttl(f"{prefix}:out:shared") <= 600
         finally:
+            await sink.close()
             await redis.aclose()
 
     asyncio.run(scenario())

@@ -289,8 +289,9 @@ async def test_new_requests_on_a_shared_reply_stream_do_not_read_it_and_a_resubm
     async with running_workers(model_dir, prefix) as (redis, engines):
         for entry in entries:
             await push(redis, prefix, entry)
-        finals, last_id = set(), "0"
+        finals, last_id, deadline = set(), "0", time.monotonic() + 60
         while len(finals) < len(entries):
+            assert time.monotonic() < deadline, f"finished only {sorted(finals)}"
             for _, stream_entries in await redis.xread({shared: last_id}, block=10_000, count=100) or []:
                 for entry_id, fields in stream_entries:
                     last_id = entry_id
