@@ -60,8 +60,13 @@ class IntakeActor:
 
     async def run(self) -> None:
         while True:
-            room = await self.admission.room()
-            await self.admit_all(await self.requests.receive(max_count=min(room, self.max_read), timeout_s=1.0))
+            wanted = min(await self.admission.room(), self.max_read)
+            deliveries = await self.requests.receive(max_count=wanted, timeout_s=1.0)
+            if 0 < len(deliveries) < wanted:
+                # A blocked read wakes on the first entry of a burst (Redis serves it after that one
+                # XADD); the rest is usually there by now, and admitted with it they share a step.
+                deliveries += await self.requests.receive(max_count=wanted - len(deliveries), timeout_s=0)
+            await self.admit_all(deliveries)
 
     async def admit(self, delivery: Delivery[WireRequest | Malformed]) -> None:
         await self.admit_all([delivery])

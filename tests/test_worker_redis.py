@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 import actors.worker as worker_module
 from actors.recovery.resume import read_reply_stream
+from queue_adapters.client import AqueductClient
 from tests.conftest import REDIS_URL
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, make_engine
 from tests.hf_models import make_tiny_hf_model
@@ -321,3 +322,27 @@ async def test_one_id_twice_in_one_read_generates_once(model_dir, prefix):
         assert await pending_count(redis, prefix) == 0
     assert [r["seq"] for r in replies] == list(range(len(replies)))
     assert engines[0].scheduler.num_generated_tokens == 6
+
+
+async def test_a_burst_of_requests_starts_in_one_step(model_dir, prefix):
+    """A blocked read wakes on the burst's first entry; the rest, already in Redis, is admitted with
+    it, so all of them prefill in the first step (as from memory), not one step after it."""
+    async with running_workers(model_dir, prefix) as (redis, engines):
+        scheduler = engines[0].scheduler
+        first_steps: list[int] = []
+        plan_step = scheduler.schedule
+
+        def recording_schedule(*args, **kwargs):
+            plan = plan_step(*args, **kwargs)
+            if plan is not None and plan.new_sequences:
+                first_steps.append(len(plan.new_sequences))
+            return plan
+
+        scheduler.schedule = recording_schedule
+        await asyncio.sleep(0.3)  # the worker is blocked in its read
+        async with AqueductClient(REDIS_URL, prefix) as client:
+            await client.submit_many([{"id": f"b{i}", "prompt_token_ids": [5, 6, 7 + i], "params": {"max_tokens": 2}}
+                                      for i in range(6)])
+        for i in range(6):
+            assert len(tokens_of(await read_replies(redis, f"{prefix}:out:b{i}"))) == 2
+    assert first_steps[0] == 6, first_steps
