@@ -62,6 +62,18 @@ class _Request:
         return all(choice.finish_reason is not None for choice in self.choices)
 
 
+def _replay(choice: _Choice, sent_token_ids: list[int]) -> None:
+    """Bring a resumed choice to where the first worker's was: its tokens go through the
+    detokenizer and the stop matcher one at a time, as they did there, and the text comes out
+    again (the client has it). What that worker still held back comes back held: the tail that
+    may begin a stop string, and the bytes of a character split across the crash point."""
+    choice.num_tokens = len(sent_token_ids)
+    if choice.detokenizer is None or choice.finish_reason is not None:
+        return
+    for token_id in sent_token_ids:
+        choice.stop_matcher.feed(choice.detokenizer.add([token_id]))
+
+
 class OutputProcessor:
     def __init__(self, tokenizer: object | None) -> None:
         self.tokenizer = fast_decoder(tokenizer) if tokenizer is not None else None
@@ -74,26 +86,24 @@ class OutputProcessor:
         if resume is not None and params.reports_at_end:
             resume = ResumeState(resume.next_seq, [[] for _ in range(num_choices)],
                                  [None] * num_choices, [None] * num_choices)  # nothing was streamed
-        outputs = resume.output_token_ids if resume is not None else [[] for _ in range(num_choices)]
         choices = [
             _Choice(
-                # A resumed choice's text continues after the tokens the client already has.
-                detokenizer=(IncrementalDetokenizer(self.tokenizer, [*prompt_token_ids, *done],
-                                                    params.skip_special_tokens,
+                detokenizer=(IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens,
                                                     params.spaces_between_special_tokens)
                              if self.tokenizer is not None else None),
                 stop_matcher=StopStringMatcher(params.stop, params.include_stop_str_in_output),
-                num_tokens=len(done),
             )
-            for done in outputs
+            for _ in range(num_choices)
         ]
         state = _Request(params, len(prompt_token_ids), choices)
         if resume is not None:
             state.next_seq = resume.next_seq
             state.prompt_logprobs_sent = True  # sent by the first worker, if asked for
-            for choice, reason, stop_reason in zip(choices, resume.finish_reasons, resume.stop_reasons, strict=True):
+            for choice, done, reason, stop_reason in zip(choices, resume.output_token_ids, resume.finish_reasons,
+                                                         resume.stop_reasons, strict=True):
                 if reason is not None:
                     choice.finish_reason, choice.stop_reason, choice.reported_finish = reason, stop_reason, True
+                _replay(choice, done)
         elif params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]  # the first prompt token has no context to score it
         self._requests[request_id] = state
