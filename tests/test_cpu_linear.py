@@ -290,4 +290,39 @@ def test_float32_packed_linear_keeps_panels_instead_of_the_plain_weight_and_uses
         gate_up = torch.randn(3, 136)
         assert torch.equal(layer.forward_gated(gate_up), panel(gate_up, layer.panels, 48, linear.bias, gated=True))
     bf16 = PackedLinear(linear.to(torch.bfloat16), few_rows, panel)
-    assert bf16.panels is None and bf16.plain_weight is not None  # bfloat16 keeps the few-rows kernel
+    if panel.bf16_available:  # bfloat16 panels (AVX512-BF16), else the few-rows kernel's plain weight
+        assert bf16.panels is not None and bf16.panels.dtype == torch.bfloat16 and bf16.plain_weight is None
+        x = torch.randn(7, 68).bfloat16()
+        assert torch.equal(bf16(x), panel(x, bf16.panels, 48, linear.bias))
+        assert torch.equal(bf16.forward_float32(x), panel(x, bf16.panels, 48, linear.bias, float32_out=True))
+    else:
+        assert bf16.panels is None and bf16.plain_weight is not None
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 64])
+@pytest.mark.parametrize("shape", [(37, 19), (100, 68), (64, 1536)])  # part-filled panels, odd K (a padded pair)
+def test_bfloat16_panel_kernel_matches_float64_of_the_bfloat16_values(rows: int, shape: tuple[int, int]) -> None:
+    """Exact products summed in float32, then rounded once to bfloat16: within one bfloat16 step of
+    the float64 product of the same bfloat16 inputs."""
+    kernel = load_panel_linear_kernel()
+    if kernel is None or not kernel.bf16_available:
+        pytest.skip("no AVX512-BF16 or no C compiler")
+    out_features, in_features = shape
+    generator = torch.Generator().manual_seed(rows + out_features)
+    weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
+    bias = torch.randn(out_features, generator=generator)
+    x = torch.randn(rows, in_features, generator=generator).bfloat16()
+    panels = kernel.pack(weight)
+    expected = x.double() @ weight.double().T + bias.double()
+    ours = kernel(x, panels, out_features, bias, float32_out=True).double()  # bfloat16-rounded, as float32
+    step = expected.abs().clamp(min=2.0 ** -100) * 2.0 ** -8  # one bfloat16 step, at most
+    assert ((ours - expected).abs() <= step + 1e-4).all()
+    assert torch.equal(kernel(x, panels, out_features, bias), ours.bfloat16())
+    gate_up = torch.randn(rows, 2 * in_features, generator=generator).bfloat16()
+    gate, up = gate_up[:, :in_features].float(), gate_up[:, in_features:].float()
+    gated = (torch.nn.functional.silu(gate).bfloat16().float() * up).bfloat16().double()
+    expected_gated = gated @ weight.double().T
+    ours_gated = kernel(gate_up, panels, out_features, None, gated=True, float32_out=True).double()
+    assert ((ours_gated - expected_gated).abs() <= expected_gated.abs() * 2.0 ** -8 + 1e-4).all()
+    # Each output sums alone, k in order: the same values whatever else shares the call.
+    assert torch.equal(kernel(x[:1], panels, out_features, bias), kernel(x, panels, out_features, bias)[:1])

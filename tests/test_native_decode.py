@@ -84,8 +84,8 @@ def test_native_layers_equal_per_op_path(tmp_path: Path, arch: str, dtype: str, 
     assert _outputs(native_engine, requests) == _per_op_outputs(model_dir, dtype, quantization, requests)
     assert served, "the native decoder never ran"
     # Steps of more decode rows than its kernels take ran per op; smaller ones natively. With the
-    # few-rows kernels (4 or 8 rows) 11 requests start above the limit and end below it; float32
-    # panels (64 rows, AVX-512 CPUs) take every step.
+    # few-rows kernels (4 or 8 rows) 11 requests start above the limit and end below it; panels
+    # (64 rows: float32 on AVX-512 CPUs, bfloat16 with AVX512-BF16) take every step.
     assert max(served) <= decoder.max_rows and min(served) == 1
 
 

@@ -132,37 +132,48 @@ class FewRowsLinearKernel:
 
 
 class PanelLinearKernel:
-    """y = x W^T + b for a batch of rows, W float32 repacked into panels (csrc/panel_linear.c; AVX-512)."""
+    """y = x W^T + b for a batch of rows, W repacked into panels (csrc/panel_linear.c; AVX-512):
+    float32 weights, and bfloat16 ones where the CPU has AVX512-BF16 (`bf16_available`)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        self._size = _bind(library, "panel_linear_packed_size", [i64, i64], i64)
-        self._pack = _bind(library, "pack_panels", [p, p, i64, i64], None)
-        self._fn = _bind(library, "panel_linear", [p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
+        self._size = {torch.float32: _bind(library, "panel_linear_packed_size", [i64, i64], i64),
+                      torch.bfloat16: _bind(library, "panel_linear_bf16_packed_size", [i64, i64], i64)}
+        self._pack = {torch.float32: _bind(library, "pack_panels", [p, p, i64, i64], None),
+                      torch.bfloat16: _bind(library, "pack_panels_bf16", [p, p, i64, i64], None)}
+        arguments = [p, p, p, p, i64, i64, i64, i32, i32, i32]
+        self._fn = {torch.float32: _bind(library, "panel_linear", arguments, i32),
+                    torch.bfloat16: _bind(library, "panel_linear_bf16", arguments, i32)}
+        self.bf16_available = bool(_bind(library, "panel_linear_bf16_available", [], i32)())
+
+    def takes(self, dtype: torch.dtype) -> bool:
+        return dtype == torch.float32 or (dtype == torch.bfloat16 and self.bf16_available)
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
-        """weight [O, I] float32 -> its panels (a flat float32 tensor), once at load."""
+        """weight [O, I] float32 or bfloat16 -> its panels (a flat tensor of its dtype), once at load."""
         weight = weight.detach().contiguous()
         out_features, in_features = weight.shape
-        panels = torch.empty(self._size(out_features, in_features), dtype=torch.float32)
-        self._pack(panels.data_ptr(), weight.data_ptr(), out_features, in_features)
+        panels = torch.empty(self._size[weight.dtype](out_features, in_features), dtype=weight.dtype)
+        self._pack[weight.dtype](panels.data_ptr(), weight.data_ptr(), out_features, in_features)
         return panels
 
     def __call__(self, x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
-                 gated: bool = False) -> torch.Tensor:
-        """x [M, I] float32 or bfloat16 (others through float32) -> [M, O] in x's dtype; gated as
-        FewRowsLinearKernel's."""
+                 gated: bool = False, float32_out: bool = False) -> torch.Tensor:
+        """x [M, I] float32 or bfloat16 (others through float32) -> [M, O] in x's dtype (float32 with
+        float32_out); gated as FewRowsLinearKernel's."""
         rows, in_features = x.shape[0], x.shape[1] // (2 if gated else 1)
         x_in, io_bf16 = _linear_input(x)
         bias = _float32_bias(bias)
-        out = torch.empty(rows, out_features, dtype=x_in.dtype)
-        failed = self._fn(out.data_ptr(), x_in.data_ptr(), panels.data_ptr(), _address(bias), rows, out_features,
-                          in_features, _io_mode(io_bf16, False), int(gated), torch.get_num_threads())
+        out = torch.empty(rows, out_features, dtype=torch.float32 if float32_out else x_in.dtype)
+        failed = self._fn[panels.dtype](out.data_ptr(), x_in.data_ptr(), panels.data_ptr(), _address(bias), rows,
+                                        out_features, in_features, _io_mode(io_bf16, float32_out), int(gated),
+                                        torch.get_num_threads())
         if failed == 1:
-            raise ValueError(f"the panel linear kernel takes 1 or more rows on an AVX-512 CPU, got {rows} rows")
+            raise ValueError(f"the panel linear kernel takes 1 or more rows on an AVX-512 CPU (AVX512-BF16 for "
+                             f"bfloat16 panels), got {rows} rows")
         if failed:
             raise MemoryError("the panel linear kernel could not allocate its scratch buffer")
-        return out if out.dtype == x.dtype else out.to(x.dtype)
+        return out if out.dtype == x.dtype or float32_out else out.to(x.dtype)
 
 
 class QuantizedLinearKernel:

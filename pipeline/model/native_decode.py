@@ -190,8 +190,8 @@ def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
         return _Linear(_LINEAR_INT8, 0, module.weight_int8.data_ptr(), module.scales.data_ptr(), bias,
                        module.out_features, module.in_features), min(ANY_ROWS, dequantize_min_rows(dtype, bits=8) - 1)
     if type(module) is PackedLinear and module.panels is not None:  # every row count it takes: the panels
-        return _Linear(_LINEAR_FLOAT, 0, None, None, bias, module.out_features, module.in_features,
-                       module.panels.data_ptr()), PackedLinear.PANEL_ROWS
+        return _Linear(_LINEAR_FLOAT, int(module.panels.dtype == torch.bfloat16), None, None, bias,
+                       module.out_features, module.in_features, module.panels.data_ptr()), PackedLinear.PANEL_ROWS
     if type(module) is FewRowsLinear:
         weight, max_rows = module.weight, FewRowsLinearKernel.MAX_ROWS
     elif type(module) is PackedLinear and module.plain_weight is not None:

@@ -28,7 +28,8 @@ typedef struct {
     const void *scales;  /* int4: scales and offsets; int8: per-row scales; float: unused */
     const float *bias;   /* [out_features] float32 or NULL */
     int64_t out_features, in_features;
-    const float *panels; /* LINEAR_FLOAT: the weight in panel_linear.c's layout (values unused), or NULL */
+    const void *panels;  /* LINEAR_FLOAT: the weight in panel_linear.c's layout (float32, or bfloat16
+                          * pairs when weight_bf16; values unused), or NULL */
 } Linear;
 
 typedef struct {
@@ -63,6 +64,8 @@ int few_rows_linear(void *y, const void *x, const void *weight, const float *bia
                     int64_t out_features, int64_t in_features, int bf16, int io_bf16, int gated, int num_threads);
 int panel_linear(void *y, const void *x, const float *panels, const float *bias, int64_t rows,
                  int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads);
+int panel_linear_bf16(void *y, const void *x, const uint16_t *panels, const float *bias, int64_t rows,
+                      int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads);
 void rope_kv_write(void *qkv, const void *cos, const void *sin, void *key_cache, void *value_cache,
                    const int64_t *slots, int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
                    int64_t head_dim, int64_t elem_size);
@@ -84,8 +87,11 @@ static int linear(const Linear *l, void *y, const void *x, int gated, const Step
         return quantized_linear_int8(y, x, l->values, l->scales, l->bias, s->rows, l->out_features, l->in_features,
                                      io_bf16, gated, threads);
     case LINEAR_FLOAT:
+        if (l->panels && l->weight_bf16)
+            return panel_linear_bf16(y, x, (const uint16_t *)l->panels, l->bias, s->rows, l->out_features,
+                                     l->in_features, io_bf16, gated, threads);
         if (l->panels)
-            return panel_linear(y, x, l->panels, l->bias, s->rows, l->out_features, l->in_features, io_bf16, gated,
+            return panel_linear(y, x, (const float *)l->panels, l->bias, s->rows, l->out_features, l->in_features, io_bf16, gated,
                                 threads);
         return few_rows_linear(y, x, l->values, l->bias, s->rows, l->out_features, l->in_features,
                                (int)l->weight_bf16, io_bf16, gated, threads);
