@@ -79,6 +79,15 @@ DEFINE_TILE(8)
 
 int panel_linear_available(void) { return 1; }
 
+/* A tile's sums (+ bias) into y's rows m0.. and columns first.. (width of them are real columns). */
+static void store_tile(void *y, int io_bf16, const float *out, const float *bias, int64_t m0, int64_t rows,
+                       int64_t first, int64_t width, int64_t out_features) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < width; c++)
+            store_output(y, io_bf16, (m0 + r) * out_features + first + c,
+                         out[r * PANEL + c] + (bias ? bias[first + c] : 0.0f));
+}
+
 typedef void (*tile_fn)(float *, const float *, const float *, int64_t);
 static const tile_fn TILES[TILE_ROWS] = {tile_1, tile_2, tile_3, tile_4, tile_5, tile_6, tile_7, tile_8};
 
@@ -98,10 +107,7 @@ static void run_panels(void *context, int64_t begin, int64_t end) {
         for (int64_t m0 = 0; m0 < j->rows; m0 += TILE_ROWS) {
             const int64_t rows = j->rows - m0 < TILE_ROWS ? j->rows - m0 : TILE_ROWS;
             TILES[rows - 1](out, j->x + m0 * j->in_features, j->panels + p * j->in_features * PANEL, j->in_features);
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t c = 0; c < width; c++)
-                    store_output(j->y, j->io_bf16, (m0 + r) * j->out_features + first + c,
-                                 out[r * PANEL + c] + (j->bias ? j->bias[first + c] : 0.0f));
+            store_tile(j->y, j->io_bf16, out, j->bias, m0, rows, first, width, j->out_features);
         }
     }
 }
@@ -219,10 +225,7 @@ static void run_pair_panels(void *context, int64_t begin, int64_t end) {
             const int64_t rows = j->rows - m0 < TILE_ROWS ? j->rows - m0 : TILE_ROWS;
             PAIR_TILES[rows - 1](out, j->x + m0 * j->num_pairs, j->panels + p * j->num_pairs * 2 * PANEL,
                                  j->num_pairs);
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t c = 0; c < width; c++)
-                    store_output(j->y, j->io_bf16, (m0 + r) * j->out_features + first + c,
-                                 out[r * PANEL + c] + (j->bias ? j->bias[first + c] : 0.0f));
+            store_tile(j->y, j->io_bf16, out, j->bias, m0, rows, first, width, j->out_features);
         }
     }
 }
