@@ -31,6 +31,7 @@ from queue_adapters.redis_streams import DATA_FIELD, stream_entries
 log = structlog.get_logger(__name__)
 R = TypeVar("R")
 _MAX_REMEMBERED = 4096  # submitted requests whose reply_to / n we keep for a later `stream`
+_PIPELINE_CHUNK = 1024  # submit_many: XADDs per round trip
 
 
 class ReplyOrder:
@@ -121,13 +122,15 @@ class AqueductClient:
     async def submit_many(self, requests: list[dict[str, Any] | WireRequest], *,
                           params_checked: bool = False) -> list[str]:
         """`submit` for a batch: every request is checked before any is sent (a CodecError names the
-        first bad one), then all go in one pipelined round trip, so a worker finds them together."""
+        first bad one), then they go in pipelined round trips of up to 1,024, so a worker finds them
+        together (and a batch file of any size is not buffered whole)."""
         raws = [encode(request) for request in requests]
         checked = [decode_request(raw, params_checked=params_checked) for raw in raws]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for raw in raws:
-                pipe.xadd(f"{self.prefix}:requests", {DATA_FIELD: raw})
-            await pipe.execute()
+        for start in range(0, len(raws), _PIPELINE_CHUNK):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for raw in raws[start:start + _PIPELINE_CHUNK]:
+                    pipe.xadd(f"{self.prefix}:requests", {DATA_FIELD: raw})
+                await pipe.execute()
         for request in checked:
             self._remember(request)
         return [request.id for request in checked]

@@ -61,6 +61,8 @@ def test_submit_many_checks_every_request_before_sending_any(prefix: str) -> Non
             written = [decode_request(fields[b"data"]) for _, fields in await client.redis.xrange(f"{prefix}:requests")]
             assert [(r.id, r.prompt_token_ids) for r in written] == [("r0", [1, 2]), ("r1", [1, 3]), ("r2", [1, 4])]
             assert client._submitted["r2"] == (None, 2)  # remembered like submit's: n for a later stream
+            many = await client.submit_many([{"id": f"m{i}", "prompt_token_ids": [1]} for i in range(2500)])
+            assert len(many) == 2500 and await client.redis.xlen(f"{prefix}:requests") == 2503  # three round trips
 
     asyncio.run(scenario())
 
