@@ -6,8 +6,10 @@ one reply stream. An owner whose heartbeat is gone is replaced, and the new owne
 
 The owner key lives as long as the request's reply stream: set for `ttl_s` when taken, and given
 `ttl_s` again with the final reply entry (RedisReplySink). So a FRESH claim, no owner key at all,
-means no reply stream of this id exists either, and the worker skips reading it: on a reply stream
-shared by many requests that read costs the whole stream, once per admitted request.
+on a first delivery means no reply stream of this id is left, and the worker skips reading it: on
+a reply stream shared by many requests that read costs the whole stream, once per admitted
+request. (A request left unfinished longer than `ttl_s` is the exception; its pending entry is
+claimed, a redelivery, long before: redeliveries always read.)
 """
 
 from __future__ import annotations

@@ -137,13 +137,13 @@ class PanelLinearKernel:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        self._size = {torch.float32: _bind(library, "panel_linear_packed_size", [i64, i64], i64),
-                      torch.bfloat16: _bind(library, "panel_linear_bf16_packed_size", [i64, i64], i64)}
-        self._pack = {torch.float32: _bind(library, "pack_panels", [p, p, i64, i64], None),
-                      torch.bfloat16: _bind(library, "pack_panels_bf16", [p, p, i64, i64], None)}
-        arguments = [p, p, p, p, i64, i64, i64, i32, i32, i32]
-        self._fn = {torch.float32: _bind(library, "panel_linear", arguments, i32),
-                    torch.bfloat16: _bind(library, "panel_linear_bf16", arguments, i32)}
+        suffixes = {torch.float32: "", torch.bfloat16: "_bf16"}
+        self._size = {dtype: _bind(library, f"panel_linear{suffix}_packed_size", [i64, i64], i64)
+                      for dtype, suffix in suffixes.items()}
+        self._pack = {dtype: _bind(library, f"pack_panels{suffix}", [p, p, i64, i64], None)
+                      for dtype, suffix in suffixes.items()}
+        self._fn = {dtype: _bind(library, f"panel_linear{suffix}", [p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
+                    for dtype, suffix in suffixes.items()}
         self.bf16_available = bool(_bind(library, "panel_linear_bf16_available", [], i32)())
 
     def takes(self, dtype: torch.dtype) -> bool:

@@ -46,102 +46,6 @@ void pack_panels(float *panels, const float *weight, int64_t out_features, int64
             }
 }
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-
-/* R rows of x (row stride in_features) times one panel -> out [R][PANEL]. */
-#define DEFINE_TILE(R)                                                                                \
-    static void tile_##R(float *out, const float *x, const float *panel, int64_t in_features) {       \
-        __m512 low[R], high[R];                                                                       \
-        for (int r = 0; r < R; r++) low[r] = high[r] = _mm512_setzero_ps();                           \
-        for (int64_t k = 0; k < in_features; k++) {                                                   \
-            const __m512 w0 = _mm512_loadu_ps(panel + k * PANEL);                                     \
-            const __m512 w1 = _mm512_loadu_ps(panel + k * PANEL + 16);                                \
-            for (int r = 0; r < R; r++) {                                                             \
-                const __m512 xr = _mm512_set1_ps(x[r * in_features + k]);                             \
-                low[r] = _mm512_fmadd_ps(xr, w0, low[r]);                                             \
-                high[r] = _mm512_fmadd_ps(xr, w1, high[r]);                                           \
-            }                                                                                         \
-        }                                                                                             \
-        for (int r = 0; r < R; r++) {                                                                 \
-            _mm512_storeu_ps(out + r * PANEL, low[r]);                                                \
-            _mm512_storeu_ps(out + r * PANEL + 16, high[r]);                                          \
-        }                                                                                             \
-    }
-DEFINE_TILE(1)
-DEFINE_TILE(2)
-DEFINE_TILE(3)
-DEFINE_TILE(4)
-DEFINE_TILE(5)
-DEFINE_TILE(6)
-DEFINE_TILE(7)
-DEFINE_TILE(8)
-
-int panel_linear_available(void) { return 1; }
-
-/* A tile's sums (+ bias) into y's rows m0.. and columns first.. (width of them are real columns). */
-static void store_tile(void *y, int io_bf16, const float *out, const float *bias, int64_t m0, int64_t rows,
-                       int64_t first, int64_t width, int64_t out_features) {
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < width; c++)
-            store_output(y, io_bf16, (m0 + r) * out_features + first + c,
-                         out[r * PANEL + c] + (bias ? bias[first + c] : 0.0f));
-}
-
-typedef void (*tile_fn)(float *, const float *, const float *, int64_t);
-static const tile_fn TILES[TILE_ROWS] = {tile_1, tile_2, tile_3, tile_4, tile_5, tile_6, tile_7, tile_8};
-
-typedef struct {
-    void *y;
-    int io_bf16;
-    const float *x, *panels, *bias;
-    int64_t rows, out_features, in_features;
-} Panels;
-
-static void run_panels(void *context, int64_t begin, int64_t end) {
-    const Panels *j = context;
-    float out[TILE_ROWS * PANEL];
-    for (int64_t p = begin; p < end; p++) {
-        const int64_t first = p * PANEL;
-        const int64_t width = j->out_features - first < PANEL ? j->out_features - first : PANEL;
-        for (int64_t m0 = 0; m0 < j->rows; m0 += TILE_ROWS) {
-            const int64_t rows = j->rows - m0 < TILE_ROWS ? j->rows - m0 : TILE_ROWS;
-            TILES[rows - 1](out, j->x + m0 * j->in_features, j->panels + p * j->in_features * PANEL, j->in_features);
-            store_tile(j->y, j->io_bf16, out, j->bias, m0, rows, first, width, j->out_features);
-        }
-    }
-}
-
-/* Returns 0; 1 without AVX-512 (the caller keeps its other path); 2 when out of memory. */
-int panel_linear(void *y, const void *x, const float *panels, const float *bias, int64_t rows,
-                 int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads) {
-    if (rows < 1) return 1;
-    float *x_f32 = malloc(sizeof(float) * rows * in_features);
-    if (!x_f32) return 2;
-    for (int64_t m = 0; m < rows; m++)
-        for (int64_t i = 0; i < in_features; i++)
-            x_f32[m * in_features + i] = input_value(x, io_bf16, gated, in_features, m, i);
-    const Panels job = {y, io_bf16, x_f32, panels, bias, rows, out_features, in_features};
-    const int64_t num_panels = (out_features + PANEL - 1) / PANEL;
-    const int threads = threads_for(out_features * in_features * (int64_t)sizeof(float), num_threads);
-    pool_run(run_panels, (void *)&job, num_panels, columns_per_task(num_panels, threads, 1), threads);
-    free(x_f32);
-    return 0;
-}
-
-#else
-
-int panel_linear_available(void) { return 0; }
-
-int panel_linear(void *y, const void *x, const float *panels, const float *bias, int64_t rows,
-                 int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads) {
-    (void)y, (void)x, (void)panels, (void)bias, (void)rows, (void)out_features, (void)in_features, (void)io_bf16,
-        (void)gated, (void)num_threads;
-    return 1;
-}
-
-#endif
-
 /* ---- bfloat16 weights: panels of k pairs, products by VDPBF16PS (AVX512-BF16) --------------------
  *
  * The same panels of 32 output columns, holding bfloat16 weights in k pairs: for each pair
@@ -170,11 +74,117 @@ void pack_panels_bf16(uint16_t *panels, const uint16_t *weight, int64_t out_feat
                 }
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* A tile: R rows of x times one panel -> out [R][PANEL]. `depth`: the k steps (float32 panels:
+ * in_features; bfloat16 panels: k pairs); x's rows are `depth` steps apart. */
+typedef void (*tile_fn)(float *out, const void *x, const void *panel, int64_t depth);
+
+#define DEFINE_TILE(R)                                                                                \
+    static void tile_##R(float *out, const void *x_, const void *panel_, int64_t in_features) {       \
+        const float *x = x_, *panel = panel_;                                                         \
+        __m512 low[R], high[R];                                                                       \
+        for (int r = 0; r < R; r++) low[r] = high[r] = _mm512_setzero_ps();                           \
+        for (int64_t k = 0; k < in_features; k++) {                                                   \
+            const __m512 w0 = _mm512_loadu_ps(panel + k * PANEL);                                     \
+            const __m512 w1 = _mm512_loadu_ps(panel + k * PANEL + 16);                                \
+            for (int r = 0; r < R; r++) {                                                             \
+                const __m512 xr = _mm512_set1_ps(x[r * in_features + k]);                             \
+                low[r] = _mm512_fmadd_ps(xr, w0, low[r]);                                             \
+                high[r] = _mm512_fmadd_ps(xr, w1, high[r]);                                           \
+            }                                                                                         \
+        }                                                                                             \
+        for (int r = 0; r < R; r++) {                                                                 \
+            _mm512_storeu_ps(out + r * PANEL, low[r]);                                                \
+            _mm512_storeu_ps(out + r * PANEL + 16, high[r]);                                          \
+        }                                                                                             \
+    }
+DEFINE_TILE(1)
+DEFINE_TILE(2)
+DEFINE_TILE(3)
+DEFINE_TILE(4)
+DEFINE_TILE(5)
+DEFINE_TILE(6)
+DEFINE_TILE(7)
+DEFINE_TILE(8)
+
+static const tile_fn TILES[TILE_ROWS] = {tile_1, tile_2, tile_3, tile_4, tile_5, tile_6, tile_7, tile_8};
+
+int panel_linear_available(void) { return 1; }
+
+/* One call's work, whichever panel type: tiles[R - 1] multiplies R rows. */
+typedef struct {
+    void *y;
+    int io_bf16;
+    const tile_fn *tiles;
+    const char *x, *panels;                /* as bytes: row r at x + r * x_row_bytes, panel p likewise */
+    int64_t x_row_bytes, panel_bytes, depth;
+    const float *bias;
+    int64_t rows, out_features;
+} PanelJob;
+
+static void run_panels(void *context, int64_t begin, int64_t end) {
+    const PanelJob *j = context;
+    float out[TILE_ROWS * PANEL];
+    for (int64_t p = begin; p < end; p++) {
+        const int64_t first = p * PANEL;
+        const int64_t width = j->out_features - first < PANEL ? j->out_features - first : PANEL;
+        for (int64_t m0 = 0; m0 < j->rows; m0 += TILE_ROWS) {
+            const int64_t rows = j->rows - m0 < TILE_ROWS ? j->rows - m0 : TILE_ROWS;
+            j->tiles[rows - 1](out, j->x + m0 * j->x_row_bytes, j->panels + p * j->panel_bytes, j->depth);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < width; c++)
+                    store_output(j->y, j->io_bf16, (m0 + r) * j->out_features + first + c,
+                                 out[r * PANEL + c] + (j->bias ? j->bias[first + c] : 0.0f));
+        }
+    }
+}
+
+/* The panels over the pool's threads, sized by the weight's bytes (each reads its panels once). */
+static void run_panel_job(const PanelJob *job, int64_t weight_bytes, int num_threads) {
+    const int64_t num_panels = (job->out_features + PANEL - 1) / PANEL;
+    const int threads = threads_for(weight_bytes, num_threads);
+    pool_run(run_panels, (void *)job, num_panels, columns_per_task(num_panels, threads, 1), threads);
+}
+
+/* Returns 0; 1 without AVX-512 (the caller keeps its other path); 2 when out of memory. */
+int panel_linear(void *y, const void *x, const float *panels, const float *bias, int64_t rows,
+                 int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads) {
+    if (rows < 1) return 1;
+    float *x_f32 = malloc(sizeof(float) * rows * in_features);
+    if (!x_f32) return 2;
+    for (int64_t m = 0; m < rows; m++)
+        for (int64_t i = 0; i < in_features; i++)
+            x_f32[m * in_features + i] = input_value(x, io_bf16, gated, in_features, m, i);
+    const PanelJob job = {y, io_bf16, TILES, (const char *)x_f32, (const char *)panels,
+                          in_features * (int64_t)sizeof(float), in_features * PANEL * (int64_t)sizeof(float),
+                          in_features, bias, rows, out_features};
+    run_panel_job(&job, out_features * in_features * (int64_t)sizeof(float), num_threads);
+    free(x_f32);
+    return 0;
+}
+
+#else
+
+int panel_linear_available(void) { return 0; }
+
+int panel_linear(void *y, const void *x, const float *panels, const float *bias, int64_t rows,
+                 int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads) {
+    (void)y, (void)x, (void)panels, (void)bias, (void)rows, (void)out_features, (void)in_features, (void)io_bf16,
+        (void)gated, (void)num_threads;
+    return 1;
+}
+
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 
-/* R rows of x (bfloat16 pairs, row stride num_pairs) times one panel -> out [R][PANEL]. */
+/* R rows of x (bfloat16 pairs as 32-bit words, rows num_pairs apart) times one bfloat16 panel. */
 #define DEFINE_PAIR_TILE(R)                                                                           \
-    static void pair_tile_##R(float *out, const uint32_t *x, const uint16_t *panel, int64_t num_pairs) { \
+    static void pair_tile_##R(float *out, const void *x_, const void *panel_, int64_t num_pairs) {    \
+        const uint32_t *x = x_;                                                                       \
+        const uint16_t *panel = panel_;                                                               \
         __m512 low[R], high[R];                                                                       \
         for (int r = 0; r < R; r++) low[r] = high[r] = _mm512_setzero_ps();                           \
         for (int64_t q = 0; q < num_pairs; q++) {                                                     \
@@ -200,35 +210,10 @@ DEFINE_PAIR_TILE(6)
 DEFINE_PAIR_TILE(7)
 DEFINE_PAIR_TILE(8)
 
+static const tile_fn PAIR_TILES[TILE_ROWS] = {pair_tile_1, pair_tile_2, pair_tile_3, pair_tile_4,
+                                              pair_tile_5, pair_tile_6, pair_tile_7, pair_tile_8};
+
 int panel_linear_bf16_available(void) { return 1; }
-
-typedef void (*pair_tile_fn)(float *, const uint32_t *, const uint16_t *, int64_t);
-static const pair_tile_fn PAIR_TILES[TILE_ROWS] = {pair_tile_1, pair_tile_2, pair_tile_3, pair_tile_4,
-                                                   pair_tile_5, pair_tile_6, pair_tile_7, pair_tile_8};
-
-typedef struct {
-    void *y;
-    int io_bf16;
-    const uint32_t *x;
-    const uint16_t *panels;
-    const float *bias;
-    int64_t rows, out_features, num_pairs;
-} PairPanels;
-
-static void run_pair_panels(void *context, int64_t begin, int64_t end) {
-    const PairPanels *j = context;
-    float out[TILE_ROWS * PANEL];
-    for (int64_t p = begin; p < end; p++) {
-        const int64_t first = p * PANEL;
-        const int64_t width = j->out_features - first < PANEL ? j->out_features - first : PANEL;
-        for (int64_t m0 = 0; m0 < j->rows; m0 += TILE_ROWS) {
-            const int64_t rows = j->rows - m0 < TILE_ROWS ? j->rows - m0 : TILE_ROWS;
-            PAIR_TILES[rows - 1](out, j->x + m0 * j->num_pairs, j->panels + p * j->num_pairs * 2 * PANEL,
-                                 j->num_pairs);
-            store_tile(j->y, j->io_bf16, out, j->bias, m0, rows, first, width, j->out_features);
-        }
-    }
-}
 
 /* Returns 0; 1 without AVX512-BF16; 2 when out of memory. x and y as panel_linear's. */
 int panel_linear_bf16(void *y, const void *x, const uint16_t *panels, const float *bias, int64_t rows,
@@ -240,10 +225,10 @@ int panel_linear_bf16(void *y, const void *x, const uint16_t *panels, const floa
     for (int64_t m = 0; m < rows; m++)
         for (int64_t i = 0; i < in_features; i++)
             x_bf16[m * num_pairs * 2 + i] = float_to_bf16(input_value(x, io_bf16, gated, in_features, m, i));
-    const PairPanels job = {y, io_bf16, (const uint32_t *)x_bf16, panels, bias, rows, out_features, num_pairs};
-    const int64_t num_panels = (out_features + PANEL - 1) / PANEL;
-    const int threads = threads_for(out_features * in_features * (int64_t)sizeof(uint16_t), num_threads);
-    pool_run(run_pair_panels, (void *)&job, num_panels, columns_per_task(num_panels, threads, 1), threads);
+    const PanelJob job = {y, io_bf16, PAIR_TILES, (const char *)x_bf16, (const char *)panels,
+                          num_pairs * (int64_t)sizeof(uint32_t), num_pairs * 2 * PANEL * (int64_t)sizeof(uint16_t),
+                          num_pairs, bias, rows, out_features};
+    run_panel_job(&job, out_features * in_features * (int64_t)sizeof(uint16_t), num_threads);
     free(x_bf16);
     return 0;
 }
