@@ -129,10 +129,8 @@ class IntakeActor:
         try:
             # Decoding and resizing images takes milliseconds per picture: off the event loop.
             request = await asyncio.to_thread(self._build, message) if message.images else self._build(message)
-        except ValueError as error:
-            self.log.info("request rejected", request_id=message.id, error=str(error))
-            await self.to_output.send(ErrorReply(message.id, reply_to, "invalid_request", str(error), delivery,
-                                                 next_seq))
+        except Exception as error:
+            await self._refuse(message, delivery, reply_to, next_seq, error)
             return
         resume = resume_state(replies, request.params.n) if replies else None
         self.admission.take(message.id)
@@ -140,6 +138,20 @@ class IntakeActor:
         await self.to_output.send(OpenReply(message.id, request.prompt_token_ids, request.params, reply_to, delivery,
                                             time.perf_counter(), resume))
         await self.to_scheduler.send(Admit.of(request, message.deadline_ms, resume))
+
+    async def _refuse(self, message: WireRequest, delivery: Delivery[Any], reply_to: str, next_seq: int,
+                      error: Exception) -> None:
+        """Whatever this request's data made the tokenizer, the chat template or the image decoder
+        raise is this request's error reply: never the actor's (one request must not stop intake).
+        Our own checks raise ValueError naming the field; anything else is logged with its traceback,
+        as a check is missing at the edge."""
+        if isinstance(error, ValueError):
+            self.log.info("request rejected", request_id=message.id, error=str(error))
+            text = str(error)
+        else:
+            self.log.warning("request failed at intake", request_id=message.id, exc_info=error)
+            text = f"the request could not be prepared: {type(error).__name__}: {error}"
+        await self.to_output.send(ErrorReply(message.id, reply_to, "invalid_request", text, delivery, next_seq))
 
     async def _give_up(self, message: WireRequest, delivery: Delivery[Any], reply_to: str, next_seq: int) -> None:
         """A poison request: delivered max_attempts times without finishing."""

@@ -16,10 +16,11 @@ from typing import Any
 
 from actors.admission import Admission
 from actors.base import Actor
-from actors.messages import ErrorReply, OpenReply, RequestFailed, StepEvents
+from actors.messages import Cancel, ErrorReply, OpenReply, RequestFailed, StepEvents
 from actors.replies import ReplySink, to_wire
 from pipeline.output_processor import OutputProcessor
 from pipeline.outputs import RequestDelta
+from pipeline.request import FinishReason
 from queue_adapters.base import Consumer, Delivery, Producer
 from queue_adapters.memory import MemoryConsumer
 
@@ -99,8 +100,7 @@ class OutputActor(Actor):
 
     async def handle(self, message: Any) -> None:
         if isinstance(message, OpenReply):
-            self.outputs.add_request(message.request_id, message.prompt_token_ids, message.params, message.resume)
-            self.routes[message.request_id] = _Route(message.reply_to, message.delivery, message.arrival_s)
+            await self._open(message)
         elif isinstance(message, StepEvents):
             deltas: list[RequestDelta] = []
             for events in request_slices(message.all(), self.requests_per_slice):
@@ -108,6 +108,8 @@ class OutputActor(Actor):
                 deltas.extend(slice_deltas)
                 for finish in finishes:
                     await self.to_scheduler.send(finish)
+                for request_id in self.outputs.take_failed():  # answered with an error: stop generating it
+                    await self.to_scheduler.send(Cancel(request_id, FinishReason.ERROR))
                 await asyncio.sleep(0)
             await self._write(deltas)  # one sink write (one Redis round trip) per step
         elif isinstance(message, ErrorReply):
@@ -117,6 +119,17 @@ class OutputActor(Actor):
                 await self._write([self.outputs.error_delta(message.request_id, message.code, message.message)])
         else:
             raise TypeError(f"output got an unexpected {type(message).__name__}")
+
+    async def _open(self, message: OpenReply) -> None:
+        self.routes[message.request_id] = _Route(message.reply_to, message.delivery, message.arrival_s)
+        try:
+            self.outputs.add_request(message.request_id, message.prompt_token_ids, message.params, message.resume)
+        except Exception as error:  # this request's detokenizer or stop matcher: its error, not the actor's
+            self.log.warning("output state could not be set up for a request", request_id=message.request_id,
+                             exc_info=error)
+            await self.to_scheduler.send(Cancel(message.request_id, FinishReason.ERROR))
+            await self._write([self.outputs.error_delta(message.request_id, "request_failed",
+                                                        f"{type(error).__name__}: {error}")])
 
     async def _write(self, deltas: list[RequestDelta]) -> None:
         routed = [(self.routes[delta.request_id], delta) for delta in deltas if delta.request_id in self.routes]

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import structlog
+
 from pipeline.detokenizer import IncrementalDetokenizer, fast_decoder
 from pipeline.outputs import (
     ChoiceDelta,
@@ -30,6 +32,9 @@ from pipeline.outputs import (
 from pipeline.request import ResumeState
 from pipeline.sampling_params import SamplingParams
 from pipeline.stop import StopStringMatcher
+
+log = structlog.get_logger(__name__)
+OutputEvent = TokenEvent | PromptLogprobsEvent
 
 
 @dataclass(slots=True)
@@ -62,6 +67,14 @@ class _Request:
         return all(choice.finish_reason is not None for choice in self.choices)
 
 
+def _by_request(events: Iterable[OutputEvent]) -> dict[str, list[OutputEvent]]:
+    """Events grouped by request id, each request's own order kept (requests are independent)."""
+    grouped: dict[str, list[OutputEvent]] = {}
+    for event in events:
+        grouped.setdefault(event.request_id, []).append(event)
+    return grouped
+
+
 def _replay(choice: _Choice, sent_token_ids: list[int]) -> None:
     """Bring a resumed choice to where the first worker's was: its tokens go through the
     detokenizer and the stop matcher one at a time, as they did there, and the text comes out
@@ -78,6 +91,7 @@ class OutputProcessor:
     def __init__(self, tokenizer: object | None) -> None:
         self.tokenizer = fast_decoder(tokenizer) if tokenizer is not None else None
         self._requests: dict[str, _Request] = {}
+        self.failed: list[str] = []
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     resume: ResumeState | None = None) -> None:
@@ -114,25 +128,51 @@ class OutputProcessor:
     def process(self, events: Iterable[TokenEvent | PromptLogprobsEvent],
                 ) -> tuple[list[RequestDelta], list[StopStringFinish]]:
         """Apply one step's events; returns the deltas of the requests that advanced, and the
-        choices that a stop string ended."""
-        touched: dict[str, _Request] = {}
+        choices that a stop string ended.
+
+        A request whose events raise (in its detokenizer or stop matcher) gets an error delta
+        instead, and its id is kept for `take_failed` (the caller aborts it in the scheduler): one
+        request's fault must not stop the stage, or every other request with it."""
+        deltas: list[RequestDelta] = []
         finishes: list[StopStringFinish] = []
-        for event in events:
-            state = self._requests.get(event.request_id)
+        for request_id, request_events in _by_request(events).items():
+            state = self._requests.get(request_id)
             if state is None:
                 continue  # already answered (e.g. finished by a stop string, then aborted)
+            try:
+                delta = self._process_request(request_id, state, request_events, finishes)
+            except Exception as error:
+                log.warning("output processing failed for a request", request_id=request_id, exc_info=error)
+                self.failed.append(request_id)
+                delta = self.error_delta(request_id, "request_failed",
+                                         f"output processing failed: {type(error).__name__}: {error}")
+            if delta is not None:
+                deltas.append(delta)
+        return deltas, finishes
+
+    def take_failed(self) -> list[str]:
+        """Requests `process` ended with an error since the last call (they may still be scheduled)."""
+        failed, self.failed = self.failed, []
+        return failed
+
+    def _process_request(self, request_id: str, state: _Request, events: list[OutputEvent],
+                         finishes: list[StopStringFinish]) -> RequestDelta | None:
+        advanced = False
+        new_finishes = []
+        for event in events:
             if isinstance(event, PromptLogprobsEvent):
                 if state.prompt_logprobs is not None:
                     state.prompt_logprobs.extend(event.entries)
                 continue
             stop_string = self._on_token(state, event)
             if stop_string is not None:
-                finishes.append(StopStringFinish(event.request_id, event.choice_index, stop_string))
-            touched[event.request_id] = state
+                new_finishes.append(StopStringFinish(request_id, event.choice_index, stop_string))
+            advanced = True
         # A best_of > n or beam search request reports once, when its winners are known.
-        deltas = [self._collect(request_id, state) for request_id, state in touched.items()
-                  if state.finished or not state.params.reports_at_end]
-        return deltas, finishes
+        delta = self._collect(request_id, state) if advanced and (
+            state.finished or not state.params.reports_at_end) else None
+        finishes.extend(new_finishes)  # only once nothing of this request can raise any more
+        return delta
 
     def error_delta(self, request_id: str, code: str, message: str) -> RequestDelta:
         state = self._requests.pop(request_id, None)

@@ -7,7 +7,11 @@ one names the field, the rule and the value. Values are never clamped into range
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, NoReturn
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_TOKEN_ID_TEXT = re.compile(r"\s*[0-9]{1,18}\s*\Z")
 
 
 def fail(message: str) -> NoReturn:
@@ -26,6 +30,9 @@ def check_int(name: str, value: Any, *, optional: bool = False) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         kind = "an int or None" if optional else "an int"
         fail(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
+    # Every int field becomes a C integer somewhere (a seed is an int64, counts index tensors).
+    if not INT64_MIN <= value <= INT64_MAX:
+        fail(f"{name} must be within the 64-bit signed range [{INT64_MIN}, {INT64_MAX}], got {value}")
 
 
 def to_float(name: str, value: Any) -> float:
@@ -102,7 +109,8 @@ def normalize_logit_bias(value: Any, limit: float) -> tuple[tuple[int, float], .
 
 
 def _token_id_key(key: Any) -> int:
-    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+    # ASCII digits only: str.isdigit() also takes '²', which int() refuses; 19 digits fit an int64.
+    if isinstance(key, str) and _TOKEN_ID_TEXT.match(key):
         key = int(key)
     if not isinstance(key, int) or isinstance(key, bool) or key < 0:
         fail(f"logit_bias keys must be token ids >= 0, got {key!r}")

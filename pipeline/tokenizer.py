@@ -79,6 +79,18 @@ class SnapshotTokenizer:
         return self._hf.apply_chat_template(messages, **kwargs)
 
 
+def tokenizer_vocab_size(tokenizer: Any) -> int:
+    """Ids a tokenizer can decode: its vocabulary with added tokens (HF's len(), the Rust backend's
+    count); 2**31 when it tells neither, so an id still fits the decoder's 32-bit type."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return int(backend.get_vocab_size(with_added_tokens=True))
+    try:
+        return len(tokenizer)
+    except TypeError:
+        return 2**31
+
+
 def load_tokenizer(model_dir: str | Path, cache_dir: str | Path | None = None) -> Tokenizer | None:
     """model_dir's tokenizer (from its snapshot when there is one); None when the directory has none."""
     model_dir = Path(model_dir)

@@ -13,10 +13,12 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import msgpack
 import msgspec
 from msgspec import Meta, Struct
 
 from pipeline.sampling_params import SamplingParams
+from queue_adapters.untrusted import INT64_MAX, UntrustedValueError, check_untrusted
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
 MAX_ID_LENGTH = 128
@@ -24,7 +26,7 @@ MAX_KEY_LENGTH = 512  # reply_to is a Redis key; long enough for any prefix, sho
 
 RequestId = Annotated[str, Meta(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)]
 StreamKey = Annotated[str, Meta(min_length=1, max_length=MAX_KEY_LENGTH)]
-NonNegativeInt = Annotated[int, Meta(ge=0)]
+NonNegativeInt = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 FinishReason = Literal["stop", "length", "abort", "timeout", "error"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "timeout", "error")
 PROMPT_FIELDS: tuple[str, ...] = ("prompt", "prompt_token_ids", "messages")
@@ -173,6 +175,7 @@ def decode_request(raw: bytes, *, params_checked: bool = False) -> WireRequest:
     request = _decode(_request_decoder, raw, "request")
     try:
         _check_prompt(request)
+        _check_untrusted_params(request.params)
         if not params_checked:
             _check_params(request.params)
     except CodecError as error:
@@ -209,6 +212,9 @@ def _decode(decoder: msgspec.msgpack.Decoder[Any], raw: bytes, what: str) -> Any
         raise CodecError(message, request_id, reply_to) from None
     except msgspec.DecodeError as error:
         raise CodecError(f"{what} data is not valid msgpack: {error}") from None
+    except RecursionError:  # msgspec's own depth limit, on maps and lists inside `Any` fields
+        request_id, reply_to = peek_ids(raw)
+        raise CodecError(f"{what} data is nested too deeply", request_id, reply_to) from None
 
 
 def _check_prompt(request: WireRequest) -> None:
@@ -218,6 +224,15 @@ def _check_prompt(request: WireRequest) -> None:
         raise CodecError(f"exactly one of {', '.join(PROMPT_FIELDS)} is required, got {found}")
     if not getattr(request, given[0]):
         raise CodecError(f"{given[0]} must not be empty")
+
+
+def _check_untrusted_params(params: dict[str, Any]) -> None:
+    """`params` is a free map on the wire: every value in it must still be plain, finite, 64-bit,
+    valid text and shallow (queue_adapters/untrusted.py), whoever sent it."""
+    try:
+        check_untrusted(params, "params")
+    except UntrustedValueError as error:
+        raise CodecError(str(error)) from None
 
 
 def _check_params(params: dict[str, Any]) -> None:
@@ -234,16 +249,36 @@ def _check_params(params: dict[str, Any]) -> None:
 
 
 def peek_ids(raw: bytes) -> tuple[str | None, str | None]:
-    """Best-effort (id, reply_to) of an invalid entry, each None unless it is a valid value."""
+    """Best-effort (id, reply_to) of an invalid entry, each None unless it is a valid value.
+
+    Only the top-level map is read, and only those two values are decoded; the rest is skipped
+    undecoded, so an entry with invalid text or absurd nesting elsewhere still gets its error reply."""
+    found: dict[bytes, Any] = {}
+    unpacker = msgpack.Unpacker(raw=True, max_buffer_size=max(len(raw), 1))
+    unpacker.feed(raw)
     try:
-        data = msgspec.msgpack.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None, None
-    if not isinstance(data, dict):
-        return None, None
-    request_id = _valid_or_none(data.get("id"), RequestId)
-    reply_to = _valid_or_none(data.get("reply_to"), StreamKey) if request_id else None
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if key in (b"id", b"reply_to"):
+                found[key] = unpacker.unpack()
+            else:
+                unpacker.skip()
+    except (ValueError, TypeError, msgpack.OutOfData):  # not a map, truncated, or too deep to skip
+        pass
+    request_id = _valid_or_none(_text(found.get(b"id")), RequestId)
+    reply_to = _valid_or_none(_text(found.get(b"reply_to")), StreamKey) if request_id else None
     return request_id, reply_to
+
+
+def _text(value: Any) -> str | None:
+    """A msgpack str read raw (bytes) as text; None for anything else or invalid UTF-8. A bin value
+    reads as bytes too, which is why the id is also validated against RequestId afterwards."""
+    if not isinstance(value, bytes):
+        return None
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _valid_or_none(value: Any, kind: Any) -> str | None:

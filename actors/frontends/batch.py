@@ -34,6 +34,7 @@ from pipeline.rng import seed_from_request_id
 from queue_adapters.client import AqueductClient, assemble
 from queue_adapters.codec import CodecError, Malformed, WireReply, WireRequest
 from queue_adapters.memory import MemoryStream
+from queue_adapters.untrusted import loads_json
 
 log = structlog.get_logger(__name__)
 
@@ -49,16 +50,18 @@ class BatchLine:
 def read_batch_file(path: Path) -> list[BatchLine]:
     lines: list[BatchLine] = []
     seen: set[str] = set()
-    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    # Bytes, line by line: a line that is not UTF-8 is that line's error, not the file's. (str's
+    # splitlines would also split inside JSON strings, at U+2028 and other separators.)
+    for number, text in enumerate(path.read_bytes().splitlines(), start=1):
         if text.strip():
             lines.append(_parse_line(text, number, seen))
     return lines
 
 
-def _parse_line(text: str, number: int, seen: set[str]) -> BatchLine:
+def _parse_line(text: bytes, number: int, seen: set[str]) -> BatchLine:
     custom_id = f"line-{number}"
     try:
-        item = json.loads(text)
+        item = loads_json(text, "the line")
         if not isinstance(item, dict):
             raise ValueError("each line must be a JSON object")
         custom_id = str(item.get("custom_id", custom_id))
@@ -83,7 +86,7 @@ def _parse_line(text: str, number: int, seen: set[str]) -> BatchLine:
         lora = model if isinstance(model, str) and model else None
         return BatchLine(custom_id, WireRequest(id=f"batch-line-{number}", params=params, lora=lora, **prompt_fields),
                          chat=chat)
-    except (ValueError, CodecError) as error:  # json.JSONDecodeError is a ValueError
+    except (ValueError, CodecError) as error:  # UntrustedValueError is a ValueError
         log.warning("rejected batch line", line=number, custom_id=custom_id, error=str(error))
         return BatchLine(custom_id, None, str(error))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,12 +16,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from actors.http.backends import Backend
-from actors.http.errors import ApiError, invalid
+from actors.http.chat_request import parse_messages
+from actors.http.errors import ApiError, invalid, parse_json_body
 from actors.http.gateway_metrics import GatewayMetrics
 from actors.http.generation import Generation
 from actors.http.limits import check_api_key, read_body_limited
 from actors.http.options import GatewayOptions
 from actors.metrics import METRICS_CONTENT_TYPE
+from pipeline.tokenizer import tokenizer_vocab_size
 
 log = structlog.get_logger(__name__)
 _PLAYGROUND = Path(__file__).with_name("playground.html")  # a chat page for trying the server in a browser
@@ -85,6 +86,12 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
         alive = await backend.healthy()
         return JSONResponse({"status": "ok" if alive else "down"}, status_code=200 if alive else 503)
 
+    @app.get("/openapi.json")
+    async def openapi() -> Response:  # written by hand: the routes parse their bodies themselves
+        from actors.http.openapi import openapi_document
+
+        return JSONResponse(openapi_document())
+
     @app.get("/metrics")
     async def prometheus() -> Response:
         text = generate_latest(metrics.registry)
@@ -101,20 +108,15 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
         body = await _json_body(request, options)
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and t >= 0 for t in tokens):
-            raise invalid("tokens must be a list of token ids", "tokens")
-        return JSONResponse({"prompt": _tokenizer(backend).decode(tokens)})
+        tokenizer = _tokenizer(backend)
+        return JSONResponse({"prompt": tokenizer.decode(_token_ids(body.get("tokens"), tokenizer))})
 
     return app
 
 
 async def _json_body(request: Request, options: GatewayOptions) -> dict[str, Any]:
     check_api_key(request, options.api_key)
-    try:
-        body = json.loads(await read_body_limited(request, options.max_request_bytes))
-    except ValueError as error:
-        raise invalid(f"the body is not valid JSON: {error}") from error
+    body = parse_json_body(await read_body_limited(request, options.max_request_bytes))
     if not isinstance(body, dict):
         raise invalid("the body must be a JSON object")
     return body
@@ -123,15 +125,42 @@ async def _json_body(request: Request, options: GatewayOptions) -> dict[str, Any
 def _tokenize(tokenizer: Any, body: dict[str, Any]) -> list[int]:
     if tokenizer is None:
         raise ApiError(400, "this model has no tokenizer", code="no_tokenizer")
+    add_special_tokens = body.get("add_special_tokens", True)
+    if not isinstance(add_special_tokens, bool):
+        raise invalid(f"add_special_tokens must be true or false, got {add_special_tokens!r}", "add_special_tokens")
     if isinstance(body.get("prompt"), str):
-        return list(tokenizer.encode(body["prompt"], add_special_tokens=body.get("add_special_tokens", True)))
+        return list(tokenizer.encode(body["prompt"], add_special_tokens=add_special_tokens))
     messages = body.get("messages")
     if isinstance(messages, list) and messages:
         if not getattr(tokenizer, "chat_template", None):
             raise invalid("this model's tokenizer has no chat template", "messages")
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = _chat_text(tokenizer, messages)
         return list(tokenizer.encode(text, add_special_tokens=False))  # the template wrote BOS already
     raise invalid("give prompt (a string) or messages (a non-empty list)", "prompt")
+
+
+def _chat_text(tokenizer: Any, messages: list[Any]) -> str:
+    """The prompt the chat template makes of `messages`, checked as a chat request's are (a message
+    the template cannot render is a 400 naming it, not a 500)."""
+    try:
+        parsed = [message.as_dict() for message in parse_messages(messages, images=[])]
+        return tokenizer.apply_chat_template(parsed, tokenize=False, add_generation_prompt=True)
+    except ValueError as error:  # jinja2's TemplateError is an Exception, not a ValueError
+        raise invalid(str(error), "messages") from None
+    except Exception as error:
+        raise invalid(f"the chat template cannot render these messages: {type(error).__name__}: {error}",
+                      "messages") from None
+
+
+def _token_ids(tokens: Any, tokenizer: Any) -> list[int]:
+    """`tokens`: a list of ids in the tokenizer's vocabulary (the decoder takes 32-bit ids)."""
+    vocab_size = tokenizer_vocab_size(tokenizer)
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise invalid("tokens must be a list of token ids", "tokens")
+    outside = [token for token in tokens if not 0 <= token < vocab_size]
+    if outside:
+        raise invalid(f"tokens must hold token ids in [0, {vocab_size}), got {outside[0]}", "tokens")
+    return tokens
 
 
 def _tokenizer(backend: Backend) -> Any:

@@ -25,13 +25,13 @@ def parse_chat_body(body: Any) -> tuple[list[ChatMessage], dict[str, Any], list[
     for anything we cannot run as asked."""
     params = sampling_fields(body, "messages", _UNSUPPORTED)
     images: list[bytes] = []
-    messages = _parse_messages(body["messages"], images)
+    messages = parse_messages(body["messages"], images)
     params = _completion_names(params)
     SamplingParams.from_dict(params)  # validates every remaining field, naming it
     return messages, params, images
 
 
-def _parse_messages(messages: Any, images: list[bytes]) -> list[ChatMessage]:
+def parse_messages(messages: Any, images: list[bytes]) -> list[ChatMessage]:
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {role, content} objects")
     parsed = []

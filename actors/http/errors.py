@@ -6,8 +6,10 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from queue_adapters.untrusted import UntrustedValueError, loads_json
+
 # Engine error codes (wire `error.code`) -> HTTP status; anything else is a bug or an outage.
-_STATUS_OF_ENGINE_CODE = {"invalid_request": 400, "queue_timeout": 503, "poison": 500}
+_STATUS_OF_ENGINE_CODE = {"invalid_request": 400, "queue_timeout": 503, "poison": 500, "worker_died": 503}
 _TYPE_OF_STATUS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                    413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable",
                    500: "internal_error"}
@@ -36,3 +38,12 @@ def from_engine_error(error: dict[str, Any]) -> ApiError:
 
 def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_request")
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """A request body as JSON, checked once at the edge (queue_adapters/untrusted.py): valid Unicode,
+    64-bit integers, finite numbers, bounded nesting; anything else is a 400 naming the field."""
+    try:
+        return loads_json(raw)
+    except UntrustedValueError as error:
+        raise invalid(str(error), error.field) from None

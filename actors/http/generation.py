@@ -9,7 +9,6 @@ control path, whether it was streaming or waiting for the whole answer.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -22,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from actors.http.backends import Backend
 from actors.http.bodies import GatewayRequest, parse_body
 from actors.http.chunks import DONE_EVENT, ChunkWriter, event
-from actors.http.errors import ApiError, from_engine_error, invalid
+from actors.http.errors import ApiError, from_engine_error, parse_json_body
 from actors.http.gateway_metrics import GatewayMetrics
 from actors.http.interrupts import ClientGone, DisconnectWatch, Interrupter, Watchdog
 from actors.http.limits import PendingLimit, check_api_key, read_body_limited
@@ -67,10 +66,7 @@ class Generation:
     async def _handle(self, request: Request, chat: bool) -> Response:
         check_api_key(request, self.options.api_key)
         raw = await read_body_limited(request, self.options.max_request_bytes)
-        try:
-            body = json.loads(raw)
-        except ValueError as error:
-            raise invalid(f"the body is not valid JSON: {error}") from error
+        body = parse_json_body(raw)
         gateway_request = parse_body(body, chat, self.backend.model_name, request.headers.get("x-request-id"),
                                      self.options.request_timeout_s, self.backend.adapter_names())
         self.pending.acquire()
