@@ -50,8 +50,8 @@ def _containing(leaf: st.SearchStrategy) -> st.SearchStrategy:
     return st.recursive(leaf, lambda inner: st.one_of(
         st.builds(lambda items, bad, at: [*items[:at], bad, *items[at:]], st.lists(plain_leaves, max_size=3), inner,
                   st.integers(0, 3)),
-        st.builds(lambda items, key, bad: {**items, key: bad}, st.dictionaries(st.text(max_size=4), plain_leaves,
-                                                                               max_size=3), st.text(max_size=4), inner)),
+        st.builds(lambda items, key, bad: {**items, key: bad},
+                  st.dictionaries(st.text(max_size=4), plain_leaves, max_size=3), st.text(max_size=4), inner)),
         max_leaves=4)
 
 
