@@ -127,8 +127,10 @@ class IntakeActor:
             await self._give_up(message, delivery, reply_to, next_seq)
             return
         try:
-            # Decoding and resizing images takes milliseconds per picture: off the event loop.
-            request = await asyncio.to_thread(self._build, message) if message.images else self._build(message)
+            # Decoding and resizing images takes milliseconds per picture, a DRY breaker mask a pass
+            # over the vocabulary's texts (once per breaker set): off the event loop.
+            slow = bool(message.images) or _asks_for_dry(message.params)
+            request = await asyncio.to_thread(self._build, message) if slow else self._build(message)
         except Exception as error:
             await self._refuse(message, delivery, reply_to, next_seq, error)
             return
@@ -181,6 +183,11 @@ class IntakeActor:
             return
         await self.dead_letter(message)
         await delivery.ack()
+
+
+def _asks_for_dry(params: dict[str, Any]) -> bool:
+    multiplier = params.get("dry_multiplier")
+    return isinstance(multiplier, int | float) and multiplier > 0
 
 
 def build_request(builder: RequestBuilder, message: WireRequest) -> Request:

@@ -17,6 +17,8 @@ matching, and all DRY rows of a step advance together, one step back per iterati
 
 from __future__ import annotations
 
+import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -24,37 +26,61 @@ import numpy as np
 import structlog
 
 log = structlog.get_logger(__name__)
-_MAX_CACHED_BREAKER_SETS = 64
+_MAX_CACHED_BREAKER_SETS = 256
 
 
 class SequenceBreakers:
     """Which token ids' texts contain a breaker string, per breaker set; the token texts are
-    decoded once per tokenizer (on first use), each set's mask once."""
+    decoded once per tokenizer (on first use), each set's mask once.
+
+    Intake builds a request's mask (`mask`, in a worker thread) before the request is scheduled,
+    so the device thread finds it cached. Building is one pass of a regular expression over all
+    token texts joined, so its cost follows the texts' length, not vocabulary x breakers."""
 
     def __init__(self, decode: Callable[[list[int]], str] | None, vocab_size: int) -> None:
         self.decode = decode
         self.vocab_size = vocab_size
-        self._texts: list[str] | None = None
+        self._texts: str | None = None  # every token's text, each followed by NUL
+        self._ends: np.ndarray | None = None  # [V] offset just past each token's text in _texts
         self._masks: dict[frozenset[str], np.ndarray] = {}
+        self._building = threading.Lock()  # intake's thread and the device thread may both build
 
     def mask(self, breakers: tuple[str, ...]) -> np.ndarray:
         """[V] bool; all False without a tokenizer (no token text to look into)."""
         key = frozenset(breakers)
         found = self._masks.get(key)
-        if found is None:
-            found = self._build(key)
-            if len(self._masks) >= _MAX_CACHED_BREAKER_SETS:
-                self._masks.pop(next(iter(self._masks)))  # oldest first: a dict keeps insertion order
-            self._masks[key] = found
+        if found is not None:
+            return found
+        with self._building:
+            found = self._masks.get(key)
+            if found is None:
+                found = self._build(key)
+                if len(self._masks) >= _MAX_CACHED_BREAKER_SETS:
+                    self._masks.pop(next(iter(self._masks)))  # oldest first: a dict keeps insertion order
+                self._masks[key] = found
         return found
 
     def _build(self, breakers: frozenset[str]) -> np.ndarray:
+        mask = np.zeros(self.vocab_size, np.bool_)
+        breakers = frozenset(b for b in breakers if "\0" not in b)  # no token text holds NUL
         if self.decode is None or not breakers:
-            return np.zeros(self.vocab_size, np.bool_)
-        if self._texts is None:
-            self._texts = [self.decode([token_id]) for token_id in range(self.vocab_size)]
+            return mask
+        texts, ends = self._token_texts()
+        # Longest first, so an alternative that is a prefix of another does not hide it; matches
+        # never cross a token's end (no breaker holds the NUL between texts).
+        pattern = re.compile("|".join(re.escape(b) for b in sorted(breakers, key=len, reverse=True)))
+        starts = np.fromiter((match.start() for match in pattern.finditer(texts)), np.int64)
+        # ends[i] is the first offset past token i, so the token holding offset s is the first i with ends[i] > s.
+        mask[np.searchsorted(ends, starts, side="right")] = True
+        return mask
+
+    def _token_texts(self) -> tuple[str, np.ndarray]:
+        if self._texts is None or self._ends is None:
+            pieces = [self.decode([token_id]).replace("\0", "") + "\0" for token_id in range(self.vocab_size)]
+            self._ends = np.cumsum([len(piece) for piece in pieces], dtype=np.int64)
+            self._texts = "".join(pieces)
             log.info("decoded token texts for DRY sequence breakers", vocab_size=self.vocab_size)
-        return np.fromiter((any(b in text for b in breakers) for text in self._texts), np.bool_, self.vocab_size)
+        return self._texts, self._ends
 
 
 def token_decoder(tokenizer: Any | None) -> Callable[[list[int]], str] | None:

@@ -66,13 +66,14 @@ class LLMEngine:
                                    self.lora_slots)
         self.max_model_len = self.scheduler.max_model_len
         self.tensor_prep = TensorPrep(config.scheduler.max_num_seqs, self.max_model_len, config.cache.block_size)
-        self.sampler = Sampler(self.vocab_size, logprobs_mode=config.model.logprobs_mode,
-                               breakers=SequenceBreakers(token_decoder(self.tokenizer), self.vocab_size))
+        breakers = SequenceBreakers(token_decoder(self.tokenizer), self.vocab_size)
+        self.sampler = Sampler(self.vocab_size, logprobs_mode=config.model.logprobs_mode, breakers=breakers)
         self.builder = RequestBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids, self.max_model_len,
                                       max_logprobs=config.model.max_logprobs, vision=self.runner.vision,
                                       image_processor=self._image_processor(), loras=self.lora_registry,
                                       base_model_names=frozenset(
-                                          name for name in (self.model_name, config.model.model) if name))
+                                          name for name in (self.model_name, config.model.model) if name),
+                                      breakers=breakers)
         self.outputs = OutputProcessor(self.tokenizer)
         self.stats = EngineStats()
         log.info("engine ready", model=str(self.model_dir), num_kv_blocks=self.runner.num_kv_blocks,

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.dry import SequenceBreakers
 from pipeline.image_input import ImageInput, VisionInfo, check_image_count, expand_placeholders
 from pipeline.image_processor import ImageProcessor
 from pipeline.lora.registry import LoRARegistry
@@ -18,13 +19,18 @@ from pipeline.request import Request
 from pipeline.rng import request_seed
 from pipeline.sampling_params import SamplingParams
 
+# No tokenizer we know has tokens longer than this: a longer prompt has more tokens than fit.
+MAX_CHARS_PER_TOKEN = 64
+
 
 class RequestBuilder:
     def __init__(self, tokenizer: Any | None, vocab_size: int, eos_token_ids: frozenset[int],
                  max_model_len: int, *, max_logprobs: int = 20, vision: VisionInfo | None = None,
                  image_processor: ImageProcessor | None = None, loras: LoRARegistry | None = None,
-                 base_model_names: frozenset[str] = frozenset()) -> None:
+                 base_model_names: frozenset[str] = frozenset(),
+                 breakers: SequenceBreakers | None = None) -> None:
         self.tokenizer = tokenizer
+        self.breakers = breakers  # the sampler's: a mask built here is one the device thread finds
         self.vision = vision  # None: a text-only model
         self.image_processor = image_processor
         self.vocab_size = vocab_size
@@ -38,6 +44,8 @@ class RequestBuilder:
               prompt_token_ids: Sequence[int] | None = None,
               messages: list[dict[str, Any]] | None = None, images: Sequence[bytes] | None = None,
               lora: str | None = None) -> Request:
+        if self.breakers is not None and params.dry_multiplier > 0:
+            self.breakers.mask(params.dry_sequence_breakers)  # built here, not on the device thread
         given = [name for name, value in (("prompt", prompt), ("prompt_token_ids", prompt_token_ids),
                                           ("messages", messages)) if value is not None]
         if len(given) != 1:
@@ -136,6 +144,11 @@ class RequestBuilder:
             raise ValueError("this model has no tokenizer: send prompt_token_ids instead of text")
         if not prompt:
             raise ValueError("prompt must not be empty")
+        # Refused before tokenizing: a 20 MB prompt takes the tokenizer seconds, to learn it cannot fit.
+        most_chars = self.max_model_len * MAX_CHARS_PER_TOKEN
+        if len(prompt) > most_chars:
+            raise ValueError(f"prompt has {len(prompt)} characters; at most {most_chars} are accepted "
+                             f"(max_model_len {self.max_model_len} x {MAX_CHARS_PER_TOKEN})")
         if add_special_tokens:
             return list(self.tokenizer.encode(prompt))
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))

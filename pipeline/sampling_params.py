@@ -33,6 +33,16 @@ MAX_N = 128  # choices per request: each is a sequence with its own KV blocks
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range
 DEFAULT_DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")  # text-generation-webui's defaults
+# Per-request work that grows with a list's size (stop matching on every token, a breaker mask over
+# the vocabulary, a bias row) is bounded here, so no single request can stall a step for the others.
+# (field, most items, longest item in characters; None for id lists)
+LIST_LIMITS: tuple[tuple[str, int, int | None], ...] = (
+    ("stop", 64, 512),
+    ("dry_sequence_breakers", 64, 64),
+    ("stop_token_ids", 1024, None),
+    ("custom_token_bans", 4096, None),
+    ("logit_bias", 1024, None),
+)
 
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
                  "top_a", "tfs", "eta_cutoff", "epsilon_cutoff", "typical_p", "smoothing_factor", "smoothing_curve",
@@ -132,6 +142,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         self._check_types()
+        self._check_sizes()
         self._check_counts()
         self._check_ranges()
         self._check_beam_search()
@@ -154,6 +165,15 @@ class SamplingParams:
         self._set("stop_token_ids", normalize_token_ids("stop_token_ids", self.stop_token_ids))
         self._set("custom_token_bans", normalize_token_ids("custom_token_bans", self.custom_token_bans))
         self._set("logit_bias", normalize_logit_bias(self.logit_bias, MAX_LOGIT_BIAS))
+
+    def _check_sizes(self) -> None:
+        for name, most_items, longest in LIST_LIMITS:
+            items = getattr(self, name)
+            if len(items) > most_items:
+                fail(f"{name} may hold at most {most_items} items, got {len(items)}")
+            if longest is not None and any(len(item) > longest for item in items):
+                fail(f"{name} items may be at most {longest} characters long, got one of "
+                     f"{max(len(item) for item in items)}")
 
     def _check_counts(self) -> None:
         if not 1 <= self.n <= MAX_N:

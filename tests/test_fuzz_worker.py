@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors.worker import WorkerOptions, run_worker
+from queue_adapters.codec import peek_ids
 from tests.conftest import REDIS_URL
 from tests.engine_helpers import make_engine
 from tests.hf_models import make_tiny_hf_model
@@ -22,11 +23,27 @@ from tests.hf_models import make_tiny_hf_model
 # reply_to is left out: errors for such entries would go to arbitrary keys (its rules are codec tests).
 KEYS = ["prompt", "prompt_token_ids", "messages", "params", "lora", "deadline_ms", "extra"]
 PARAM_KEYS = ["max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "logprobs", "min_tokens", "typo"]
+# Besides the plain kinds: what a hostile producer can put in msgpack (extension types, timestamps,
+# lone surrogates as CESU-8 bytes); and whole entries nested past any limit.
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=True),
-                    st.text(max_size=20), st.binary(max_size=20))
+                    st.text(max_size=20), st.binary(max_size=20), st.sampled_from(["\ud800", "a\udfff"]),
+                    st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=4)),
+                    st.builds(msgpack.Timestamp, st.integers(0, 2**32 - 1)))
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8),
                                                                                            inner, max_size=4),
                       max_leaves=8)
+
+
+def _deeply_nested_entry(depth: int) -> bytes:
+    """{id, prompt, params: {x: [[[...nil...]]]}}, packed by hand: msgpack's packer stops at depth 512."""
+    head = _pack({"id": f"fz{uuid.uuid4().hex[:16]}", "prompt": "hi"})
+    return bytes([head[0] + 1]) + head[1:] + _pack("params") + b"\x81" + _pack("x") + b"\x91" * depth + b"\xc0"
+
+
+def _pack(value: object) -> bytes:
+    return msgpack.packb(value, use_bin_type=True, unicode_errors="surrogatepass")
+
+
 request_maps = st.builds(  # request-shaped: a readable id, wrong keys, types and values
     lambda fields, params, token_ids: {"id": f"fz{uuid.uuid4().hex[:16]}", **fields, "params": params,
                                        "prompt_token_ids": token_ids},
@@ -35,8 +52,9 @@ request_maps = st.builds(  # request-shaped: a readable id, wrong keys, types an
     st.lists(st.integers(-5, 10**6), max_size=3))
 entries = st.one_of(
     st.binary(max_size=64),  # raw bytes, mostly not msgpack
-    st.builds(lambda value: msgpack.packb(value, use_bin_type=True), values),  # any msgpack value
-    st.builds(lambda value: msgpack.packb(value, use_bin_type=True), request_maps),
+    st.builds(_pack, values),  # any msgpack value
+    st.builds(_pack, request_maps),
+    st.builds(_deeply_nested_entry, st.integers(100, 100_000)),
 )
 
 
@@ -82,6 +100,11 @@ def worker(tmp_path_factory):
 
 
 def _readable_id(raw: bytes) -> str | None:
+    """The id as the worker reads it (only the top-level map: an entry too deep or with invalid text
+    elsewhere still has one), else the first `id` key of whatever msgpack decodes."""
+    request_id, _ = peek_ids(raw)
+    if request_id is not None:
+        return request_id
     try:
         value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
     except Exception:

@@ -146,7 +146,7 @@ def test_a_client_that_disconnects_cancels_its_request(model: str, embedded: tup
     assert not scheduler.running and not scheduler.waiting
     assert scheduler.kv_cache.pool.num_used_blocks == 0
     assert scheduler.num_generated_tokens - generated_before < 1500  # cancelled, not run to the end
-    metrics = httpx.get(base_url.removesuffix("/v1") + "/metrics").text
+    metrics = httpx.get(base_url.removesuffix("/v1") + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
     assert "aqueduct_gateway_in_flight 0.0" in metrics  # the slot is given back too
 
 
@@ -168,7 +168,7 @@ def test_greedy_text_equals_aqueduct_batch(model: str, client: openai.OpenAI, de
 
 
 def test_metrics_show_the_gateway_and_the_embedded_engine(embedded: tuple[str, EmbeddedBackend]) -> None:
-    text = httpx.get(embedded[0].removesuffix("/v1") + "/metrics").text
+    text = httpx.get(embedded[0].removesuffix("/v1") + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
     assert "aqueduct_gateway_requests_total" in text
     assert "aqueduct_gateway_time_to_first_token_seconds_bucket" in text
     assert "aqueduct_" in text.replace("aqueduct_gateway_", "")  # the worker's own series

@@ -36,6 +36,18 @@ async def test_a_missing_or_wrong_key_is_401() -> None:
         _assert_openai_error(await client.post("/v1/completions", json=BODY, headers={"Authorization": ""}), 401)
         _assert_openai_error(await client.get("/v1/models", headers={"Authorization": "Bearer nope"}), 401)
         assert (await client.get("/health", headers={"Authorization": ""})).status_code == 200
+        _assert_openai_error(await client.get("/metrics", headers={"Authorization": ""}), 401)
+        assert (await client.get("/metrics")).status_code == 200
+    async with _client(SilentBackend(), metrics_open=True) as client:  # --metrics-open: for a scraper without the key
+        assert (await client.get("/metrics", headers={"Authorization": ""})).status_code == 200
+
+
+def test_serve_and_the_health_port_listen_on_this_host_only_by_default() -> None:
+    from actors.frontends.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).host == "127.0.0.1"
+    assert parser.parse_args(["worker", "--redis-url", "redis://x"]).health_host == "127.0.0.1"
 
 
 async def test_a_body_over_the_limit_is_413_before_parsing() -> None:

@@ -239,3 +239,15 @@ def test_a_quadratic_smoothing_row_is_bit_identical_beside_a_cubic_one() -> None
     batched = sampler(torch.from_numpy(logits), batch_of([quadratic, cubic]))
     np.testing.assert_array_equal(batched.top_logprobs[0, :5], alone.top_logprobs[0])
     assert batched.chosen_logprobs[0] == alone.chosen_logprobs[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=st.lists(st.text(alphabet="ab:\n\0é", max_size=6), min_size=1, max_size=40),
+       breakers=st.lists(st.text(alphabet="ab:\n\0é", min_size=1, max_size=3), max_size=5))
+def test_breaker_masks_mark_exactly_the_tokens_whose_text_holds_a_breaker(texts: list[str],
+                                                                          breakers: list[str]) -> None:
+    """One pass over the joined texts gives the mask the definition gives (NUL-holding breakers
+    match nothing: no token's text holds NUL)."""
+    mask = SequenceBreakers(lambda ids: texts[ids[0]], len(texts)).mask(tuple(breakers))
+    expected = [any(b in text.replace("\0", "") for b in breakers if "\0" not in b) for text in texts]
+    assert mask.tolist() == expected

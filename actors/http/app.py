@@ -93,7 +93,9 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
         return JSONResponse(openapi_document())
 
     @app.get("/metrics")
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
+        if not options.metrics_open:
+            check_api_key(request, options.api_key)
         text = generate_latest(metrics.registry)
         if backend.worker_metrics is not None:  # embedded: the engine's metrics too, as a worker has them
             text += backend.worker_metrics.render()

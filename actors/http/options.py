@@ -12,3 +12,4 @@ class GatewayOptions:
     worker_timeout_s: float = 60.0  # no reply entry within this: 503 (no worker is answering)
     request_timeout_s: float | None = None  # becomes the wire deadline_ms
     max_request_bytes: int = 4 * 1024 * 1024
+    metrics_open: bool = False  # /metrics without the API key (it names adapters and shows load)

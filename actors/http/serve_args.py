@@ -9,7 +9,8 @@ from actors.http.options import GatewayOptions
 
 
 def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., str | None]) -> None:
-    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: this host only; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--redis-url", default=env_default("AQUEDUCT_REDIS_URL"),
                         help="be a stateless gateway in front of the workers of this deployment "
@@ -23,9 +24,11 @@ def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., s
     parser.add_argument("--request-timeout", type=float, default=None,
                         help="seconds a request may run (sent as the wire deadline); default: no limit")
     parser.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies get 413")
+    parser.add_argument("--metrics-open", action="store_true",
+                        help="serve /metrics without the API key (by default it needs --api-key when one is set)")
 
 
 def options_from_args(args: argparse.Namespace) -> GatewayOptions:
     return GatewayOptions(api_key=args.api_key or None, max_pending=args.max_pending,
                           worker_timeout_s=args.worker_timeout, request_timeout_s=args.request_timeout,
-                          max_request_bytes=args.max_request_bytes)
+                          max_request_bytes=args.max_request_bytes, metrics_open=args.metrics_open)
