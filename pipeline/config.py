@@ -54,6 +54,9 @@ class ModelConfig:
     attention_backend: str = "auto"  # auto: flex on CUDA, torch (+ native decode kernel) on CPU (model/backends.py)
     max_image_bytes: int = 20 * 2**20  # vision models: the largest encoded image a request may send
     max_image_pixels: int = 6000 * 6000  # vision models: the largest image (width x height) a request may send
+    # Read special-token text inside chat messages as special tokens (trusted clients only): by default
+    # it stays text, so a message cannot forge role markers (pipeline/chat_content.py).
+    special_tokens_in_messages: bool = False
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")

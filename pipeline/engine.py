@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from pipeline.config import EngineConfig
+from pipeline.chat_content import ChatContentGuard
+from pipeline.config import EngineConfig, ModelConfig
 from pipeline.dry import SequenceBreakers, token_decoder
 from pipeline.image_processor import ImageLimits, ImageProcessor
 from pipeline.intake import RequestBuilder
@@ -73,11 +74,20 @@ class LLMEngine:
                                       image_processor=self._image_processor(), loras=self.lora_registry,
                                       base_model_names=frozenset(
                                           name for name in (self.model_name, config.model.model) if name),
-                                      breakers=breakers)
+                                      breakers=breakers, content_guard=self._content_guard(config.model))
         self.outputs = OutputProcessor(self.tokenizer)
         self.stats = EngineStats()
         log.info("engine ready", model=str(self.model_dir), num_kv_blocks=self.runner.num_kv_blocks,
                  block_size=config.cache.block_size, max_model_len=self.max_model_len)
+
+    def _content_guard(self, model: ModelConfig) -> ChatContentGuard | None:
+        if self.tokenizer is None or model.special_tokens_in_messages:
+            return None
+        guard = ChatContentGuard(self.tokenizer)
+        if not guard.enabled:
+            log.warning("this tokenizer does not list its special tokens: special-token text in chat messages "
+                        "is read as special tokens")
+        return guard
 
     def _image_processor(self) -> ImageProcessor | None:
         """A vision model's image preprocessing (preprocessor_config.json), checked against its vision tower."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.chat_content import ChatContentGuard
 from pipeline.dry import SequenceBreakers
 from pipeline.image_input import ImageInput, VisionInfo, check_image_count, expand_placeholders
 from pipeline.image_processor import ImageProcessor
@@ -28,8 +29,9 @@ class RequestBuilder:
                  max_model_len: int, *, max_logprobs: int = 20, vision: VisionInfo | None = None,
                  image_processor: ImageProcessor | None = None, loras: LoRARegistry | None = None,
                  base_model_names: frozenset[str] = frozenset(),
-                 breakers: SequenceBreakers | None = None) -> None:
+                 breakers: SequenceBreakers | None = None, content_guard: ChatContentGuard | None = None) -> None:
         self.tokenizer = tokenizer
+        self.content_guard = content_guard  # None: special-token text in messages is read as special tokens
         self.breakers = breakers  # the sampler's: a mask built here is one the device thread finds
         self.vision = vision  # None: a text-only model
         self.image_processor = image_processor
@@ -52,9 +54,16 @@ class RequestBuilder:
             raise ValueError(f"exactly one of prompt, prompt_token_ids, messages is required, got {given or 'none'}")
         if images and self.vision is None:
             raise ValueError("images: this model takes no images (it is not a vision-language model)")
+        literals: list[str] = []
         if messages is not None:
-            prompt = self._apply_chat_template(self._chat_messages(messages))
-        if prompt is not None:
+            chat = self._chat_messages(messages)
+            if self.content_guard is not None:
+                chat, literals = self.content_guard.protect(chat)
+            prompt = self._apply_chat_template(chat)
+        if prompt is not None and literals:
+            self._check_prompt_chars(prompt)
+            ids = self.content_guard.encode(prompt, literals)  # special-token text in messages stays text
+        elif prompt is not None:
             # A rendered template already holds the special tokens the model wants (BOS included), as
             # in HF's apply_chat_template(tokenize=True); adding them again would double the BOS.
             ids = self._tokenize(prompt, add_special_tokens=messages is None)
@@ -144,14 +153,17 @@ class RequestBuilder:
             raise ValueError("this model has no tokenizer: send prompt_token_ids instead of text")
         if not prompt:
             raise ValueError("prompt must not be empty")
-        # Refused before tokenizing: a 20 MB prompt takes the tokenizer seconds, to learn it cannot fit.
+        self._check_prompt_chars(prompt)
+        if add_special_tokens:
+            return list(self.tokenizer.encode(prompt))
+        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+
+    def _check_prompt_chars(self, prompt: str) -> None:
+        """Refused before tokenizing: a 20 MB prompt takes the tokenizer seconds, to learn it cannot fit."""
         most_chars = self.max_model_len * MAX_CHARS_PER_TOKEN
         if len(prompt) > most_chars:
             raise ValueError(f"prompt has {len(prompt)} characters; at most {most_chars} are accepted "
                              f"(max_model_len {self.max_model_len} x {MAX_CHARS_PER_TOKEN})")
-        if add_special_tokens:
-            return list(self.tokenizer.encode(prompt))
-        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:
         ids = list(ids)

@@ -67,6 +67,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="vision models: the largest encoded image a request may send, e.g. 20MiB")
     group.add_argument("--max-image-pixels", type=int, default=6000 * 6000,
                        help="vision models: the largest image (width x height) a request may send")
+    group.add_argument("--special-tokens-in-messages", action="store_true",
+                       help="read special-token text inside chat messages (e.g. <|im_start|>) as special tokens; "
+                            "by default it stays text, so a client cannot forge role markers (trusted clients only)")
     add_lora_args(parser)
 
 
@@ -110,7 +113,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                           logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,
                           max_image_bytes=parse_size(args.max_image_bytes),
                           max_image_pixels=args.max_image_pixels, attention_backend=args.attention_backend,
-                          tensor_parallel_size=args.tensor_parallel_size),
+                          tensor_parallel_size=args.tensor_parallel_size,
+                          special_tokens_in_messages=args.special_tokens_in_messages),
         cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory=parse_size(args.kv_cache_memory),
                           gpu_memory_utilization=args.gpu_memory_utilization,
