@@ -10,7 +10,8 @@ import math
 import re
 from typing import Any, NoReturn
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+from pipeline.untrusted import INT64_MAX, INT64_MIN
+
 _TOKEN_ID_TEXT = re.compile(r"\s*[0-9]{1,18}\s*\Z")
 
 

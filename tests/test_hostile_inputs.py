@@ -22,8 +22,8 @@ from actors.http.options import GatewayOptions
 from pipeline.output_processor import OutputProcessor
 from pipeline.outputs import TokenEvent
 from pipeline.sampling_params import SamplingParams
+from pipeline.untrusted import INT64_MAX, MAX_NESTING, UntrustedValueError, check_untrusted, loads_json
 from queue_adapters.codec import CodecError, WireRequest, decode_request
-from queue_adapters.untrusted import INT64_MAX, MAX_NESTING, UntrustedValueError, check_untrusted, loads_json
 from tests.engine_helpers import make_engine
 
 SURROGATES = st.sampled_from(["\ud800", "\udfff", "a\udc80b", "\ud83d"])  # lone halves of a pair

@@ -31,10 +31,10 @@ from actors.runtime import ActorRuntime
 from pipeline.engine import LLMEngine
 from pipeline.outputs import RequestDelta
 from pipeline.rng import seed_from_request_id
+from pipeline.untrusted import loads_json
 from queue_adapters.client import AqueductClient, assemble
 from queue_adapters.codec import CodecError, Malformed, WireReply, WireRequest
 from queue_adapters.memory import MemoryStream
-from queue_adapters.untrusted import loads_json
 
 log = structlog.get_logger(__name__)
 
