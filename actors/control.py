@@ -4,41 +4,55 @@ whichever worker holds the request, and every worker applies a LoRA load or unlo
 Cancels go to the scheduler. `load_lora` makes the name known at once (requests for it wait in
 the scheduler), then the adapter is read and checked on the device thread, which owns the LoRA
 slots; a failed load forgets the name again (requests waiting for it get an error reply).
+
+Every load and unload is answered by each worker, on the entry's `reply_to` or on
+`{prefix}:control:results`: the sender learns which workers serve the adapter, or why not. Nothing
+an entry holds can stop the actor: an entry that does not decode, a path outside `--lora-root`, an
+adapter whose files are garbage are all that entry's error answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from actors.messages import Cancel
-from pipeline.lora.adapter import LoRAError
 from pipeline.lora.registry import LoRARegistry
 from queue_adapters.base import Producer
-from queue_adapters.codec import CodecError, WireControl, decode_control
+from queue_adapters.codec import CodecError, WireControl, WireControlResult, decode_control, encode
 from queue_adapters.redis_streams import DATA_FIELD, Backoff
 
 log = structlog.get_logger(__name__).bind(actor="control")
+RESULTS_MAXLEN = 10_000  # answers kept on the results stream (approximate trim)
 
 
 class ControlActor:
     name = "control"
 
     def __init__(self, redis: aioredis.Redis, prefix: str, to_scheduler: Producer[Any], block_ms: int = 1000,
-                 loras: LoRARegistry | None = None, device: ThreadPoolExecutor | None = None) -> None:
+                 loras: LoRARegistry | None = None, device: ThreadPoolExecutor | None = None,
+                 worker_name: str = "", lora_root: str | Path | None = None) -> None:
         self.redis = redis
+        self.prefix = prefix
         self.key = f"{prefix}:control"
         self.to_scheduler = to_scheduler
         self.block_ms = block_ms
         self.loras = loras
         self.device = device
+        self.worker_name = worker_name
+        self.lora_root = Path(lora_root).resolve() if lora_root is not None else None
         self.backoff = Backoff()
+        if loras is not None and self.lora_root is None:
+            log.warning("--lora-root is not set: a load_lora control entry may name any directory this worker "
+                        "can read")
 
     async def run(self) -> None:
         last_id = "$"  # only entries issued from now on
@@ -59,28 +73,61 @@ class ControlActor:
         try:
             control = decode_control(fields.get(DATA_FIELD, b""))
         except CodecError as error:
-            log.warning("ignored malformed control entry", error=str(error))
+            log.warning("malformed control entry", error=str(error))
+            await self._answer(WireControlResult(worker=self.worker_name, op="invalid", ok=False, id=error.request_id,
+                                                 error=str(error)), error.reply_to)
             return
         if control.cancel is not None:
             await self.to_scheduler.send(Cancel(control.cancel))
-        else:
-            await self._apply_lora(control)
-
-    async def _apply_lora(self, control: WireControl) -> None:
-        if self.loras is None or self.device is None:
-            log.warning("ignored LoRA control entry: LoRA is not enabled on this worker (--enable-lora)")
             return
+        result = await self._apply_lora(control)
+        await self._answer(result, control.reply_to)
+
+    async def _apply_lora(self, control: WireControl) -> WireControlResult:
+        op = "unload_lora" if control.unload_lora is not None else "load_lora"
+        adapter = control.unload_lora if control.unload_lora is not None else control.load_lora.name
+
+        def answer(ok: bool, error: str | None = None) -> WireControlResult:
+            return WireControlResult(worker=self.worker_name, op=op, ok=ok, id=control.id, adapter=adapter,
+                                     error=error)
+
+        if self.loras is None or self.device is None:
+            return answer(False, "LoRA is not enabled on this worker (--enable-lora)")
         if control.unload_lora is not None:
             known = self.loras.unload(control.unload_lora)
-            log.info("lora adapter unloaded" if known else "unload of an unknown lora adapter ignored",
-                     adapter=control.unload_lora)
-            return
-        assert control.load_lora is not None  # decode_control: exactly one key
-        name, path = control.load_lora.name, control.load_lora.path
-        adapter_id = self.loras.reserve(name, path)
+            log.info("lora adapter unloaded" if known else "unload of an unknown lora adapter", adapter=adapter)
+            return answer(known, None if known else f"no adapter named {adapter!r} is loaded")
+        path = control.load_lora.path
+        refusal = self._path_refusal(path)
+        if refusal is not None:
+            log.warning("lora adapter path refused", adapter=adapter, path=path, error=refusal)
+            return answer(False, refusal)
+        adapter_id = self.loras.reserve(adapter, path)
         try:
             await asyncio.wrap_future(self.device.submit(self.loras.complete, adapter_id))
-        except LoRAError as error:
-            log.warning("lora adapter load failed", adapter=name, path=path, error=str(error))
-            return
-        log.info("lora adapter loaded", adapter=name, path=path, adapter_id=adapter_id)
+        except Exception as error:  # the registry forgot the name; the files were the entry's fault
+            log.warning("lora adapter load failed", adapter=adapter, path=path, error=str(error))
+            return answer(False, str(error))
+        log.info("lora adapter loaded", adapter=adapter, path=path, adapter_id=adapter_id)
+        return answer(True)
+
+    def _path_refusal(self, path: str) -> str | None:
+        """Why `path` may not be loaded (None: it may): outside --lora-root once symlinks are resolved."""
+        if self.lora_root is None:
+            return None
+        try:
+            resolved = Path(path).resolve()
+        except (OSError, RuntimeError, ValueError) as error:  # a symlink loop, a NUL in the path
+            return f"the path cannot be resolved: {error}"
+        if not resolved.is_relative_to(self.lora_root):
+            return f"the path is outside --lora-root {str(self.lora_root)!r}"
+        return None
+
+    async def _answer(self, result: WireControlResult, reply_to: str | None) -> None:
+        key = f"{self.prefix}:control:results"
+        if reply_to is not None and reply_to.startswith(f"{self.prefix}:out:"):
+            key = reply_to  # a reply stream of the sender's; anything else goes to the results stream
+        try:
+            await self.redis.xadd(key, {DATA_FIELD: encode(result)}, maxlen=RESULTS_MAXLEN, approximate=True)
+        except (RedisError, OSError) as error:  # e.g. the key is not a stream: logged, never fatal
+            log.warning("control answer not written", key=key, error=str(error))

@@ -130,11 +130,25 @@ class WireLoadLora(_Wire):
 
 
 class WireControl(_Wire, omit_defaults=True):
-    """A control entry: exactly one of cancel, load_lora, unload_lora."""
+    """A control entry: exactly one of cancel, load_lora, unload_lora. A load or unload is answered
+    by every worker on `reply_to` (default `{prefix}:control:results`), tagged with `id` if given."""
 
     cancel: RequestId | None = None
     load_lora: WireLoadLora | None = None
     unload_lora: AdapterName | None = None
+    id: RequestId | None = None
+    reply_to: StreamKey | None = None
+
+
+class WireControlResult(_Wire, omit_defaults=True):
+    """A worker's answer to a load_lora or unload_lora entry."""
+
+    worker: str
+    op: Literal["load_lora", "unload_lora", "invalid"]
+    ok: bool
+    id: RequestId | None = None
+    adapter: str | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +210,7 @@ def decode_control(raw: bytes) -> WireControl:
     given = [key for key in ("cancel", "load_lora", "unload_lora") if getattr(control, key) is not None]
     if len(given) != 1:
         raise CodecError("control entry must hold exactly one of cancel, load_lora, unload_lora, "
-                         f"got {given or 'none'}")
+                         f"got {given or 'none'}", control.id, control.reply_to)
     return control
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig
@@ -119,3 +120,33 @@ def test_requests_wait_for_an_adapter_still_loading_and_fail_if_its_load_fails(e
     assert waiting.sequences[0].num_output_tokens == 3
     assert failing.sequences[0].finish_reason == "error"
     assert engine.scheduler.take_lora_failures() == [("fails", "lora: adapter 'doomed' failed to load")]
+
+
+def _corrupt(path, variant: str) -> None:
+    weights, config = path / "adapter_model.safetensors", path / "adapter_config.json"
+    if variant == "random weights":
+        weights.write_bytes(bytes(range(256)) * 8)
+    elif variant == "offsets past the end":
+        header = json.dumps({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight":
+                             {"dtype": "F32", "shape": [4, 64], "data_offsets": [0, 10**9]}}).encode()
+        weights.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 64)
+    elif variant == "huge header length":
+        weights.write_bytes((2**63).to_bytes(8, "little") + b"{}")
+    elif variant == "integer tensors":
+        save_file({key: value.to(torch.int32) for key, value in load_file(weights).items()}, weights)
+    elif variant == "config not UTF-8":
+        config.write_bytes(b'{"r": 4, "lora_alpha": "\xff\xfe"}')
+    elif variant == "config 100k deep":
+        config.write_text('{"r": 4, "lora_alpha": 8, "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    elif variant == "config too large":
+        config.write_text('{"r": 4, "lora_alpha": 8, "x": "' + "a" * (2 << 20) + '"}')
+
+
+@pytest.mark.parametrize("variant", ["random weights", "offsets past the end", "huge header length",
+                                     "integer tensors", "config not UTF-8", "config 100k deep", "config too large"])
+def test_corrupt_adapter_files_are_load_errors_never_crashes(engine, base, tmp_path, variant):
+    path = make_peft_adapter(base, tmp_path / "a", seed=1, r=4, lora_alpha=8, target_modules=["q_proj"])
+    _corrupt(path, variant)
+    with pytest.raises(LoRAError, match="lora adapter 'corrupt'"):
+        _load(engine, "corrupt", path)
+    assert "corrupt" not in engine.lora_registry.names()

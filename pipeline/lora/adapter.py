@@ -10,7 +10,6 @@ so it can never silently give a different answer than PEFT would.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -20,10 +19,14 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from pipeline.untrusted import UntrustedValueError, loads_json
+
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 CONFIG_FILE = "adapter_config.json"
+MAX_CONFIG_BYTES = 1 << 20  # a PEFT config is a few hundred bytes
 WEIGHTS_FILE = "adapter_model.safetensors"
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight -> (3, q_proj, A)
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 _KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
 
@@ -58,12 +61,15 @@ class LoRAAdapter:
 
 
 def read_adapter(name: str, path: str | Path, shapes: ModelShapes, max_rank: int) -> LoRAAdapter:
-    """Load and check the PEFT adapter in directory `path`; LoRAError says what does not fit."""
+    """Load and check the PEFT adapter in directory `path`; LoRAError says what does not fit.
+
+    The files are not trusted (a control entry names any path): the config is read as untrusted
+    JSON of bounded size, and the safetensors header (names, shapes, dtypes) is checked against
+    the model before any tensor is read."""
     path = Path(path)
     config = _read_config(name, path)
     rank, scale = _rank_and_scale(name, config, max_rank)
-    weights = _read_weights(name, path, rank)
-    _check_shapes(name, weights, shapes)
+    weights = _read_weights(name, path, rank, shapes)
     return LoRAAdapter(name=name, rank=rank, scale=scale, weights=weights)
 
 
@@ -74,8 +80,10 @@ def _read_config(name: str, path: Path) -> dict[str, Any]:
     if not (path / WEIGHTS_FILE).is_file():
         raise LoRAError(f"lora adapter {name!r}: no {WEIGHTS_FILE} in {path} (only safetensors adapters are read)")
     try:
-        config = json.loads(config_path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        if config_path.stat().st_size > MAX_CONFIG_BYTES:
+            raise LoRAError(f"lora adapter {name!r}: {CONFIG_FILE} is larger than {MAX_CONFIG_BYTES} bytes")
+        config = loads_json(config_path.read_bytes(), CONFIG_FILE)
+    except (OSError, UntrustedValueError) as error:
         raise LoRAError(f"lora adapter {name!r}: cannot read {config_path}: {error}") from error
     if not isinstance(config, dict):
         raise LoRAError(f"lora adapter {name!r}: {CONFIG_FILE} must hold a JSON object")
@@ -108,34 +116,47 @@ def _rank_and_scale(name: str, config: dict[str, Any], max_rank: int) -> tuple[i
     return rank, float(scale)
 
 
-def _read_weights(name: str, path: Path, rank: int) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
-    halves: dict[tuple[int, str, str], torch.Tensor] = {}
-    with safe_open(str(path / WEIGHTS_FILE), framework="pt") as file:
-        for key in file.keys():  # noqa: SIM118 (safe_open is not a mapping)
-            match = _KEY.match(key)
-            if match is None:
-                raise LoRAError(f"lora adapter {name!r}: unsupported tensor {key!r} ({_explain(key)})")
-            layer, module, half = int(match.group(1)), match.group(2), match.group(3)
-            if module not in TARGET_MODULES:
-                raise LoRAError(f"lora adapter {name!r}: target module {module!r} is not supported "
-                                f"(supported: {', '.join(TARGET_MODULES)})")
-            halves[(layer, module, half)] = file.get_tensor(key).float()
-    weights = {}
-    for layer, module, half in halves:
-        if half != "A":
-            continue
-        lora_a, lora_b = halves[(layer, module, "A")], halves.get((layer, module, "B"))
-        if lora_b is None:
-            raise LoRAError(f"lora adapter {name!r}: layer {layer} {module} has lora_A but no lora_B")
-        if lora_a.ndim != 2 or lora_b.ndim != 2 or lora_a.shape[0] != rank or lora_b.shape[1] != rank:
-            raise LoRAError(f"lora adapter {name!r}: layer {layer} {module} has lora_A {tuple(lora_a.shape)} and "
-                            f"lora_B {tuple(lora_b.shape)}, expected [{rank}, in] and [out, {rank}] (r={rank})")
-        weights[(layer, module)] = (lora_a.t().contiguous(), lora_b.t().contiguous())
-    if len(weights) * 2 != len(halves):
-        raise LoRAError(f"lora adapter {name!r}: some lora_B tensors have no lora_A")
-    if not weights:
+def _read_weights(name: str, path: Path, rank: int,
+                  shapes: ModelShapes) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    try:
+        with safe_open(str(path / WEIGHTS_FILE), framework="pt") as file:
+            layout = _check_layout(name, {key: file.get_slice(key) for key in file.keys()}, rank,  # noqa: SIM118
+                                   shapes)
+            halves = {place: file.get_tensor(key).float() for key, place in layout.items()}
+    except LoRAError:
+        raise
+    except Exception as error:  # safetensors' own errors (a bad header, offsets past the end) and I/O
+        raise LoRAError(f"lora adapter {name!r}: cannot read {WEIGHTS_FILE}: {type(error).__name__}: "
+                        f"{error}") from error
+    return {(layer, module): (halves[(layer, module, "A")].t().contiguous(),
+                              halves[(layer, module, "B")].t().contiguous())
+            for layer, module, half in halves if half == "A"}
+
+
+def _check_layout(name: str, slices: dict[str, Any], rank: int, shapes: ModelShapes) -> dict[str, tuple[int, str, str]]:
+    """Tensor name -> (layer, module, A or B), after checking every name, dtype and shape in the
+    header: lora_A [rank, in_features] and lora_B [out_features, rank] of a module the model has."""
+    layout: dict[str, tuple[int, str, str]] = {}
+    for key, tensor in slices.items():
+        match = _KEY.match(key)
+        if match is None:
+            raise LoRAError(f"lora adapter {name!r}: unsupported tensor {key!r} ({_explain(key)})")
+        layer, module, half = int(match.group(1)), match.group(2), match.group(3)
+        if module not in TARGET_MODULES:
+            raise LoRAError(f"lora adapter {name!r}: target module {module!r} is not supported "
+                            f"(supported: {', '.join(TARGET_MODULES)})")
+        if tensor.get_dtype() not in _FLOAT_DTYPES:
+            raise LoRAError(f"lora adapter {name!r}: {key} is {tensor.get_dtype()}, not a float type")
+        _check_shape(name, layer, module, half, list(tensor.get_shape()), rank, shapes)
+        layout[key] = (layer, module, half)
+    places = set(layout.values())
+    unpaired = sorted(f"layer {layer} {module}" for layer, module, half in places
+                      if (layer, module, "B" if half == "A" else "A") not in places)
+    if unpaired:
+        raise LoRAError(f"lora adapter {name!r}: {unpaired[0]} has only one of lora_A and lora_B")
+    if not places:
         raise LoRAError(f"lora adapter {name!r}: {WEIGHTS_FILE} holds no LoRA weights")
-    return weights
+    return layout
 
 
 def _explain(key: str) -> str:
@@ -148,16 +169,16 @@ def _explain(key: str) -> str:
     return "only lora_A/lora_B weights of the decoder layers' projections are supported"
 
 
-def _check_shapes(name: str, weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]],
-                  shapes: ModelShapes) -> None:
-    for (layer, module), (lora_a, lora_b) in weights.items():
-        if layer >= shapes.num_layers:
-            raise LoRAError(f"lora adapter {name!r}: layer {layer} does not exist (the model has "
-                            f"{shapes.num_layers} layers)")
-        if module not in shapes.features:
-            raise LoRAError(f"lora adapter {name!r}: the model has no {module!r} to adapt")
-        in_features, out_features = shapes.features[module]
-        if lora_a.shape[0] != in_features or lora_b.shape[1] != out_features:
-            raise LoRAError(f"lora adapter {name!r}: layer {layer} {module} maps {lora_a.shape[0]} -> "
-                            f"{lora_b.shape[1]} features, the base model's {in_features} -> {out_features} "
-                            "(an adapter for another base model?)")
+def _check_shape(name: str, layer: int, module: str, half: str, shape: list[int], rank: int,
+                 shapes: ModelShapes) -> None:
+    if layer >= shapes.num_layers:
+        raise LoRAError(f"lora adapter {name!r}: layer {layer} does not exist (the model has "
+                        f"{shapes.num_layers} layers)")
+    if module not in shapes.features:
+        raise LoRAError(f"lora adapter {name!r}: the model has no {module!r} to adapt")
+    in_features, out_features = shapes.features[module]
+    expected = [rank, in_features] if half == "A" else [out_features, rank]
+    if shape != expected:
+        raise LoRAError(f"lora adapter {name!r}: layer {layer} {module} lora_{half} is {shape}, expected "
+                        f"{expected} (r={rank}, the base model's {in_features} -> {out_features} features; "
+                        "an adapter for another base model?)")

@@ -67,9 +67,9 @@ class LoRARegistry:
         except LoRAError:
             self._forget(adapter_id)
             raise
-        except OSError as error:
+        except Exception as error:  # whatever the files make the reader raise is the adapter's fault
             self._forget(adapter_id)
-            raise LoRAError(f"lora adapter {entry.name!r}: {error}") from error
+            raise LoRAError(f"lora adapter {entry.name!r}: {type(error).__name__}: {error}") from error
         with self._lock:
             entry.ready = True
             self._remember(adapter_id, adapter)
