@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
+from redis.exceptions import ResponseError
 
 from actors.admission import Admission
 from actors.messages import Admit, ErrorReply, OpenReply
@@ -113,19 +114,26 @@ class IntakeActor:
             self.log.info("request id in flight on another worker; not generated twice", request_id=message.id)
             await delivery.ack()
             return
+        if delivery.attempt > self.max_attempts:
+            # Before the reply stream is read for resuming: whatever made the earlier attempts fail must
+            # not get another chance to (a redelivered entry must never crash-loop the workers).
+            await self._give_up(message, delivery, reply_to)
+            return
         replies: list[WireReply] = []
         # An id held before (a resubmission, or claimed from a dead worker) resumes from its reply
         # stream; a fresh one has none to read.
         if self.reply_reader is not None and (claim is Claim.TAKEN or delivery.attempt > 1):
-            replies = await self.reply_reader(reply_to, message.id)
+            try:
+                replies = await self.reply_reader(reply_to, message.id)
+            except ResponseError as error:  # e.g. WRONGTYPE: the key holds something else than a stream
+                await self._refuse(message, delivery, f"{self.prefix}:out:{message.id}", 0,
+                                   ValueError(f"reply_to {reply_to!r} cannot be read as a stream: {error}"))
+                return
             if is_answered(replies):
                 self.log.info("request already answered; not generated again", request_id=message.id)
                 await delivery.ack()
                 return
         next_seq = replies[-1].seq + 1 if replies else 0
-        if delivery.attempt > self.max_attempts:
-            await self._give_up(message, delivery, reply_to, next_seq)
-            return
         try:
             # Decoding and resizing images takes milliseconds per picture, a DRY breaker mask a pass
             # over the vocabulary's texts (once per breaker set): off the event loop.
@@ -155,8 +163,16 @@ class IntakeActor:
             text = f"the request could not be prepared: {type(error).__name__}: {error}"
         await self.to_output.send(ErrorReply(message.id, reply_to, "invalid_request", text, delivery, next_seq))
 
-    async def _give_up(self, message: WireRequest, delivery: Delivery[Any], reply_to: str, next_seq: int) -> None:
-        """A poison request: delivered max_attempts times without finishing."""
+    async def _give_up(self, message: WireRequest, delivery: Delivery[Any], reply_to: str) -> None:
+        """A poison request: delivered max_attempts times without finishing. It is dead-lettered
+        whatever its reply stream holds; that stream is read only for the error entry's seq."""
+        next_seq = 0
+        if self.reply_reader is not None:
+            try:
+                replies = await self.reply_reader(reply_to, message.id)
+                next_seq = replies[-1].seq + 1 if replies else 0
+            except Exception as error:  # an unreadable key: the entry still goes to the dead letters
+                self.log.warning("poison request's reply stream unreadable", request_id=message.id, error=str(error))
         reason = f"delivered {delivery.attempt} times without finishing (max_attempts {self.max_attempts})"
         self.log.warning("poison request dead-lettered", request_id=message.id, attempt=delivery.attempt)
         await self.dead_letter(Malformed(encode(message), reason, delivery.message_id, message.id, reply_to))

@@ -133,15 +133,33 @@ class OutputActor(Actor):
 
     async def _write(self, deltas: list[RequestDelta]) -> None:
         routed = [(self.routes[delta.request_id], delta) for delta in deltas if delta.request_id in self.routes]
-        await self.sink.write([(route.reply_to, to_wire(delta)) for route, delta in routed])
+        unwritable = set(await self.sink.write([(route.reply_to, to_wire(delta)) for route, delta in routed]))
+        for request_id in unwritable:
+            await self._abandon(request_id)
         now = time.perf_counter()
         for route, delta in routed:
+            if delta.request_id in unwritable:
+                continue
             self._observe(route, delta, now)
             if delta.finished:
                 del self.routes[delta.request_id]
                 if route.delivery is not None:
                     await route.delivery.ack()
                 await self.admission.release(delta.request_id)
+
+    async def _abandon(self, request_id: str) -> None:
+        """A request whose reply key holds no stream (a client SET it, or named a key of another type):
+        nobody can read its replies, so it stops here, and its entry is acked, never redelivered to
+        crash-loop a worker."""
+        route = self.routes.pop(request_id, None)
+        if route is None:
+            return
+        self.log.warning("reply key is not a stream; request abandoned", request_id=request_id, key=route.reply_to)
+        self.outputs.error_delta(request_id, "reply_unwritable", "")  # forgets its output state
+        await self.to_scheduler.send(Cancel(request_id, FinishReason.ERROR))
+        if route.delivery is not None:
+            await route.delivery.ack()
+        await self.admission.release(request_id)
 
     async def _write_error(self, message: ErrorReply) -> None:
         delta = RequestDelta(message.request_id, message.seq, [],
