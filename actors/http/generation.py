@@ -27,6 +27,7 @@ from actors.http.interrupts import ClientGone, DisconnectWatch, Interrupter, Wat
 from actors.http.limits import PendingLimit, check_api_key, read_body_limited
 from actors.http.openai_shapes import completion_body
 from actors.http.options import GatewayOptions
+from actors.http.request_ids import MemoryRequestIds, request_fingerprint
 from queue_adapters.client import assemble
 from queue_adapters.codec import WireReply
 
@@ -38,6 +39,7 @@ class Generation:
         self.backend, self.options, self.metrics = backend, options, metrics
         self.pending = PendingLimit(options.max_pending)
         self._background: set[asyncio.Task[None]] = set()  # cancels sent from cancelled handlers
+        self._local_ids = MemoryRequestIds()  # for a backend that keeps no bindings of its own
 
     async def handle(self, request: Request, chat: bool) -> Response:
         endpoint = "chat" if chat else "completions"
@@ -69,6 +71,8 @@ class Generation:
         body = parse_json_body(raw)
         gateway_request = parse_body(body, chat, self.backend.model_name, request.headers.get("x-request-id"),
                                      self.options.request_timeout_s, self.backend.adapter_names())
+        if "x-request-id" in request.headers:
+            await self._check_id_owner(gateway_request.wire.id, request.headers.get("authorization"), body)
         self.pending.acquire()
         self.metrics.in_flight.inc()
         handed_over = False
@@ -90,6 +94,13 @@ class Generation:
             if not handed_over:
                 watch.stop()
                 self._release()
+
+    async def _check_id_owner(self, request_id: str, authorization: str | None, body: Any) -> None:
+        """A client-chosen id attaches only the same client's retry of the same request (request_ids.py)."""
+        owners = getattr(self.backend, "request_ids", None) or self._local_ids
+        if not await owners.bind(request_id, request_fingerprint(authorization, body)):
+            raise ApiError(409, f"X-Request-Id {request_id!r} is in use by another request; choose another id",
+                           param="X-Request-Id", code="request_id_conflict")
 
     def _release(self) -> None:
         self.pending.release()
