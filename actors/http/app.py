@@ -23,6 +23,7 @@ from actors.http.generation import Generation
 from actors.http.limits import check_api_key, read_body_limited
 from actors.http.options import GatewayOptions
 from actors.metrics import METRICS_CONTENT_TYPE
+from pipeline.chat_content import ChatContentGuard
 from pipeline.tokenizer import tokenizer_vocab_size
 
 log = structlog.get_logger(__name__)
@@ -101,10 +102,13 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
             text += backend.worker_metrics.render()
         return Response(text, media_type=METRICS_CONTENT_TYPE)
 
+    # As a worker tokenizes chat messages by default: special-token text inside them stays text.
+    content_guard = ChatContentGuard(backend.tokenizer) if backend.tokenizer is not None else None
+
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
         body = await _json_body(request, options)
-        tokens = _tokenize(backend.tokenizer, body)
+        tokens = _tokenize(backend.tokenizer, body, content_guard)
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": backend.max_model_len})
 
     @app.post("/detokenize")
@@ -124,7 +128,7 @@ async def _json_body(request: Request, options: GatewayOptions) -> dict[str, Any
     return body
 
 
-def _tokenize(tokenizer: Any, body: dict[str, Any]) -> list[int]:
+def _tokenize(tokenizer: Any, body: dict[str, Any], content_guard: ChatContentGuard | None) -> list[int]:
     if tokenizer is None:
         raise ApiError(400, "this model has no tokenizer", code="no_tokenizer")
     add_special_tokens = body.get("add_special_tokens", True)
@@ -136,17 +140,37 @@ def _tokenize(tokenizer: Any, body: dict[str, Any]) -> list[int]:
     if isinstance(messages, list) and messages:
         if not getattr(tokenizer, "chat_template", None):
             raise invalid("this model's tokenizer has no chat template", "messages")
-        text = _chat_text(tokenizer, messages)
+        chat = _chat_messages(messages)
+        literals: list[str] = []
+        if content_guard is not None:
+            chat, literals = content_guard.protect(chat)
+        text = _chat_text(tokenizer, chat)
+        if literals:
+            return _guarded_ids(content_guard, text, literals)
         return list(tokenizer.encode(text, add_special_tokens=False))  # the template wrote BOS already
     raise invalid("give prompt (a string) or messages (a non-empty list)", "prompt")
 
 
-def _chat_text(tokenizer: Any, messages: list[Any]) -> str:
-    """The prompt the chat template makes of `messages`, checked as a chat request's are (a message
-    the template cannot render is a 400 naming it, not a 500)."""
+def _chat_messages(messages: list[Any]) -> list[dict[str, Any]]:
+    """`messages` checked as a chat request's are, as chat templates take them."""
     try:
-        parsed = [message.as_dict() for message in parse_messages(messages, images=[])]
-        return tokenizer.apply_chat_template(parsed, tokenize=False, add_generation_prompt=True)
+        return [message.as_dict() for message in parse_messages(messages, images=[])]
+    except ValueError as error:
+        raise invalid(str(error), "messages") from None
+
+
+def _guarded_ids(content_guard: ChatContentGuard, text: str, literals: list[str]) -> list[int]:
+    try:
+        return content_guard.encode(text, literals)
+    except ValueError as error:
+        raise invalid(str(error), "messages") from None
+
+
+def _chat_text(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
+    """The prompt the chat template makes of `messages` (a message the template cannot render is a
+    400 naming it, not a 500)."""
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except ValueError as error:  # jinja2's TemplateError is an Exception, not a ValueError
         raise invalid(str(error), "messages") from None
     except Exception as error:
