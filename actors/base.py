@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
@@ -39,3 +41,33 @@ class Actor(ABC):
 
     async def after_batch(self) -> None:
         return None
+
+
+TEST_CRASH_ENV = "AQUEDUCT_TEST_CRASH_ACTOR"
+
+
+def arm_test_crash(actors: Iterable[object]) -> None:
+    """Test hook, read when a graph is built: AQUEDUCT_TEST_CRASH_ACTOR=<actor name>:<n> makes that actor
+    raise RuntimeError on its n-th message, so tests can see what a dead actor does to its process
+    (tests/test_actor_death.py). Unset, as everywhere but those tests, nothing is wrapped: no cost."""
+    spec = os.environ.get(TEST_CRASH_ENV)
+    if not spec:
+        return
+    name, _, nth = spec.rpartition(":")
+    for actor in actors:
+        if isinstance(actor, Actor) and actor.name == name:
+            _crash_on(actor, int(nth))
+
+
+def _crash_on(actor: Actor, nth: int) -> None:
+    handle, seen = actor.handle, 0
+
+    async def crashing(message: Any) -> None:
+        nonlocal seen
+        seen += 1
+        if seen == nth:
+            raise RuntimeError(f"{TEST_CRASH_ENV}: actor {actor.name} crashed on its message {nth}")
+        await handle(message)
+
+    actor.handle = crashing  # type: ignore[method-assign]
+    actor.log.warning("test hook armed: this actor will crash", env=TEST_CRASH_ENV, nth=nth)

@@ -129,6 +129,7 @@ class MemoryReplySink:
 
     def __init__(self) -> None:
         self.streams: dict[str, list[WireReply]] = defaultdict(list)
+        self.writer_gone = False  # nothing will be written any more (the actor graph died)
         self._changed = asyncio.Condition()
 
     async def write(self, batch: list[tuple[str, WireReply]]) -> None:
@@ -143,10 +144,16 @@ class MemoryReplySink:
         return self.streams[key][0]
 
     async def wait_beyond(self, key: str, count: int) -> list[WireReply]:
-        """The stream's entries once it holds more than `count` (a reader that has seen `count`)."""
+        """The stream's entries once it holds more than `count` (a reader that has seen `count`), or
+        at once, with no more than `count`, once the writer is gone."""
         async with self._changed:
-            await self._changed.wait_for(lambda: len(self.streams.get(key, ())) > count)
-        return self.streams[key]
+            await self._changed.wait_for(lambda: len(self.streams.get(key, ())) > count or self.writer_gone)
+        return self.streams.get(key, [])
+
+    async def mark_writer_gone(self) -> None:
+        async with self._changed:
+            self.writer_gone = True
+            self._changed.notify_all()
 
     async def wait_final(self, key: str) -> list[WireReply]:
         async with self._changed:

@@ -1,21 +1,29 @@
 """Runs a worker's actors as asyncio tasks and supervises them.
 
 An actor that crashes is logged with its name and takes the whole worker down (exit code 1):
-a worker with a dead stage would hold requests it can never answer. On SIGTERM/SIGINT the
-runtime stops intake first, lets in-flight requests finish for up to `drain_timeout_s`, then
-cancels the rest; unfinished request entries stay unacked in Redis for another worker.
+a worker with a dead stage would hold requests it can never answer. `on_crash` hears of it at
+once, before the other actors are cancelled: the embedded gateway answers its clients from there,
+and the CLI's worker arms `exit_after`, so a task that ignores cancellation cannot keep a dead
+worker alive. On SIGTERM/SIGINT the runtime stops intake first, lets in-flight requests finish
+for up to `drain_timeout_s`, then cancels the rest; unfinished request entries stay unacked in
+Redis for another worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import structlog
 
 log = structlog.get_logger(__name__)
+
+CRASH_EXIT_S = 10.0  # `aqueduct worker`/`serve`: a process whose actor died is gone by then, whatever still runs
 
 
 class Runnable(Protocol):
@@ -26,11 +34,12 @@ class Runnable(Protocol):
 
 class ActorRuntime:
     def __init__(self, actors: list[Runnable], intake: Runnable | None, wait_idle: Callable[[], Awaitable[None]],
-                 drain_timeout_s: float) -> None:
+                 drain_timeout_s: float, on_crash: Callable[[str], None] | None = None) -> None:
         self.actors = actors
         self.intake = intake
         self.wait_idle = wait_idle
         self.drain_timeout_s = drain_timeout_s
+        self.on_crash = on_crash  # called with the dead actor's name, before the rest are cancelled
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
@@ -58,6 +67,8 @@ class ActorRuntime:
                 error = task.exception() if not task.cancelled() else None
                 log.error("actor stopped unexpectedly; shutting the worker down", actor=task.get_name(),
                           exc_info=error)
+            if self.on_crash is not None:
+                self.on_crash(crashed[0].get_name())
             await _cancel_all([*tasks, stop_task])
             return 1
         log.info("stopping: no new requests, draining in-flight ones", drain_timeout_s=self.drain_timeout_s)
@@ -72,12 +83,36 @@ class ActorRuntime:
         return 0
 
 
-async def _cancel_all(tasks: list[asyncio.Task], timeout_s: float = 5.0) -> None:
+async def _cancel_all(tasks: list[asyncio.Task], timeout_s: float = 5.0, recancel_s: float = 0.5) -> None:
+    """Cancels `tasks`, and again every `recancel_s` those still running: Python 3.11's asyncio.wait_for
+    (redis-py awaits one per command sent) drops a cancellation that lands as its inner future finishes,
+    and the task then runs on as if never cancelled. (This reaches the tasks given, not their children:
+    retry_transient re-raises such a lost cancellation where it happens.)"""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    running = set(tasks)
+    while running and (left_s := deadline - loop.time()) > 0:
+        for task in running:
+            task.cancel()
+        _, running = await asyncio.wait(running, timeout=min(recancel_s, left_s))
     for task in tasks:
-        task.cancel()
-    done, stuck = await asyncio.wait(tasks, timeout=timeout_s)
-    for task in done:
-        if not task.cancelled():
+        if task.done() and not task.cancelled():
             task.exception()  # retrieved: it was logged where it mattered, or is the crash being handled
-    if stuck:  # never let one task that ignores cancellation hold the worker up
-        log.warning("tasks did not stop when cancelled", tasks=sorted(task.get_name() for task in stuck))
+    if running:  # never let one task that ignores cancellation hold the worker up
+        log.warning("tasks did not stop when cancelled", tasks=sorted(task.get_name() for task in running))
+
+
+def exit_after(seconds: float, code: int) -> None:
+    """Ends the process with `code` in `seconds`, unless it has ended by then: the last resort of a
+    process whose actor died, should a task that ignores cancellation (or a hung connection) keep
+    its event loop from finishing. A thread, so a blocked event loop cannot hold it up."""
+
+    def force() -> None:
+        log.error("the process did not exit in time after an actor died; forcing it", seconds=seconds, code=code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    timer = threading.Timer(seconds, force)
+    timer.daemon = True
+    timer.start()

@@ -16,6 +16,7 @@ import contextlib
 import os
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from actors.admission import Admission
+from actors.base import arm_test_crash
 from actors.control import ControlActor
 from actors.device import device_thread
 from actors.edges import Edges
@@ -36,7 +38,7 @@ from actors.recovery.liveness import Heartbeat, heartbeat_key
 from actors.recovery.ownership import Ownership
 from actors.recovery.resume import read_reply_stream
 from actors.replies import RedisReplySink, ReplySink
-from actors.runtime import ActorRuntime, Runnable
+from actors.runtime import ActorRuntime, Runnable, exit_after
 from actors.scheduler import SchedulerActor
 from actors.stages import GPUActor, SamplingActor, TensorPrepActor
 from pipeline.engine import LLMEngine
@@ -65,6 +67,7 @@ class WorkerOptions:
     max_attempts: int = 3  # deliveries of one request before it is dead-lettered
     max_queue_wait_ms: int | None = None  # a request not started within this ends with an error
     reply_to_pattern: str | None = None  # glob a request's reply_to must match (default: {prefix}:out:*)
+    crash_exit_s: float | None = None  # the CLI: a crashed worker still running this long after is os._exit(1)ed
 
     @property
     def consumer_name(self) -> str:
@@ -103,6 +106,7 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
     ]
     intake = IntakeActor(requests, engine.builder, prefix, admission, to_routes, to_scheduler, dead_letter_fn,
                          reply_reader, max_attempts, ownership, reply_to_pattern=reply_to_pattern)
+    arm_test_crash(actors)
     return Graph(actors, intake, admission, to_scheduler, device)
 
 
@@ -136,7 +140,8 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
               ControlActor(redis, options.prefix, graph.to_scheduler, loras=engine.lora_registry, device=graph.device),
               Heartbeat(redis, options.prefix, name, options.claim_idle_ms),
               Claimer(redis, consumer, graph.intake, graph.admission, options.prefix, options.claim_idle_ms)]
-    runtime = ActorRuntime(actors, graph.intake, graph.admission.wait_idle, options.drain_timeout_s)
+    runtime = ActorRuntime(actors, graph.intake, graph.admission.wait_idle, options.drain_timeout_s,
+                           on_crash=_crash_exit(options.crash_exit_s))
     if stop is None:
         runtime.install_signal_handlers()
     else:
@@ -156,6 +161,14 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
         await consumer.close()
         await sink.close()
         await redis.aclose()
+
+
+def _crash_exit(seconds: float | None) -> Callable[[str], None] | None:
+    """Its claimed requests stay unacked in Redis for other workers, as after kill -9; nothing may
+    keep the process from exiting for longer than `seconds` (None: in-process, never forced)."""
+    if seconds is None:
+        return None
+    return lambda _actor: exit_after(seconds, 1)
 
 
 async def _start_health(options: WorkerOptions, metrics: WorkerMetrics, redis: aioredis.Redis) -> Any:

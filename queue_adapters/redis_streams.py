@@ -108,7 +108,11 @@ async def retry_transient(operation: Callable[[], Awaitable[R]], what: str, back
     backoff = backoff or Backoff()
     while True:
         try:
-            return await operation()
+            result = await operation()
+            # Python 3.11's asyncio.wait_for (redis-py awaits one per command sent) drops a cancellation
+            # that lands as the send finishes: the task would run on, and its owner wait for it in vain.
+            _reraise_if_cancelled()
+            return result
         except _TRANSIENT_ERRORS as error:
             _reraise_if_cancelled()
             delay_s = backoff.next_delay_s()

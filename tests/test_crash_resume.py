@@ -3,12 +3,8 @@ reply streams, and every client sees each token once, with the tokens of an unin
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import msgpack
@@ -18,55 +14,25 @@ import redis
 from pipeline.config import LoRAConfig
 from pipeline.sampling_params import SamplingParams
 from tests.conftest import REDIS_URL
-from tests.engine_helpers import make_engine, run_requests
+from tests.engine_helpers import make_engine
 from tests.hf_models import make_tiny_hf_model
 from tests.lora_adapters import make_adapters, run_with_adapters
-
-AQUEDUCT = Path(sys.executable).with_name("aqueduct")
-ENGINE_FLAGS = {"max_num_seqs": 4, "num_kv_blocks": 256}
+from tests.worker_processes import (
+    ENGINE_FLAGS,
+    all_final,
+    assert_answered_once,
+    is_final,
+    make_requests,
+    reference_run,
+    reply_entries,
+    start_worker,
+    wait_for,
+)
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_tiny_hf_model("llama", tmp_path_factory.mktemp("llama"), seed=17)
-
-
-def _requests(count: int) -> dict[str, dict]:
-    rng = random.Random(2)
-    requests = {}
-    for i in range(count):
-        kind = ("greedy", "seeded", "unseeded")[i % 3]
-        params = {"max_tokens": 150, "ignore_eos": True, "temperature": 0.0 if kind == "greedy" else 0.9}
-        if kind == "seeded":
-            params["seed"] = 1000 + i
-        requests[f"{kind}-{i}"] = {"id": f"{kind}-{i}", "params": params,
-                                   "prompt_token_ids": [rng.randrange(3, 512) for _ in range(rng.randint(4, 40))]}
-    return requests
-
-
-def _start_worker(model_dir: Path, prefix: str, name: str, log_dir: Path,
-                  extra_flags: tuple[str, ...] = ()) -> subprocess.Popen:
-    command = [str(AQUEDUCT), "worker", "--redis-url", REDIS_URL, "--prefix", prefix, "--name", name,
-               "--model", str(model_dir), "--claim-idle-ms", "1500", "--max-num-seqs", "4",
-               "--num-kv-blocks", "256", "--drain-timeout", "60", *extra_flags]
-    log = (log_dir / f"{name}.log").open("w")
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
-
-
-def _wait(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def _entries(client: redis.Redis, prefix: str, request_id: str) -> list[dict]:
-    return [msgpack.unpackb(fields[b"data"]) for _, fields in client.xrange(f"{prefix}:out:{request_id}")]
-
-
-def _is_final(entry: dict) -> bool:
-    return entry.get("usage") is not None or entry.get("error") is not None
 
 
 def _kill_the_victim_mid_generation(model_dir: Path, prefix: str, tmp_path: Path, client: redis.Redis,
@@ -78,11 +44,11 @@ def _kill_the_victim_mid_generation(model_dir: Path, prefix: str, tmp_path: Path
     The survivor admits at most 2 requests at a time, so the victim takes the rest up to twice its
     batch: some wait in its queue, unstarted, until the kill. (Left to chance, the survivor could
     take nearly all, and the victim finish its few before the check saw them.)"""
-    workers = {"victim": _start_worker(model_dir, prefix, "victim", tmp_path, extra_flags),
-               "survivor": _start_worker(model_dir, prefix, "survivor", tmp_path,
-                                         (*extra_flags, "--max-in-flight", "2"))}
+    workers = {"victim": start_worker(model_dir, prefix, "victim", tmp_path, extra_flags),
+               "survivor": start_worker(model_dir, prefix, "survivor", tmp_path,
+                                        (*extra_flags, "--max-in-flight", "2"))}
     try:
-        _wait(lambda: all(client.exists(f"{prefix}:worker:{n}") for n in workers), 60, "workers to start")
+        wait_for(lambda: all(client.exists(f"{prefix}:worker:{n}") for n in workers), 60, "workers to start")
         for request in requests.values():
             client.xadd(f"{prefix}:requests", {"data": msgpack.packb(request)})
 
@@ -95,13 +61,12 @@ def _kill_the_victim_mid_generation(model_dir: Path, prefix: str, tmp_path: Path
             return any(client.get(f"{prefix}:owner:{r}") == b"victim"
                        and emitted[r] < requests[r]["params"]["max_tokens"] // 2 for r in requests)
 
-        _wait(victim_is_mid_generation, 60, "the victim to be generating")
+        wait_for(victim_is_mid_generation, 60, "the victim to be generating")
         workers["victim"].send_signal(signal.SIGKILL)
         workers["victim"].wait(timeout=10)
-        workers["replacement"] = _start_worker(model_dir, prefix, "replacement", tmp_path, extra_flags)
-        _wait(lambda: client.exists(f"{prefix}:worker:replacement"), 60, "the replacement to start")
-        _wait(lambda: all(any(_is_final(e) for e in _entries(client, prefix, r)) for r in requests), 120,
-              "every request to finish")
+        workers["replacement"] = start_worker(model_dir, prefix, "replacement", tmp_path, extra_flags)
+        wait_for(lambda: client.exists(f"{prefix}:worker:replacement"), 60, "the replacement to start")
+        wait_for(lambda: all_final(client, prefix, requests), 120, "every request to finish")
     finally:
         for process in workers.values():
             if process.poll() is None:
@@ -112,27 +77,15 @@ def _kill_the_victim_mid_generation(model_dir: Path, prefix: str, tmp_path: Path
 
 @pytest.mark.parametrize("kill_after_entries", [3, 60])  # early in the run, and well into it
 def test_kill_9_mid_generation_loses_and_duplicates_nothing(model_dir, prefix, tmp_path, kill_after_entries):
-    requests = _requests(12)
-    uninterrupted = {request_id: (r["prompt_token_ids"], SamplingParams.from_dict(r["params"]))
-                     for request_id, r in requests.items()}
-    reference = run_requests(make_engine(model_dir, **ENGINE_FLAGS), uninterrupted)
+    requests = make_requests(12)
+    reference = reference_run(model_dir, requests)
     client = redis.Redis.from_url(REDIS_URL)
     exit_codes = _kill_the_victim_mid_generation(model_dir, prefix, tmp_path, client, requests, kill_after_entries)
     assert exit_codes["victim"] == -signal.SIGKILL
     assert exit_codes["survivor"] == 0 and exit_codes["replacement"] == 0, (tmp_path / "survivor.log").read_text()
-    resumed = 0
-    for request_id in requests:
-        entries = _entries(client, prefix, request_id)
-        assert [e["seq"] for e in entries] == list(range(len(entries))), request_id  # no gap, no duplicate
-        assert sum(_is_final(e) for e in entries) == 1 and _is_final(entries[-1])
-        tokens = [t for e in entries for choice in e["choices"] for t in choice["token_ids"]]
-        assert tokens == reference[request_id]["choices"][0]["token_ids"], request_id
-        assert entries[-1]["usage"]["completion_tokens"] == 150
-        resumed += 1
-    assert resumed == len(requests)
+    assert_answered_once(client, prefix, requests, reference)
     logs = "".join((tmp_path / f"{name}.log").read_text() for name in ("survivor", "replacement"))
     assert "claimed an orphaned request" in logs
-    assert client.xpending(f"{prefix}:requests", "workers")["pending"] == 0
 
 
 def _mirostat_requests(count: int) -> dict[str, dict]:
@@ -148,16 +101,14 @@ def test_kill_9_resumed_mirostat_choices_continue_from_their_mu(model_dir, prefi
     tokens its client has, so the tokens are those of an uninterrupted run (a restarted mu, 2 tau,
     would mask other tokens)."""
     requests = _mirostat_requests(8)
-    uninterrupted = {request_id: (r["prompt_token_ids"], SamplingParams.from_dict(r["params"]))
-                     for request_id, r in requests.items()}
-    reference = run_requests(make_engine(model_dir, **ENGINE_FLAGS), uninterrupted)
+    reference = reference_run(model_dir, requests)
     client = redis.Redis.from_url(REDIS_URL)
     exit_codes = _kill_the_victim_mid_generation(model_dir, prefix, tmp_path, client, requests, 40)
     assert exit_codes["victim"] == -signal.SIGKILL
     logs = "".join((tmp_path / f"{name}.log").read_text() for name in ("survivor", "replacement"))
     assert "claimed an orphaned request" in logs
     for request_id, request in requests.items():
-        entries = _entries(client, prefix, request_id)
+        entries = reply_entries(client, prefix, request_id)
         assert [e["seq"] for e in entries] == list(range(len(entries))), request_id
         for index in range(request["params"]["n"]):
             ours = [c for e in entries for c in e["choices"] if c["index"] == index]
@@ -169,7 +120,7 @@ def test_kill_9_resumed_mirostat_choices_continue_from_their_mu(model_dir, prefi
 def test_kill_9_resumed_lora_requests_keep_their_adapter(model_dir, prefix, tmp_path):
     adapters = make_adapters(model_dir, tmp_path / "adapters", ["attn8", "all16rs"])
     flags = ("--max-loras", "2", "--lora-modules", *[f"{name}={path}" for name, path in adapters.items()])
-    requests = _requests(9)
+    requests = make_requests(9)
     for index, request in enumerate(requests.values()):
         request["params"]["max_tokens"] = 60
         if index % 3:
@@ -185,37 +136,36 @@ def test_kill_9_resumed_lora_requests_keep_their_adapter(model_dir, prefix, tmp_
     logs = "".join((tmp_path / f"{name}.log").read_text() for name in ("survivor", "replacement"))
     assert "claimed an orphaned request" in logs
     for request_id in requests:
-        entries = _entries(client, prefix, request_id)
+        entries = reply_entries(client, prefix, request_id)
         assert [e["seq"] for e in entries] == list(range(len(entries))), request_id
         tokens = [t for e in entries for choice in e["choices"] for t in choice["token_ids"]]
         assert tokens == reference[request_id]["tokens"], request_id
 
 
 def test_sigterm_drains_in_flight_requests_and_leaves_the_rest_for_another_worker(model_dir, prefix, tmp_path):
-    requests = _requests(12)
+    requests = make_requests(12)
     client = redis.Redis.from_url(REDIS_URL)
-    first = _start_worker(model_dir, prefix, "first", tmp_path)
+    first = start_worker(model_dir, prefix, "first", tmp_path)
     second = None
     try:
-        _wait(lambda: client.exists(f"{prefix}:worker:first"), 60, "the worker to start")
+        wait_for(lambda: client.exists(f"{prefix}:worker:first"), 60, "the worker to start")
         for request in requests.values():
             client.xadd(f"{prefix}:requests", {"data": msgpack.packb(request)})
-        _wait(lambda: sum(client.xlen(f"{prefix}:out:{r}") for r in requests) >= 5, 60, "generation to start")
+        wait_for(lambda: sum(client.xlen(f"{prefix}:out:{r}") for r in requests) >= 5, 60, "generation to start")
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=90) == 0  # the drain may take up to its 60 s on a loaded box
-        finished = [r for r in requests if any(_is_final(e) for e in _entries(client, prefix, r))]
-        started = [r for r in requests if _entries(client, prefix, r)]
+        finished = [r for r in requests if any(is_final(e) for e in reply_entries(client, prefix, r))]
+        started = [r for r in requests if reply_entries(client, prefix, r)]
         assert set(started) == set(finished), "a request was cut off mid-generation by the drain"
         assert len(finished) < len(requests), "nothing was left for the second worker: the test proves nothing"
-        second = _start_worker(model_dir, prefix, "second", tmp_path)
-        _wait(lambda: all(any(_is_final(e) for e in _entries(client, prefix, r)) for r in requests), 120,
-              "every request to finish")
+        second = start_worker(model_dir, prefix, "second", tmp_path)
+        wait_for(lambda: all_final(client, prefix, requests), 120, "every request to finish")
     finally:
         for process in (first, second):
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=30)
     for request_id in requests:
-        entries = _entries(client, prefix, request_id)
+        entries = reply_entries(client, prefix, request_id)
         assert [e["seq"] for e in entries] == list(range(len(entries)))
         assert sum(len(c["token_ids"]) for e in entries for c in e["choices"]) == 150

@@ -101,6 +101,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise ValueError("--redis-url (or AQUEDUCT_REDIS_URL) is required")
     with startup_collector_paused():
         from actors.device import device_thread, load_engine
+        from actors.runtime import CRASH_EXIT_S
         from actors.worker import WorkerOptions, run_worker
 
         device = device_thread()
@@ -110,7 +111,8 @@ def _worker(args: argparse.Namespace) -> int:
                             drain_timeout_s=args.drain_timeout, max_in_flight=args.max_in_flight,
                             redis_edges=frozenset(filter(None, args.redis_edges.split(","))),
                             claim_idle_ms=args.claim_idle_ms, max_attempts=args.max_attempts,
-                            max_queue_wait_ms=args.max_queue_wait_ms, reply_to_pattern=args.reply_to_pattern)
+                            max_queue_wait_ms=args.max_queue_wait_ms, reply_to_pattern=args.reply_to_pattern,
+                            crash_exit_s=CRASH_EXIT_S)
     return event_loop.run(run_worker(engine, options, device=device))
 
 

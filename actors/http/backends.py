@@ -8,8 +8,9 @@ of generating again: the workers' idempotency covers Redis; the embedded backend
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -24,13 +25,14 @@ from actors.replies import MemoryReplySink
 from actors.runtime import ActorRuntime
 from pipeline.engine import LLMEngine
 from queue_adapters.client import AqueductClient, ReplyOrder
-from queue_adapters.codec import Malformed, WireReply, WireRequest
-from queue_adapters.memory import MemoryStream
+from queue_adapters.codec import Malformed, WireError, WireReply, WireRequest
+from queue_adapters.memory import MemoryStream, StreamClosed
 
 log = structlog.get_logger(__name__)
 
 EMBEDDED_PREFIX = "embedded"
 _KEPT_FINISHED_STREAMS = 1024  # embedded: finished reply streams kept for retries with the same id
+WORKER_DIED = "worker_died"  # the error code of requests whose engine died under them (HTTP 503)
 
 
 class Backend(Protocol):
@@ -125,7 +127,11 @@ class RemoteBackend:
 
 
 class EmbeddedBackend:
-    """The worker's actor graph over memory streams, in this process (one engine, no Redis)."""
+    """The worker's actor graph over memory streams, in this process (one engine, no Redis).
+
+    Should an actor die (a bug), nothing will answer again: /health turns 503 at once, every request
+    waiting for replies and every new one gets a `worker_died` error entry, and `on_death` is called
+    (`aqueduct serve` then exits non-zero, for its supervisor to restart it)."""
 
     def __init__(self, engine: LLMEngine, device: ThreadPoolExecutor | None = None) -> None:
         self.engine = engine
@@ -138,6 +144,9 @@ class EmbeddedBackend:
         self._submitted: set[str] = set()
         self._running: asyncio.Task[int] | None = None
         self._stop = asyncio.Event()
+        self.died: str | None = None  # why the graph stopped unexpectedly (not through close())
+        self.on_death: Callable[[], None] | None = None
+        self._failing: asyncio.Task[None] | None = None
 
     def adapter_names(self) -> list[str]:
         registry = self.engine.lora_registry
@@ -153,26 +162,31 @@ class EmbeddedBackend:
                             max_in_flight=max_in_flight, metrics=self.worker_metrics, device=self.device)
         self.to_scheduler = graph.to_scheduler
         stats = StatsReporter(self.engine, self.worker_metrics, interval_s=10.0)
-        runtime = ActorRuntime([*graph.actors, stats], graph.intake, graph.admission.wait_idle, drain_timeout_s=5.0)
+        runtime = ActorRuntime([*graph.actors, stats], graph.intake, graph.admission.wait_idle, drain_timeout_s=5.0,
+                               on_crash=self._graph_died)
         runtime.stop_when(self._stop)
         self._running = asyncio.create_task(runtime.run(), name="embedded-graph")
+        self._running.add_done_callback(self._graph_ended)
 
     async def close(self) -> None:
         self._stop.set()
         if self._running is not None:
             await self._running
+        if self._failing is not None:
+            await self._failing
 
     async def healthy(self) -> bool:
-        return self._running is not None and not self._running.done()
+        return self.died is None and self._running is not None and not self._running.done()
 
     async def workers_alive(self) -> bool:
         return await self.healthy()
 
     async def submit(self, request: WireRequest) -> None:
-        if request.id in self._submitted:
-            return  # a retry: attach to the reply stream already being written
+        if request.id in self._submitted or self.died is not None:
+            return  # a retry: attach to the reply stream already being written; dead: replies() says so
         self._submitted.add(request.id)
-        await self.producer.send(request)
+        with contextlib.suppress(StreamClosed):  # the graph died while this waited for room: replies() says so
+            await self.producer.send(request)
 
     async def replies(self, request: WireRequest) -> AsyncIterator[WireReply]:
         key = f"{EMBEDDED_PREFIX}:out:{request.id}"
@@ -180,6 +194,10 @@ class EmbeddedBackend:
         try:
             while not order.done:
                 entries = await self.sink.wait_beyond(key, seen)
+                if len(entries) == seen:  # nothing new and nothing to come: the graph died
+                    yield WireReply(id=request.id, seq=order.next_seq,
+                                    error=WireError(code=WORKER_DIED, message=self.died or "the engine stopped"))
+                    return
                 for entry in entries[seen:]:
                     for ready in order.push(entry):
                         yield ready
@@ -197,7 +215,26 @@ class EmbeddedBackend:
             self.sink.streams.pop(f"{EMBEDDED_PREFIX}:out:{old_id}", None)
 
     async def cancel(self, request_id: str) -> None:
-        await self.to_scheduler.send(Cancel(request_id))
+        if self.died is None:  # dead, its inbox could be full for good
+            await self.to_scheduler.send(Cancel(request_id))
+
+    def _graph_ended(self, task: asyncio.Task[int]) -> None:
+        """on_crash's backstop: the runtime itself failed, or it stopped without close()."""
+        if not self._stop.is_set() and not task.cancelled():
+            self._graph_died("embedded-graph")
+
+    def _graph_died(self, actor: str) -> None:
+        if self.died is not None:
+            return
+        self.died = f"the engine stopped: its actor {actor!r} died"
+        log.error("the embedded engine died; failing its requests", actor=actor)
+        self._failing = asyncio.get_running_loop().create_task(self._fail_everything(), name="embedded-failing")
+        if self.on_death is not None:
+            self.on_death()
+
+    async def _fail_everything(self) -> None:
+        await self.inbox.close()  # a submit waiting for room gives up
+        await self.sink.mark_writer_gone()  # every replies() answers with the error
 
     @staticmethod
     async def _no_dead_letters(message: Malformed) -> None:

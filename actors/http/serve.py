@@ -16,6 +16,7 @@ from actors.http.app import create_app
 from actors.http.backends import Backend, EmbeddedBackend, RemoteBackend
 from actors.http.one_send import server_config
 from actors.http.options import GatewayOptions
+from actors.runtime import CRASH_EXIT_S, exit_after
 
 log = structlog.get_logger(__name__)
 
@@ -37,13 +38,17 @@ def build_backend(args: argparse.Namespace, engine_config: Any, max_pending: int
 
 
 def run_serve(args: argparse.Namespace, engine_config: Any, options: GatewayOptions) -> int:
+    """0 after SIGTERM/SIGINT; 1 when the embedded engine died (its clients got 503s)."""
     backend = build_backend(args, engine_config, options.max_pending)
     app = create_app(backend, options)
     log.info("serving", host=args.host, port=args.port, model=backend.model_name,
              mode="gateway" if args.redis_url else "embedded")
     config = server_config(app, args.host, args.port, timeout_graceful_shutdown=10)
-    event_loop.run(_serve_until_signalled(uvicorn.Server(config)))
-    return 0
+    server = uvicorn.Server(config)
+    if isinstance(backend, EmbeddedBackend):
+        backend.on_death = lambda: _exit_after_death(server)
+    event_loop.run(_serve_until_signalled(server))
+    return 1 if isinstance(backend, EmbeddedBackend) and backend.died is not None else 0
 
 
 async def _serve_until_signalled(server: uvicorn.Server) -> None:
@@ -56,6 +61,14 @@ async def _serve_until_signalled(server: uvicorn.Server) -> None:
         loop.add_signal_handler(sig, _request_exit, server)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # ours are installed above
     await server.serve()
+
+
+def _exit_after_death(server: uvicorn.Server) -> None:
+    """A process whose engine died only answers 503: exit (non-zero) for the supervisor to restart it.
+    Open responses finish first (they are answered with the error at once); os._exit if anything hangs."""
+    log.error("the engine died: exiting after the open responses")
+    server.should_exit = True
+    exit_after((server.config.timeout_graceful_shutdown or 0) + CRASH_EXIT_S, 1)
 
 
 def _request_exit(server: uvicorn.Server) -> None:
