@@ -1,0 +1,244 @@
+"""The gateway's OpenAPI 3.1 document (GET /openapi.json): the request bodies the parsers accept, field by field.
+
+The routes are plain Starlette routes that parse their bodies themselves (actors/http/bodies.py), so
+FastAPI cannot infer anything; this module writes the document instead. The sampling fields are read
+off SamplingParams (its dataclass fields, its type groups and its range table), so a new field or a
+changed range shows up here without an edit, and a field of a kind this module does not know fails
+loudly. Hand-written: the message and content-part shapes, and the bounds SamplingParams checks in
+code (n, best_of, top_k, ...). Rules across fields (min_tokens <= max_tokens, best_of >= n) and the
+model's limits (vocabulary, context length, --max-logprobs) are in the descriptions only: a 400 names them.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import MISSING, fields
+from functools import cache
+from typing import Any
+
+from actors.http.bodies import _REQUEST_ID
+from pipeline import sampling_params as sp
+from pipeline.param_checks import INT64_MAX, INT64_MIN
+
+Schema = dict[str, Any]
+
+_INT64: Schema = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
+_TOKEN_ID: Schema = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
+_NON_EMPTY_STRINGS: Schema = {"type": "array", "items": {"type": "string", "minLength": 1}}
+_TOKEN_ID_LIST: Schema = {"anyOf": [{"type": "array", "items": _TOKEN_ID}, {"type": "null"}]}
+_BASE64_DATA_URI = r"^data:[^,]*;base64,(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+# Bounds SamplingParams checks in code (_check_counts, _check_ranges), not in its _RANGES table.
+_BOUNDS_IN_CODE: dict[str, Schema] = {
+    "n": {"minimum": 1, "maximum": sp.MAX_N},
+    "best_of": {"minimum": 1, "maximum": sp.MAX_N, "description": f"in [n, {sp.MAX_N}]; null: n"},
+    "max_tokens": {"minimum": 1, "description": "null: until the context (max_model_len) is full"},
+    "min_tokens": {"minimum": 0, "description": "at most max_tokens"},
+    "logprobs": {"minimum": 0, "description": "at most the server's --max-logprobs"},
+    "prompt_logprobs": {"minimum": 0, "description": "at most the server's --max-logprobs"},
+    "truncate_prompt_tokens": {"minimum": 1},
+    "mirostat_mode": {"enum": [0, 2], "description": "0: off, 2: mirostat v2"},
+    "dynatemp_min": {"description": "at most dynatemp_max"},
+    "length_penalty": {"description": "1 unless use_beam_search"},
+    "temperature": {"description": "0 with use_beam_search"},
+}
+# Fields of no type group of SamplingParams: their accepted JSON shapes.
+_SHAPES: dict[str, Schema] = {
+    "top_k": {"anyOf": [{"const": -1}, {"type": "integer", "minimum": 1, "maximum": INT64_MAX}],
+              "description": "-1: off; 0 is an error"},
+    "stop": {"anyOf": [{"type": "string", "minLength": 1}, _NON_EMPTY_STRINGS, {"type": "null"}]},
+    "dry_sequence_breakers": {"anyOf": [_NON_EMPTY_STRINGS, {"type": "null"}]},
+    "stop_token_ids": _TOKEN_ID_LIST,
+    "custom_token_bans": _TOKEN_ID_LIST,
+    "logit_bias": {"anyOf": [
+        {"type": "object", "propertyNames": {"pattern": r"^\s*[0-9]{1,18}\s*$"},
+         "additionalProperties": {"type": "number", "minimum": -sp.MAX_LOGIT_BIAS, "maximum": sp.MAX_LOGIT_BIAS}},
+        {"type": "array", "items": {"type": "array", "minItems": 2, "maxItems": 2, "prefixItems": [
+            _TOKEN_ID, {"type": "number", "minimum": -sp.MAX_LOGIT_BIAS, "maximum": sp.MAX_LOGIT_BIAS}]}},
+        {"type": "null"}], "description": "token id (a decimal string key) -> bias"},
+    "early_stopping": {"anyOf": [{"type": "boolean"}, {"const": "never"}], "description": "only with use_beam_search"},
+}
+
+
+def sampling_properties() -> dict[str, Schema]:
+    """One property per SamplingParams field, typed and bounded as SamplingParams checks it."""
+    ranges = {name: bounds for name, *bounds in sp._RANGES}
+    sizes = {name: (most, longest) for name, most, longest in sp.LIST_LIMITS}
+    properties = {}
+    for field in fields(sp.SamplingParams):
+        schema = {**_typed(field.name), **_range(*ranges.get(field.name, (None, None, False, False)))}
+        schema.update(_BOUNDS_IN_CODE.get(field.name, {}))
+        if field.name in sizes:
+            _limit_size(schema, *sizes[field.name])
+        if field.default is not MISSING:
+            schema["default"] = list(field.default) if isinstance(field.default, tuple) else field.default
+        properties[field.name] = schema
+    return properties
+
+
+def _typed(name: str) -> Schema:
+    if name in _SHAPES:  # before the type groups: top_k is an int with a hole at 0
+        return copy.deepcopy(_SHAPES[name])
+    if name in sp._FLOAT_FIELDS:
+        return {"type": "number"}
+    if name in sp._INT_FIELDS:
+        return dict(_INT64)
+    if name in sp._OPTIONAL_INT_FIELDS:
+        return {**_INT64, "type": ["integer", "null"]}
+    if name in sp._BOOL_FIELDS:
+        return {"type": "boolean"}
+    raise ValueError(f"SamplingParams.{name} has no OpenAPI schema: give it one in actors/http/openapi.py")
+
+
+def _range(low: float | None, high: float | None, low_open: bool, high_open: bool) -> Schema:
+    bounds: Schema = {}
+    if low is not None:
+        bounds["exclusiveMinimum" if low_open else "minimum"] = low
+    if high is not None:
+        bounds["exclusiveMaximum" if high_open else "maximum"] = high
+    return bounds
+
+
+def _limit_size(schema: Schema, most: int, longest: int | None) -> None:
+    """LIST_LIMITS on each form a list field takes: items (or ids of a map), and characters per string."""
+    for form in schema.get("anyOf", [schema]):
+        if form.get("type") == "array":
+            form["maxItems"] = most
+            if longest is not None and form["items"].get("type") == "string":
+                form["items"]["maxLength"] = longest
+        elif form.get("type") == "object":
+            form["maxProperties"] = most
+        elif form.get("type") == "string" and longest is not None:
+            form["maxLength"] = longest
+
+
+def _gateway_fields() -> dict[str, Schema]:
+    """The fields every generation body has besides the sampling ones."""
+    return {
+        "model": {"type": ["string", "null"],
+                  "description": "the served model (GET /v1/models) or a loaded LoRA adapter; another name is a 404"},
+        "user": {"description": "accepted and not used (any JSON value)"},
+        "stream": {"type": ["boolean", "null"], "default": False, "description": "server-sent events"},
+        "stream_options": {
+            "type": ["object", "null"], "description": "needs stream: true; include_usage is read as a truth value",
+            "properties": {"include_usage": {}, "continuous_usage_stats": {}}, "additionalProperties": False},
+    }
+
+
+def completion_body() -> Schema:
+    prompt = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": _TOKEN_ID, "minItems": 1}],
+              "description": "one prompt: text (at most max_model_len x 64 characters), or token ids in the "
+                             "model's vocabulary"}
+    properties = {"prompt": prompt, **_gateway_fields(), **sampling_properties()}
+    return {"type": "object", "required": ["prompt"], "properties": properties, "additionalProperties": False}
+
+
+def chat_body() -> Schema:
+    sampling = sampling_properties()
+    sampling["max_tokens"]["default"] = None  # a chat answer runs to the end of its turn unless capped
+    sampling["logprobs"] = {"type": "boolean", "default": False, "description": "per-token logprobs of the answer"}
+    chat_only = {
+        "top_logprobs": {**_INT64, "type": ["integer", "null"], "minimum": 0,
+                         "description": "alternatives per token; needs logprobs: true"},
+        "max_completion_tokens": {**sampling["max_tokens"], "description": "max_tokens' other name; not both"},
+        "response_format": {"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"],
+                            "additionalProperties": False, "description": "text only; json modes are refused"},
+    }
+    properties = {"messages": {"type": "array", "minItems": 1, "items": _message()},
+                  **_gateway_fields(), **sampling, **chat_only}
+    return {"type": "object", "required": ["messages"], "properties": properties, "additionalProperties": False}
+
+
+def _message() -> Schema:
+    text_part = {"type": "object", "required": ["type", "text"], "additionalProperties": False,
+                 "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+    image_url = {"type": "object", "required": ["url"], "additionalProperties": False,
+                 "properties": {"url": {"type": "string", "pattern": _BASE64_DATA_URI,
+                                        "description": "a base64 data: URI; URLs are not fetched"},
+                                "detail": {"enum": ["auto", None]}}}
+    image_part = {"type": "object", "required": ["type", "image_url"], "additionalProperties": False,
+                  "properties": {"type": {"const": "image_url"}, "image_url": image_url},
+                  "description": "for vision models only (a 400 otherwise)"}
+    content = {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"oneOf": [text_part,
+                                                                                                   image_part]}}]}
+    return {"type": "object", "required": ["role", "content"], "additionalProperties": False,
+            "properties": {"role": {"type": "string", "minLength": 1}, "content": content}}
+
+
+def tokenize_body() -> Schema:
+    """A string prompt is tokenized as it is, and then messages is not read; other fields are ignored."""
+    return {"type": "object", "description": "prompt (a string), or else messages (rendered by the chat template)",
+            "properties": {"add_special_tokens": {"type": "boolean", "default": True}},
+            "if": {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+            "else": {"required": ["messages"],
+                     "properties": {"messages": {"type": "array", "minItems": 1, "items": _message()}}}}
+
+
+def detokenize_body() -> Schema:
+    return {"type": "object", "required": ["tokens"],
+            "properties": {"tokens": {"type": "array", "items": _TOKEN_ID,
+                                      "description": "token ids in the model's vocabulary"}}}
+
+
+_ERROR: Schema = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["message", "type", "param", "code"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+}
+_ERROR_STATUSES = {"400": "the body or a field is invalid (the message names it)", "401": "missing or wrong API key",
+                   "404": "no such model", "413": "the body is too large", "429": "too many requests in flight",
+                   "503": "no worker answered, or the request queue is unreachable"}
+_REQUEST_ID_CONFLICT = {"409": "X-Request-Id is in use by another request (another body, or another client)"}
+_EVENT: Schema = {"type": "object", "required": ["data"], "description": "one server-sent event",
+                  "properties": {"data": {"type": "string", "description": "a JSON chunk; the last is [DONE]"}}}
+_GENERATION_RESPONSE: Schema = {"type": "object", "required": ["id", "object", "created", "model", "choices"],
+                                "properties": {"choices": {"type": "array"}, "usage": {"type": "object"}}}
+
+
+def _operation(summary: str, body: Schema, answer: Schema, *, generation: bool = False) -> Schema:
+    """Generation operations also stream (SSE), and take an X-Request-Id."""
+    content = {"application/json": {"schema": answer}}
+    if generation:
+        content["text/event-stream"] = {"schema": _EVENT}
+    responses = {"200": {"description": "the answer", "content": content}}
+    for status, description in {**_ERROR_STATUSES, **(_REQUEST_ID_CONFLICT if generation else {})}.items():
+        responses[status] = {"description": description,
+                             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    operation: Schema = {"summary": summary, "security": [{"apiKey": []}], "responses": responses,
+                         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}
+    if generation:
+        operation["parameters"] = [{"name": "X-Request-Id", "in": "header", "required": False,
+                                    "description": "an idempotency key: the same client's retry of the same "
+                                                   "body attaches to the first answer",
+                                    "schema": {"type": "string", "pattern": _REQUEST_ID.pattern}}]
+    return operation
+
+
+@cache
+def _document() -> Schema:
+    tokens = {"type": "object", "required": ["tokens", "count", "max_model_len"],
+              "properties": {"tokens": {"type": "array", "items": {"type": "integer"}}, "count": {"type": "integer"}}}
+    text = {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Aqueduct", "version": "1",
+                 "description": "OpenAI-compatible completions and chat. Unknown fields are a 400, and so is an "
+                                "integer field given a number with a fraction part or exponent (1.0 for 1)."},
+        "paths": {
+            "/v1/completions": {"post": _operation("Complete a prompt", completion_body(), _GENERATION_RESPONSE,
+                                                   generation=True)},
+            "/v1/chat/completions": {"post": _operation("Answer a chat", chat_body(), _GENERATION_RESPONSE,
+                                                        generation=True)},
+            "/tokenize": {"post": _operation("Tokenize a prompt or chat", tokenize_body(), tokens)},
+            "/detokenize": {"post": _operation("Decode token ids", detokenize_body(), text)},
+        },
+        "components": {"schemas": {"Error": _ERROR},
+                       "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer",
+                                                      "description": "when the server runs with --api-key"}}},
+    }
+
+
+def openapi_document() -> Schema:
+    """The whole document (a fresh copy: callers may edit it)."""
+    return copy.deepcopy(_document())

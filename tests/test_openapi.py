@@ -1,0 +1,89 @@
+"""The OpenAPI document (actors/http/openapi.py) against the parsers it describes: the same sampling fields as
+SamplingParams, and for each field the same verdict on values at and around every documented bound."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+import jsonschema_rs
+import pytest
+
+from actors.http.openapi import chat_body, completion_body, openapi_document, sampling_properties
+from pipeline.param_checks import INT64_MAX, INT64_MIN
+from pipeline.sampling_params import LIST_LIMITS, SamplingParams
+
+GATEWAY_FIELDS = {"model", "user", "stream", "stream_options"}
+SAMPLING_FIELDS = {field.name for field in fields(SamplingParams)}
+# Values that make a field's cross-field rules hold, so a verdict is about the field alone.
+CONTEXT: dict[str, dict[str, Any]] = {
+    "dynatemp_min": {"dynatemp_max": 1e300},
+    "min_tokens": {"max_tokens": None},
+    "length_penalty": {"use_beam_search": True, "temperature": 0, "best_of": 2},
+    "early_stopping": {"use_beam_search": True, "temperature": 0, "best_of": 2},
+    "use_beam_search": {"temperature": 0, "best_of": 2},
+}
+PROBES: list[Any] = [None, True, False, "x", "never", "", [], {}, 0, 1, -1, 2, 0.5, 1.5, -2.5, 100, 1e9,
+                     INT64_MAX, INT64_MAX + 1, INT64_MIN, INT64_MIN - 1, ["a"], [""], [1], [-1], [1.5],
+                     {"1": 5}, {" 7 ": -100}, {"1": 101}, {"x": 1}, [[1, 2.0]], [[1]]]
+BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+for _, most, longest in LIST_LIMITS:  # lists at and past each size limit, strings at and past each length limit
+    PROBES += [[1] * most, [1] * (most + 1), ["a"] * most, ["a"] * (most + 1), {str(i): 1 for i in range(most + 1)}]
+    PROBES += [["a" * longest], ["a" * (longest + 1)], "a" * (longest + 1)] if longest else []
+
+
+def test_completion_bodies_have_exactly_the_sampling_params_fields() -> None:
+    assert set(completion_body()["properties"]) - GATEWAY_FIELDS - {"prompt"} == SAMPLING_FIELDS
+
+
+def test_chat_bodies_have_the_sampling_params_fields_and_chat_s_own() -> None:
+    chat_only = {"top_logprobs", "max_completion_tokens", "response_format"}
+    assert set(chat_body()["properties"]) - GATEWAY_FIELDS - {"messages"} == SAMPLING_FIELDS | chat_only
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLING_FIELDS))
+def test_the_schema_and_sampling_params_agree_on_values_around_each_bound(name: str) -> None:
+    schema = sampling_properties()[name]
+    validator = jsonschema_rs.Draft202012Validator(schema)
+    for value in [*PROBES, *_around_bounds(schema)]:
+        if _integral_float(value) and _is_integer_field(schema):
+            continue  # JSON Schema's integer includes 1.0; the parsers want 1 (the document's info says so)
+        documented = validator.is_valid(value)
+        assert documented == _accepted(name, value), f"{name}={value!r}: the schema says {documented}"
+
+
+def test_the_document_is_openapi_3_1_with_the_four_bodies() -> None:
+    document = openapi_document()
+    assert document["openapi"].startswith("3.1")
+    assert sorted(document["paths"]) == ["/detokenize", "/tokenize", "/v1/chat/completions", "/v1/completions"]
+    for path in document["paths"].values():
+        assert {"200", "400", "401", "404", "413", "429", "503"} <= set(path["post"]["responses"])
+
+
+def _accepted(name: str, value: Any) -> bool:
+    try:
+        SamplingParams.from_dict({**CONTEXT.get(name, {}), name: value})
+    except ValueError:
+        return False
+    return True
+
+
+def _around_bounds(schema: dict[str, Any]) -> list[Any]:
+    values: list[Any] = []
+    for part in [schema, *schema.get("anyOf", [])]:
+        for keyword in BOUND_KEYWORDS:
+            if keyword in part:
+                bound = part[keyword]
+                step = 1 if _is_integer_field(part) else 1e-6
+                values += [bound, bound - step, bound + step]
+    return values
+
+
+def _is_integer_field(schema: dict[str, Any]) -> bool:
+    kinds = schema.get("type", [])
+    return "integer" in (kinds if isinstance(kinds, list) else [kinds]) or any(
+        _is_integer_field(part) for part in schema.get("anyOf", []))
+
+
+def _integral_float(value: Any) -> bool:
+    return isinstance(value, float) and value.is_integer()
