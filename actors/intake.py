@@ -15,7 +15,7 @@ from redis.exceptions import ResponseError
 
 from actors.admission import Admission
 from actors.messages import Admit, ErrorReply, OpenReply
-from actors.recovery.ownership import Claim, Ownership
+from actors.recovery.ownership import Claim, Ownership, fingerprint_of
 from actors.recovery.resume import is_answered, resume_state
 from pipeline.intake import RequestBuilder
 from pipeline.request import Request
@@ -57,6 +57,7 @@ class IntakeActor:
         self.ownership = ownership
         self.max_read = max_read
         self.reply_to_pattern = reply_to_pattern
+        self._fingerprints: dict[str, str] = {}  # request id -> fingerprint_of, for ids in flight here
         self.log = structlog.get_logger(__name__).bind(actor=self.name)
 
     async def run(self) -> None:
@@ -84,8 +85,8 @@ class IntakeActor:
         if self.ownership is None:
             claims = [Claim.TAKEN] * len(admissible)  # no owner record: the reply stream always tells
         else:
-            claims = await retry_transient(lambda: self.ownership.claim([d.message.id for d in admissible]),
-                                           "claim requests")
+            ids, fingerprints = [d.message.id for d in admissible], [fingerprint_of(d.message) for d in admissible]
+            claims = await retry_transient(lambda: self.ownership.claim(ids, fingerprints), "claim requests")
         for delivery, claim in zip(admissible, claims, strict=True):
             await self._admit_claimed(delivery, claim)
 
@@ -101,15 +102,37 @@ class IntakeActor:
             await self._refuse_reply_to(message.id, reply_to, delivery)
             return False
         if message.id in self.admission.in_flight_ids or message.id in earlier_ids:
+            if self._fingerprints.get(message.id, fingerprint_of(message)) != fingerprint_of(message):
+                await self._conflict(message, delivery)
+                return False
             # Same id again while it runs here: its one reply stream already answers it.
             self.log.info("duplicate request id ignored while in flight", request_id=message.id)
             await delivery.ack()
             return False
+        self._remember_fingerprint(message)
         return True
+
+    def _remember_fingerprint(self, message: WireRequest) -> None:
+        """Fingerprints of the requests in flight here (a later entry with the id must match)."""
+        if len(self._fingerprints) > 2 * len(self.admission.in_flight_ids) + 64:
+            self._fingerprints = {request_id: fingerprint for request_id, fingerprint in self._fingerprints.items()
+                                  if request_id in self.admission.in_flight_ids}
+        self._fingerprints[message.id] = fingerprint_of(message)
+
+    async def _conflict(self, message: WireRequest, delivery: Delivery[Any]) -> None:
+        """Another request holds this id: its reply stream is not ours to read or write, so this one
+        can only be dead-lettered (a gateway answers such a reuse with a 409 before it gets here)."""
+        self.log.warning("request id in use by a different request; dead-lettered", request_id=message.id)
+        await self.dead_letter(Malformed(encode(message), "the request id is in use by a different request",
+                                         delivery.message_id, message.id, None))
+        await delivery.ack()
 
     async def _admit_claimed(self, delivery: Delivery[WireRequest], claim: Claim) -> None:
         message = delivery.message
         reply_to = message.reply_to or f"{self.prefix}:out:{message.id}"
+        if claim is Claim.CONFLICT:
+            await self._conflict(message, delivery)
+            return
         if claim is Claim.ELSEWHERE:
             self.log.info("request id in flight on another worker; not generated twice", request_id=message.id)
             await delivery.ack()

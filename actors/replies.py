@@ -40,30 +40,40 @@ def _logprobs(entries: list[TokenLogprob] | None) -> list[dict] | None:
 
 
 class ReplySink(Protocol):
-    async def write(self, batch: list[tuple[str, WireReply]]) -> None:
-        """Append entries (reply stream key, reply) in order; final entries start the expiry clock."""
+    async def write(self, batch: list[tuple[str, WireReply]]) -> list[str]:
+        """Append entries (reply stream key, reply) in order; final entries start the expiry clock.
+        Returns the request ids whose entries could not be written (their key holds no stream)."""
         ...
 
 
 # One step's reply entries in one script call: XADD each (capped at ~MAXLEN), and EXPIRE the
 # streams whose entry is final, with the owner keys that follow the stream keys in KEYS (one per
 # final entry, when the sink keeps owner keys). ARGV: maxlen, expire seconds, field, then
-# (data, "1" if final) per stream key.
+# (data, "1" if final) per stream key. A key that holds something other than a stream (a client
+# may name any key in reply_to, or SET one) is skipped, not an error that would fail the whole
+# step's write and the worker with it; the script returns the positions it skipped.
 _WRITE_REPLIES = """
 local maxlen, expire_s, field = ARGV[1], ARGV[2], ARGV[3]
 local num_streams = (#ARGV - 3) / 2
 local next_owner = num_streams + 1
+local skipped = {}
 for i = 1, num_streams do
-  redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', field, ARGV[2 * i + 2])
-  if ARGV[2 * i + 3] == '1' then
-    redis.call('EXPIRE', KEYS[i], expire_s)
-    if next_owner <= #KEYS then
-      redis.call('EXPIRE', KEYS[next_owner], expire_s)
-      next_owner = next_owner + 1
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  local final = ARGV[2 * i + 3] == '1'
+  if kind == 'stream' or kind == 'none' then
+    redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', field, ARGV[2 * i + 2])
+    if final then
+      redis.call('EXPIRE', KEYS[i], expire_s)
     end
+  else
+    skipped[#skipped + 1] = i
+  end
+  if final and next_owner <= #KEYS then
+    redis.call('EXPIRE', KEYS[next_owner], expire_s)
+    next_owner = next_owner + 1
   end
 end
-return num_streams
+return skipped
 """
 
 
@@ -89,11 +99,12 @@ class RedisReplySink:
         self._connection = pool.connection_class(**pool.connection_kwargs)
         self._lock = asyncio.Lock()
 
-    async def write(self, batch: list[tuple[str, WireReply]]) -> None:
+    async def write(self, batch: list[tuple[str, WireReply]]) -> list[str]:
         """Written once Redis has them; during an outage this waits (and the actor's inbox buffers).
-        A retry after a failed call may repeat entries: readers drop repeated seqs (DESIGN §3)."""
+        A retry after a failed call may repeat entries: readers drop repeated seqs (DESIGN §3).
+        Returns the ids of the entries skipped because their key is not a stream."""
         if not batch:
-            return
+            return []
         keys = [key for key, _ in batch]
         args: list[int | bytes | str] = [self.maxlen, self.expire_s, DATA_FIELD]
         for _, reply in batch:
@@ -103,19 +114,20 @@ class RedisReplySink:
                 keys.append(self.owner_key(reply.id))
         packed = hiredis.pack_command(("EVALSHA", self._sha, len(keys), *keys, *args))
         async with self._lock:
-            await retry_transient(lambda: self._call(packed), "write replies")
+            skipped = await retry_transient(lambda: self._call(packed), "write replies")
+        return [batch[position - 1][1].id for position in skipped or ()]
 
-    async def _call(self, packed: bytes, load_first: bool = False) -> None:
+    async def _call(self, packed: bytes, load_first: bool = False) -> list[int]:
         if load_first:
             await self.redis.script_load(_WRITE_REPLIES)
         try:
             await self._connection.send_packed_command(packed, check_health=False)
-            await self._connection.read_response()
+            return await self._connection.read_response()
         except NoScriptError:
             if load_first:
                 raise
             # Not loaded yet, or Redis restarted: nothing was written; load it and run it again.
-            await self._call(packed, load_first=True)
+            return await self._call(packed, load_first=True)
         except BaseException:
             await self._connection.disconnect()  # a reply half read must not meet the next call
             raise
@@ -132,11 +144,12 @@ class MemoryReplySink:
         self.writer_gone = False  # nothing will be written any more (the actor graph died)
         self._changed = asyncio.Condition()
 
-    async def write(self, batch: list[tuple[str, WireReply]]) -> None:
+    async def write(self, batch: list[tuple[str, WireReply]]) -> list[str]:
         for key, reply in batch:
             self.streams[key].append(reply)
         async with self._changed:
             self._changed.notify_all()
+        return []  # every key here is a stream
 
     async def wait_first(self, key: str) -> WireReply:
         async with self._changed:

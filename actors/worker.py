@@ -56,7 +56,7 @@ class WorkerOptions:
     redis_url: str
     prefix: str = "aqueduct"
     name: str | None = None  # default: hostname-pid (stable per container)
-    health_host: str = "0.0.0.0"
+    health_host: str = "127.0.0.1"  # the health port shows metrics: this host only unless asked
     health_port: int | None = None
     drain_timeout_s: float = 30.0
     max_in_flight: int | None = None  # default: 2 x max_num_seqs
@@ -67,6 +67,7 @@ class WorkerOptions:
     max_attempts: int = 3  # deliveries of one request before it is dead-lettered
     max_queue_wait_ms: int | None = None  # a request not started within this ends with an error
     reply_to_pattern: str | None = None  # glob a request's reply_to must match (default: {prefix}:out:*)
+    lora_root: str | None = None  # load_lora control entries may only name directories under it
     crash_exit_s: float | None = None  # the CLI: a crashed worker still running this long after is os._exit(1)ed
 
     @property
@@ -137,7 +138,8 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
                         options.max_queue_wait_ms, device, options.reply_to_pattern)
     await edges.start()
     actors = [*graph.actors, StatsReporter(engine, metrics, options.stats_interval_s),
-              ControlActor(redis, options.prefix, graph.to_scheduler, loras=engine.lora_registry, device=graph.device),
+              ControlActor(redis, options.prefix, graph.to_scheduler, loras=engine.lora_registry, device=graph.device,
+                           worker_name=options.consumer_name, lora_root=options.lora_root),
               Heartbeat(redis, options.prefix, name, options.claim_idle_ms),
               Claimer(redis, consumer, graph.intake, graph.admission, options.prefix, options.claim_idle_ms)]
     runtime = ActorRuntime(actors, graph.intake, graph.admission.wait_idle, options.drain_timeout_s,

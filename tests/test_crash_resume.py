@@ -58,7 +58,7 @@ def _kill_the_victim_mid_generation(model_dir: Path, prefix: str, tmp_path: Path
             emitted = {r: client.xlen(f"{prefix}:out:{r}") for r in requests}
             if sum(emitted.values()) < kill_after_entries:
                 return False
-            return any(client.get(f"{prefix}:owner:{r}") == b"victim"
+            return any((client.get(f"{prefix}:owner:{r}") or b"").endswith(b"\nvictim")
                        and emitted[r] < requests[r]["params"]["max_tokens"] // 2 for r in requests)
 
         wait_for(victim_is_mid_generation, 60, "the victim to be generating")

@@ -72,3 +72,23 @@ async def test_every_control_entry_is_answered(default_model_path: Path, prefix:
                                                                    (None, "unload_lora", False)]
     assert "--enable-lora" in results[0]["error"] and "path" in results[1]["error"]
     assert mine[0]["id"] == "op-2" and mine[0]["worker"] == "w0"
+
+
+async def test_a_wire_request_reusing_a_live_id_never_touches_its_stream(default_model_path: Path,
+                                                                          prefix: str) -> None:
+    """Same id, another body: dead-lettered, not attached (it would read the first request's output)
+    and not written into the first one's reply stream. The same body again attaches, as always."""
+    async with running_workers(default_model_path, prefix) as (redis, _):
+        victim = {"id": "shared-id", "prompt": "Once upon a time", "params": {**PARAMS, "max_tokens": 24}}
+        await push(redis, prefix, victim)
+        await push(redis, prefix, {**victim, "prompt": "Something else entirely"})
+        await push(redis, prefix, {"id": "alone", "prompt": "Once upon a time", "params": {**PARAMS, "max_tokens": 24}})
+        replies = await read_replies(redis, f"{prefix}:out:shared-id")
+        alone = await read_replies(redis, f"{prefix}:out:alone")
+        assert tokens_of(replies) == tokens_of(alone) and len(tokens_of(replies)) == 24
+        assert sorted(reply["seq"] for reply in replies) == list(range(len(replies)))  # nothing foreign
+        deadline = time.monotonic() + 10
+        while not await redis.xlen(f"{prefix}:dead") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        dead = [msgpack.unpackb(fields[b"data"]) for _, fields in await redis.xrange(f"{prefix}:dead")]
+        assert len(dead) == 1 and "in use by a different request" in str(dead[0])

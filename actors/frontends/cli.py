@@ -112,6 +112,7 @@ def _worker(args: argparse.Namespace) -> int:
                             redis_edges=frozenset(filter(None, args.redis_edges.split(","))),
                             claim_idle_ms=args.claim_idle_ms, max_attempts=args.max_attempts,
                             max_queue_wait_ms=args.max_queue_wait_ms, reply_to_pattern=args.reply_to_pattern,
+                            lora_root=args.lora_root,
                             crash_exit_s=CRASH_EXIT_S)
     return event_loop.run(run_worker(engine, options, device=device))
 
@@ -211,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--name", default=_env("AQUEDUCT_WORKER_NAME"),
                         help="consumer name (default: hostname-pid); env AQUEDUCT_WORKER_NAME")
     worker.add_argument("--health-port", type=int, default=None, help="serve /healthz, /readyz, /metrics")
-    worker.add_argument("--health-host", default="0.0.0.0")
+    worker.add_argument("--health-host", default="127.0.0.1",
+                        help="address of the health port (default: this host only; 0.0.0.0 for every interface)")
     worker.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to finish in-flight requests on SIGTERM")
     worker.add_argument("--max-in-flight", type=int, default=None,
@@ -222,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="deliveries of one request before it goes to {prefix}:dead")
     worker.add_argument("--max-queue-wait-ms", type=int, default=None,
                         help="a request not started within this many ms ends with an error (default: no limit)")
+    worker.add_argument("--lora-root", default=None, metavar="DIR",
+                        help="load_lora control entries may only name directories under DIR (symlinks resolved); "
+                             "unset, they may name any directory the worker can read (a warning says so)")
     worker.add_argument("--reply-to-pattern", default=None,
                         help="glob a request's reply_to must match, e.g. 'myapp:replies:*' (default: {prefix}:out:*); "
                              "other keys get an error reply on {prefix}:out:{id}")

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from actors.http.request_ids import RedisRequestIds
 from actors.messages import Cancel
 from actors.metrics import WorkerMetrics
 from actors.recovery.liveness import heartbeat_key
@@ -85,6 +86,7 @@ class RemoteBackend:
     async def start(self) -> None:
         self._redis = aioredis.Redis.from_url(self.redis_url, max_connections=self.max_connections)
         self.client = AqueductClient(self.redis_url, self.prefix, redis=self._redis, block_ms=500)
+        self.request_ids = RedisRequestIds(self._redis, self.prefix)  # shared by every gateway of the deployment
 
     def adapter_names(self) -> list[str]:
         return self.adapters

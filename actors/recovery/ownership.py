@@ -10,13 +10,20 @@ on a first delivery means no reply stream of this id is left, and the worker ski
 a reply stream shared by many requests that read costs the whole stream, once per admitted
 request. (A request left unfinished longer than `ttl_s` is the exception; its pending entry is
 claimed, a redelivery, long before: redeliveries always read.)
+
+The owner key also holds the request's fingerprint (`fingerprint_of`: a hash of what it asks,
+not of when it was sent), as `{fingerprint}\\n{worker}`. An entry whose id is held with another
+fingerprint is a CONFLICT: a different request reusing the id, which must neither attach to nor
+write into the first one's reply stream. A resubmission of the same request attaches as before.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Sequence
 
+import msgspec
 import redis.asyncio as aioredis
 
 from actors.recovery.liveness import heartbeat_key
@@ -26,29 +33,47 @@ class Claim(enum.Enum):
     FRESH = "fresh"  # nobody held the id: a new request
     TAKEN = "taken"  # held before, by this worker or a dead one: its reply stream tells how far it got
     ELSEWHERE = "elsewhere"  # a live worker holds it: that worker answers it
+    CONFLICT = "conflict"  # held by a different request (another fingerprint): not this one's id
 
 
 # Claims many ids in one round trip, each atomically. KEYS: owner keys. ARGV: this worker, ttl
 # seconds, the heartbeat key prefix (owner names are only known here, so their heartbeat keys are
-# built in the script: one Redis node, as the worker's other scripts need).
+# built in the script: one Redis node, as the worker's other scripts need), then one fingerprint
+# per key ("" matches any). A value without a fingerprint (written before they existed) matches any.
 _CLAIM = """
 local worker, ttl, heartbeat_prefix = ARGV[1], ARGV[2], ARGV[3]
 local claims = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('SET', key, worker, 'NX', 'EX', ttl) then
+  local fingerprint = ARGV[3 + i]
+  local value = fingerprint .. '\\n' .. worker
+  if redis.call('SET', key, value, 'NX', 'EX', ttl) then
     claims[i] = 'fresh'
   else
-    local owner = redis.call('GET', key)
-    if owner and owner ~= worker and redis.call('EXISTS', heartbeat_prefix .. owner) == 1 then
+    local held = redis.call('GET', key) or ''
+    local held_fingerprint, owner = string.match(held, '^(%x*)\\n(.*)$')
+    if not owner then
+      held_fingerprint, owner = '', held
+    end
+    if fingerprint ~= '' and held_fingerprint ~= '' and held_fingerprint ~= fingerprint then
+      claims[i] = 'conflict'
+    elseif owner ~= '' and owner ~= worker and redis.call('EXISTS', heartbeat_prefix .. owner) == 1 then
       claims[i] = 'elsewhere'
     else
-      redis.call('SET', key, worker, 'EX', ttl)
+      redis.call('SET', key, value, 'EX', ttl)
       claims[i] = 'taken'
     end
   end
 end
 return claims
 """
+_sorted_encoder = msgspec.msgpack.Encoder(order="sorted")
+
+
+def fingerprint_of(request: msgspec.Struct) -> str:
+    """What a wire request asks (every field but `deadline_ms`, which a client's retry recomputes),
+    in a canonical encoding (map keys sorted), hashed."""
+    asked = msgspec.structs.replace(request, deadline_ms=None)
+    return hashlib.sha256(_sorted_encoder.encode(asked)).hexdigest()[:32]
 
 
 class Ownership:
@@ -62,10 +87,12 @@ class Ownership:
     def key(self, request_id: str) -> str:
         return f"{self.prefix}:owner:{request_id}"
 
-    async def claim(self, request_ids: Sequence[str]) -> list[Claim]:
-        """One claim per id, in order (one round trip for a whole read of requests)."""
+    async def claim(self, request_ids: Sequence[str], fingerprints: Sequence[str] | None = None) -> list[Claim]:
+        """One claim per id, in order (one round trip for a whole read of requests); `fingerprints`
+        (fingerprint_of each request) turns an id held by a different request into CONFLICT."""
         if not request_ids:
             return []
+        fingerprints = list(fingerprints) if fingerprints is not None else [""] * len(request_ids)
         results = await self._claim(keys=[self.key(request_id) for request_id in request_ids],
-                                    args=[self.worker, self.ttl_s, heartbeat_key(self.prefix, "")])
+                                    args=[self.worker, self.ttl_s, heartbeat_key(self.prefix, ""), *fingerprints])
         return [Claim(result.decode() if isinstance(result, bytes) else result) for result in results]
