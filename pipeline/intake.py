@@ -103,22 +103,7 @@ class RequestBuilder:
         return expand_placeholders(ids, pixels, self.vision)
 
     def _chat_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Content parts as chat templates take them: a vision model's template gets a list of
-        {type: text, text} / {type: image} parts; a text model's gets the text parts joined."""
-        rendered = []
-        for index, message in enumerate(messages):
-            content = message["content"]
-            if self.vision is not None:
-                parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
-                rendered.append({**message, "content": parts})
-            elif isinstance(content, str):
-                rendered.append(message)
-            else:
-                if any(part["type"] == "image" for part in content):
-                    raise ValueError(f"messages[{index}].content: image parts need a vision-language model; "
-                                     "this model takes text only")
-                rendered.append({**message, "content": "\n".join(part["text"] for part in content)})
-        return rendered
+        return template_messages(messages, vision=self.vision is not None)
 
     def _check_params(self, params: SamplingParams, num_prompt_tokens: int) -> None:
         """The rules that need the model: context left for the output, vocabulary, --max-logprobs."""
@@ -175,3 +160,22 @@ class RequestBuilder:
                 raise ValueError(f"prompt_token_ids[{position}] must be an int in [0, {self.vocab_size}), "
                                  f"got {token_id!r}")
         return [int(t) for t in ids]
+
+
+def template_messages(messages: list[dict[str, Any]], *, vision: bool) -> list[dict[str, Any]]:
+    """Content parts as chat templates take them: a vision model's template gets a list of
+    {type: text, text} / {type: image} parts; a text model's gets the text parts joined."""
+    rendered = []
+    for index, message in enumerate(messages):
+        content = message["content"]
+        if vision:
+            parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+            rendered.append({**message, "content": parts})
+        elif isinstance(content, str):
+            rendered.append(message)
+        else:
+            if any(part["type"] == "image" for part in content):
+                raise ValueError(f"messages[{index}].content: image parts need a vision-language model; "
+                                 "this model takes text only")
+            rendered.append({**message, "content": "\n".join(part["text"] for part in content)})
+    return rendered

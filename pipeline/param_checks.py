@@ -13,6 +13,8 @@ from typing import Any, NoReturn
 from pipeline.untrusted import INT64_MAX, INT64_MIN
 
 _TOKEN_ID_TEXT = re.compile(r"\s*[0-9]{1,18}\s*\Z")
+# Sampling parameters become float32 tensor rows; a larger magnitude would turn into inf there.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def fail(message: str) -> NoReturn:
@@ -41,6 +43,8 @@ def to_float(name: str, value: Any) -> float:
         fail(f"{name} must be a number, got {type(value).__name__} {value!r}")
     if not math.isfinite(value):
         fail(f"{name} must be finite, got {value!r}")
+    if abs(value) > FLOAT32_MAX:
+        fail(f"{name} must be at most {FLOAT32_MAX:.4g} in magnitude (a 32-bit float), got {value:g}")
     return float(value)
 
 

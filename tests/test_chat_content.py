@@ -89,3 +89,20 @@ async def test_tokenize_keeps_special_text_in_messages_as_text(default_model_pat
         response = await client.post("/tokenize", json={"messages": messages})
     assert response.status_code == 200
     assert response.json()["tokens"] == _ids(_builder(tokenizer), messages)  # as a worker reads them
+
+
+async def test_tokenize_joins_text_parts_as_a_text_model_worker_does(tokenizer) -> None:
+    import httpx
+
+    from actors.http.app import create_app
+    from actors.http.options import GatewayOptions
+    from tests.gateway_helpers import SilentBackend
+
+    backend = SilentBackend()
+    backend.tokenizer = tokenizer
+    transport = httpx.ASGITransport(app=create_app(backend, GatewayOptions()))
+    messages = [{"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}]
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        response = await client.post("/tokenize", json={"messages": messages})
+    assert response.status_code == 200, response.text
+    assert response.json()["tokens"] == _ids(_builder(tokenizer), messages)

@@ -97,6 +97,15 @@ def test_every_int_parameter_is_bounded_to_int64() -> None:
     assert SamplingParams(seed=-(2**63)).seed == -(2**63) and SamplingParams(seed=INT64_MAX).seed == INT64_MAX
 
 
+def test_float_parameters_fit_a_float32() -> None:
+    # 1e300 is a finite JSON number that the sampler's float32 rows would hold as inf
+    for name in ("temperature", "presence_penalty", "mirostat_tau", "logit_bias"):
+        value = {"5": 1e300} if name == "logit_bias" else 1e300
+        with pytest.raises(ValueError, match="32-bit float"):
+            SamplingParams.from_dict({name: value})
+    assert SamplingParams.from_dict({"temperature": 1e38}).temperature == 1e38
+
+
 # ---- the wire codec ----------------------------------------------------------------------------
 
 def _raw_request(**fields: object) -> bytes:

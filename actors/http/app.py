@@ -24,6 +24,7 @@ from actors.http.limits import check_api_key, read_body_limited
 from actors.http.options import GatewayOptions
 from actors.metrics import METRICS_CONTENT_TYPE
 from pipeline.chat_content import ChatContentGuard
+from pipeline.intake import template_messages
 from pipeline.tokenizer import tokenizer_vocab_size
 
 log = structlog.get_logger(__name__)
@@ -152,9 +153,13 @@ def _tokenize(tokenizer: Any, body: dict[str, Any], content_guard: ChatContentGu
 
 
 def _chat_messages(messages: list[Any]) -> list[dict[str, Any]]:
-    """`messages` checked as a chat request's are, as chat templates take them."""
+    """`messages` checked as a chat request's are, as a text model's worker gives them to the chat
+    template (text parts joined; with image parts, as a vision model's worker does)."""
     try:
-        return [message.as_dict() for message in parse_messages(messages, images=[])]
+        parsed = [message.as_dict() for message in parse_messages(messages, images=[])]
+        has_images = any(isinstance(m["content"], list) and any(p["type"] == "image" for p in m["content"])
+                         for m in parsed)
+        return template_messages(parsed, vision=has_images)
     except ValueError as error:
         raise invalid(str(error), "messages") from None
 
