@@ -224,8 +224,9 @@ def _decode(decoder: msgspec.msgpack.Decoder[Any], raw: bytes, what: str) -> Any
         fields = msgspec.structs.fields(decoder.type)
         message = readable_validation_error(str(error), what, tuple(f.encode_name for f in fields))
         raise CodecError(message, request_id, reply_to) from None
-    except msgspec.DecodeError as error:
-        raise CodecError(f"{what} data is not valid msgpack: {error}") from None
+    except msgspec.DecodeError as error:  # e.g. invalid UTF-8 in one text: the id may still be readable
+        request_id, reply_to = peek_ids(raw)
+        raise CodecError(f"{what} data is not valid msgpack: {error}", request_id, reply_to) from None
     except RecursionError:  # msgspec's own depth limit, on maps and lists inside `Any` fields
         request_id, reply_to = peek_ids(raw)
         raise CodecError(f"{what} data is nested too deeply", request_id, reply_to) from None

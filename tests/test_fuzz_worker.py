@@ -150,3 +150,19 @@ def test_the_worker_still_serves_after_the_fuzzing(worker):
     while worker.redis.xpending(f"{worker.prefix}:requests", "workers")["pending"] and time.monotonic() < ack_deadline:
         time.sleep(0.01)
     assert worker.redis.xpending(f"{worker.prefix}:requests", "workers")["pending"] == 0
+
+
+def test_loadtest_with_hostile_entries_answers_every_one_and_loses_nothing(worker, capsys):
+    from actors.frontends.cli import build_parser
+
+    args = build_parser().parse_args([
+        "loadtest", "--redis-url", REDIS_URL, "--prefix", worker.prefix, "--rate", "20", "--duration", "2",
+        "--prompt-len", "4", "16", "--output-len", "2", "8", "--vocab-size", "500", "--hostile-fraction", "0.5",
+        "--wait", "60"])
+    assert args.handler(args) == 0
+    report = capsys.readouterr().out
+    assert "lost 0" in report and "unanswered 0" in report, report
+    hostile = int(report.split("hostile ")[1].split(":")[0])
+    assert hostile >= 10  # about half of 41 entries: every kind at least once
+    assert "workers alive: 1 at the start, 1 at the end" in report
+    assert worker.thread.is_alive()

@@ -132,7 +132,7 @@ RAW_HOSTILE_ENTRIES = [
 def test_hostile_wire_entries_are_codec_errors_that_keep_the_id(raw: bytes) -> None:
     with pytest.raises(CodecError) as refused:
         decode_request(raw)
-    assert refused.value.request_id == "r1" or b"\xed\xa0\x80" in raw or b"\xc4\x02" in raw
+    assert refused.value.request_id == "r1"  # so the producer gets an error reply, whatever is wrong
 
 
 # What msgpack can carry: ints up to 2**64 - 1 (uint64), extension types, and the rest as in JSON.

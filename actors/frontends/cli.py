@@ -244,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument("--output-len", type=int, nargs=2, default=[16, 64], metavar=("MIN", "MAX"))
     loadtest.add_argument("--vocab-size", type=int, default=4096, help="token ids are drawn below this")
     loadtest.add_argument("--wait", type=float, default=120.0, help="seconds to wait for stragglers afterwards")
+    loadtest.add_argument("--hostile-fraction", type=float, default=0.0, metavar="F",
+                          help="this share of the entries hostile (malformed, oversized, forged); reported apart")
     loadtest.set_defaults(handler=_loadtest)
 
     submit = commands.add_parser("submit", help="send one request to a deployment and print the result")

@@ -23,6 +23,7 @@ import enum
 import hashlib
 from collections.abc import Sequence
 
+import msgpack
 import msgspec
 import redis.asyncio as aioredis
 
@@ -73,7 +74,11 @@ def fingerprint_of(request: msgspec.Struct) -> str:
     """What a wire request asks (every field but `deadline_ms`, which a client's retry recomputes),
     in a canonical encoding (map keys sorted), hashed."""
     asked = msgspec.structs.replace(request, deadline_ms=None)
-    return hashlib.sha256(_sorted_encoder.encode(asked)).hexdigest()[:32]
+    try:
+        canonical = _sorted_encoder.encode(asked)
+    except UnicodeEncodeError:  # a lone surrogate in an in-process request: its build refuses it later
+        canonical = msgpack.packb(msgspec.to_builtins(asked, order="sorted"), unicode_errors="surrogatepass")
+    return hashlib.sha256(canonical).hexdigest()[:32]
 
 
 class Ownership:
