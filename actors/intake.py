@@ -17,8 +17,8 @@ from actors.admission import Admission
 from actors.messages import Admit, ErrorReply, OpenReply
 from actors.recovery.ownership import Claim, Ownership, fingerprint_of
 from actors.recovery.resume import is_answered, resume_state
-from pipeline.intake import RequestBuilder
-from pipeline.request import Request
+from pipeline.intake.request_builder import RequestBuilder
+from pipeline.request.request import Request
 from queue_adapters.base import Consumer, Delivery, Producer
 from queue_adapters.codec import Malformed, WireReply, WireRequest, encode
 from queue_adapters.redis_streams import retry_transient

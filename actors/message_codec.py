@@ -12,9 +12,9 @@ from typing import Any
 import msgspec
 
 from actors.messages import Admit, Cancel, RequestFailed, StepEvents
-from pipeline.outputs import StopStringFinish
-from pipeline.step_plan import StepPlan
-from pipeline.step_result import StepResult
+from pipeline.request.outputs import StopStringFinish
+from pipeline.step.plan import StepPlan
+from pipeline.step.result import StepResult
 
 _TYPES: dict[str, type] = {cls.__name__: cls for cls in (Admit, Cancel, RequestFailed, StepEvents, StopStringFinish,
                                                           StepPlan, StepResult)}

@@ -6,11 +6,11 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from pipeline.image_input import ImageInput
-from pipeline.outputs import PromptLogprobsEvent, TokenEvent
-from pipeline.request import FinishReason, Request, ResumeState
-from pipeline.sampling_params import SamplingParams
-from pipeline.step_result import StepResult
+from pipeline.request.image_input import ImageInput
+from pipeline.request.outputs import PromptLogprobsEvent, TokenEvent
+from pipeline.request.request import FinishReason, Request, ResumeState
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.step.result import StepResult
 from queue_adapters.base import Delivery
 
 

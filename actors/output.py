@@ -18,9 +18,9 @@ from actors.admission import Admission
 from actors.base import Actor
 from actors.messages import Cancel, ErrorReply, OpenReply, RequestFailed, StepEvents
 from actors.replies import ReplySink, to_wire
-from pipeline.output_processor import OutputProcessor
-from pipeline.outputs import RequestDelta
-from pipeline.request import FinishReason
+from pipeline.output.output_processor import OutputProcessor
+from pipeline.request.outputs import RequestDelta
+from pipeline.request.request import FinishReason
 from queue_adapters.base import Consumer, Delivery, Producer
 from queue_adapters.memory import MemoryConsumer
 

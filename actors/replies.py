@@ -12,7 +12,7 @@ import hiredis
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
-from pipeline.outputs import RequestDelta, TokenLogprob
+from pipeline.request.outputs import RequestDelta, TokenLogprob
 from queue_adapters.codec import WireChoice, WireError, WireReply, WireUsage, encode
 from queue_adapters.redis_streams import DATA_FIELD, retry_transient
 

@@ -2,7 +2,7 @@
 
 Inbox: Admit, StepResult, StopStringFinish, Cancel. After each batch of mail it expires
 deadlines and plans: with no step in flight, the next one; with one in flight, the one after it,
-from predicted lengths (pipeline/lookahead.py), so that tensor prep builds step N + 1 while the
+from predicted lengths (pipeline/scheduling/lookahead.py), so that tensor prep builds step N + 1 while the
 device runs N and the device never waits on host work (`overlap=False`: one step at a time, as
 the plain step loop). A step's token events go to Output only after the next plan is sent:
 streams wake their readers in order, so tensor prep runs before Output processes those tokens.
@@ -16,10 +16,10 @@ from typing import Any
 
 from actors.base import Actor
 from actors.messages import Admit, Cancel, RequestFailed, StepEvents
-from pipeline.outputs import StopStringFinish
-from pipeline.request import FinishReason
-from pipeline.scheduler import Scheduler
-from pipeline.step_result import StepResult
+from pipeline.request.outputs import StopStringFinish
+from pipeline.request.request import FinishReason
+from pipeline.scheduling.scheduler import Scheduler
+from pipeline.step.result import StepResult
 from queue_adapters.base import Consumer, Producer
 
 

@@ -4,7 +4,7 @@ All device work (forward and sampling) runs on one dedicated thread, so the even
 blocks on the device and the device sees one stream of work in order. Like kernels on a CUDA
 stream, work is queued there without waiting for what is ahead of it: the GPU actor queues a
 step (its forward, then its sampling) and hands the sampling actor the pending result. The next
-step (planned ahead while this one runs, pipeline/lookahead.py) can be queued right behind it: its
+step (planned ahead while this one runs, pipeline/scheduling/lookahead.py) can be queued right behind it: its
 placeholder input ids are filled on the device thread with the tokens this step sampled, just
 before its forward.
 """
@@ -21,10 +21,10 @@ import torch
 from actors.base import Actor
 from actors.messages import PendingStep
 from pipeline.model.runner import ModelRunner
-from pipeline.sampler import Sampler
-from pipeline.step_plan import StepPlan
-from pipeline.step_result import StepResult, sample_step
-from pipeline.tensor_prep import PreparedStep, TensorPrep
+from pipeline.sampling.sampler import Sampler
+from pipeline.step.plan import StepPlan
+from pipeline.step.result import StepResult, sample_step
+from pipeline.tensor_prep.prepare import PreparedStep, TensorPrep
 from queue_adapters.base import Consumer, Producer
 
 

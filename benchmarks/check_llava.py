@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 from tests.hf_llava import IMAGE_TOKEN, IMAGE_TOKEN_ID, VOCAB_SIZE, build_tokenizer
 from tests.hf_models import _randomize
 

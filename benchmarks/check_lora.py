@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.config import LoRAConfig
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 from tests.engine_helpers import NEAR_TIE_MARGIN, hf_greedy, make_engine
 from tests.hf_models import make_tiny_hf_model
 from tests.lora_adapters import ALL_PROJECTIONS, make_peft_adapter, peft_model, run_with_adapters

@@ -32,11 +32,11 @@ from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.check_sampling_cases import beam_cases, best_of_cases, settings
-from pipeline import rng
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from pipeline.default_model import default_model_dir
 from pipeline.engine import LLMEngine
-from pipeline.sampling_params import SamplingParams
+from pipeline.loading.default_model import default_model_dir
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.sampling import rng
 from tests.engine_helpers import run_requests
 from tests.hf_models import make_tiny_hf_model
 from tests.sampling_helpers import knobs_of

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.dry import SequenceBreakers
-from pipeline.sampling_params import DEFAULT_DRY_SEQUENCE_BREAKERS, SamplingParams
+from pipeline.request.sampling_params import DEFAULT_DRY_SEQUENCE_BREAKERS, SamplingParams
+from pipeline.sampling.dry import SequenceBreakers
 
 MIROSTAT_TOKENS = 72
 ALONE: dict[str, dict[str, Any]] = {

@@ -29,10 +29,10 @@ from safetensors import safe_open
 from actors.frontends.bench import Workload, gguf_file_of, llama_cpp_available, time_llama_cpp
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig
 from pipeline.engine import LLMEngine
+from pipeline.loading.model_source import resolve_model
 from pipeline.model.loader import weight_files
 from pipeline.model.quantized_linear import per_group_kernel_only
-from pipeline.model_source import resolve_model
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 
 CONFIGS = {  # name -> (dtype, quantization, cpu_linear, quantized layers on their kernels for every row count)
     "float32": ("float32", "none", "auto", False),

@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 from pipeline.config import EngineConfig, ModelConfig
 from pipeline.engine import LLMEngine
 from pipeline.model import cpu_kernel
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 
 
 def main() -> None:

@@ -43,7 +43,7 @@ from schemathesis import GenerationMode
 from structlog.testing import capture_logs
 
 from actors.http.openapi import openapi_document
-from pipeline.default_model import default_model_dir
+from pipeline.loading.default_model import default_model_dir
 from tests.gateway_fuzz import AUTH, HANG_S, Edged, OneLifespan, edged_bodies, fuzz_app, fuzz_backend, tame
 
 

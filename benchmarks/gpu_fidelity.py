@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 from tests.engine_helpers import NEAR_TIE_MARGIN, run_requests
 from tests.hf_models import make_tiny_hf_model
 

@@ -20,7 +20,7 @@ from pipeline.config import CacheConfig, EngineConfig, ModelConfig
 from pipeline.engine import LLMEngine
 from pipeline.model import quantized_linear
 from pipeline.model.runner import dummy_prefill_inputs
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 
 # name -> (dtype, quantization, whether 4-bit layers keep the per-group kernel for every row count).
 # A prefill of this many rows multiplies by the dequantized 4-bit weights (quantized_linear.py); the

@@ -22,17 +22,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.sampler import Sampler
-from pipeline.sampling_batch import SamplingBatch
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.sampling.sampler import Sampler
+from pipeline.step.sampling_batch import SamplingBatch
 
 HISTORY_TOKENS = 512  # prompt + output per row, for penalties and DRY
 
 
 def _batch(rows: int, vocab: int, params: SamplingParams) -> SamplingBatch:
     """A batch of identical rows built the way tensor prep builds it (through a PersistentBatch)."""
-    from pipeline.persistent_batch import PersistentBatch
-    from pipeline.step_plan import NewSequence, StepPlan
+    from pipeline.step.plan import NewSequence, StepPlan
+    from pipeline.tensor_prep.persistent_batch import PersistentBatch
 
     generator = np.random.default_rng(0)
     persistent = PersistentBatch(rows, HISTORY_TOKENS + 1, 16)

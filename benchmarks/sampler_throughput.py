@@ -44,7 +44,7 @@ def run_python(tree: Path, cache: Path, args: list[str]) -> subprocess.Completed
 
 @functools.cache
 def model_dir(tree: Path, cache: Path) -> Path:
-    code = "from pipeline.default_model import default_model_dir; print(default_model_dir())"
+    code = "from pipeline.loading.default_model import default_model_dir; print(default_model_dir())"
     return Path(run_python(tree, cache, ["-c", code]).stdout.strip().splitlines()[-1])
 
 

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pipeline.kv_cache_manager import cdiv
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.scheduling.kv_cache_manager import cdiv
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, make_engine
 from tests.hf_models import make_tiny_hf_model
 

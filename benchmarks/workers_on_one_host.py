@@ -30,7 +30,7 @@ def _engine_process(model: str, threads: int | None, start_at: float, seconds: f
     from actors.process_tuning import set_compute_threads, tune_glibc_malloc
     from pipeline.config import EngineConfig, ModelConfig
     from pipeline.engine import LLMEngine
-    from pipeline.sampling_params import SamplingParams
+    from pipeline.request.sampling_params import SamplingParams
 
     configure_logging("WARNING")
     tune_glibc_malloc()

@@ -39,7 +39,8 @@ def _require(condition: bool, message: str) -> None:
 class ModelConfig:
     """Which weights to load and how. `model=None` means the built-in default model."""
 
-    model: str | None = None  # 'builtin', a packaged model's name, a .gguf file, a directory (pipeline/model_source.py)
+    # 'builtin', a packaged model's name, a .gguf file, a directory (pipeline/loading/model_source.py)
+    model: str | None = None
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     device: str = "auto"  # auto: cuda when available, else cpu
     max_model_len: int | None = None  # None: the model's max_position_embeddings
@@ -55,7 +56,7 @@ class ModelConfig:
     max_image_bytes: int = 20 * 2**20  # vision models: the largest encoded image a request may send
     max_image_pixels: int = 6000 * 6000  # vision models: the largest image (width x height) a request may send
     # Read special-token text inside chat messages as special tokens (trusted clients only): by default
-    # it stays text, so a message cannot forge role markers (pipeline/chat_content.py).
+    # it stays text, so a message cannot forge role markers (pipeline/intake/chat_content.py).
     special_tokens_in_messages: bool = False
 
     def __post_init__(self) -> None:

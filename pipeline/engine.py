@@ -13,25 +13,25 @@ from dataclasses import dataclass
 
 import structlog
 
-from pipeline.chat_content import ChatContentGuard
 from pipeline.config import EngineConfig, ModelConfig
-from pipeline.dry import SequenceBreakers, token_decoder
-from pipeline.image_processor import ImageLimits, ImageProcessor
-from pipeline.intake import RequestBuilder
-from pipeline.kv_cache_manager import KVCacheManager
+from pipeline.intake.chat_content import ChatContentGuard
+from pipeline.intake.image_processor import ImageLimits, ImageProcessor
+from pipeline.intake.request_builder import RequestBuilder
+from pipeline.loading.model_source import resolve_model
+from pipeline.loading.tokenizer import load_tokenizer
 from pipeline.lora.slots import LoRASlots
 from pipeline.model.loader import resolve_device, resolve_dtype
 from pipeline.model.runner import ModelRunner
-from pipeline.model_source import resolve_model
-from pipeline.output_processor import OutputProcessor
-from pipeline.outputs import RequestDelta
-from pipeline.request import FinishReason, Request
-from pipeline.sampler import Sampler
-from pipeline.sampling_params import SamplingParams
-from pipeline.scheduler import Scheduler
-from pipeline.step_result import sample_step
-from pipeline.tensor_prep import TensorPrep
-from pipeline.tokenizer import load_tokenizer
+from pipeline.output.output_processor import OutputProcessor
+from pipeline.request.outputs import RequestDelta
+from pipeline.request.request import FinishReason, Request
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.sampling.dry import SequenceBreakers, token_decoder
+from pipeline.sampling.sampler import Sampler
+from pipeline.scheduling.kv_cache_manager import KVCacheManager
+from pipeline.scheduling.scheduler import Scheduler
+from pipeline.step.result import sample_step
+from pipeline.tensor_prep.prepare import TensorPrep
 
 log = structlog.get_logger(__name__)
 
@@ -47,7 +47,7 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        # The runner resolves the same dtype; a GGUF file is converted to it (pipeline/model_source.py).
+        # The runner resolves the same dtype; a GGUF file is converted to it (pipeline/loading/model_source.py).
         dtype = resolve_dtype(config.model.dtype, resolve_device(config.model.device))
         resolved = resolve_model(config.model.model, dtype)
         self.model_dir, self.model_name = resolved.path, resolved.name

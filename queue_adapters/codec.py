@@ -17,8 +17,8 @@ import msgpack
 import msgspec
 from msgspec import Meta, Struct
 
-from pipeline.sampling_params import SamplingParams
-from pipeline.untrusted import INT64_MAX, UntrustedValueError, check_untrusted
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.request.untrusted import INT64_MAX, UntrustedValueError, check_untrusted
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
 MAX_ID_LENGTH = 128
@@ -243,7 +243,7 @@ def _check_prompt(request: WireRequest) -> None:
 
 def _check_untrusted_params(params: dict[str, Any]) -> None:
     """`params` is a free map on the wire: every value in it must still be plain, finite, 64-bit,
-    valid text and shallow (pipeline/untrusted.py), whoever sent it."""
+    valid text and shallow (pipeline/request/untrusted.py), whoever sent it."""
     try:
         check_untrusted(params, "params")
     except UntrustedValueError as error:

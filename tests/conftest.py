@@ -15,7 +15,7 @@ from actors.process_tuning import passive_omp_wait
 
 passive_omp_wait()  # as the CLI does (before torch is imported), so tests run what deployments run
 
-from pipeline.default_model import default_model_dir  # noqa: E402
+from pipeline.loading.default_model import default_model_dir  # noqa: E402
 
 REDIS_URL = os.environ.get("AQUEDUCT_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 

@@ -9,7 +9,7 @@ import torch
 
 from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 
 NEAR_TIE_MARGIN = 1e-3
 

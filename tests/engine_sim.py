@@ -4,11 +4,11 @@ whose scheduled tokens reach its end, exactly as the engine would after a forwar
 from __future__ import annotations
 
 from pipeline.config import SchedulerConfig
-from pipeline.kv_cache_manager import KVCacheManager
-from pipeline.request import Request
-from pipeline.sampling_params import SamplingParams
-from pipeline.scheduler import Scheduler
-from pipeline.step_plan import StepPlan
+from pipeline.request.request import Request
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.scheduling.kv_cache_manager import KVCacheManager
+from pipeline.scheduling.scheduler import Scheduler
+from pipeline.step.plan import StepPlan
 
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_num_batched_tokens: int = 32,

@@ -22,8 +22,8 @@ import torch
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.model.runner import ModelRunner
-from pipeline.sampling_params import SamplingParams
-from pipeline.step_inputs import StepInputs
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.step.inputs import StepInputs
 from tests.engine_helpers import run_requests
 
 

@@ -6,7 +6,7 @@ permutation of LlamaModel files (Llama, Mistral, Mixtral), Mixtral's experts sta
 tensor per kind, Gemma's norm weights stored as 1 + w, 2-D+ weights quantized (norms, biases and
 MoE routers stay F32, as llama-quantize keeps them), llama3 rope scaling as a `rope_freqs` tensor,
 Phi-3 LongRoPE as `rope_factors_long/short`, and a tokenizer (tests/gguf_tokenizers.py). Written
-independently of pipeline/gguf, so a convention wrong on one side shows up as a mismatch.
+independently of pipeline/loading/gguf, so a convention wrong on one side shows up as a mismatch.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def byte_level_vocabulary(vocab_size: int) -> tuple[list[str], list[str]]:
     """(tokens in id order, merges as 'a b') of a byte-level BPE trained on the bundled corpus."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from pipeline.default_model import load_corpus
+    from pipeline.loading.default_model import load_corpus
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -83,7 +83,7 @@ def sentencepiece_pieces(count: int) -> list[str]:
     order transformers' Gemma tokenizer rebuilds the merges from."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from pipeline.default_model import load_corpus
+    from pipeline.loading.default_model import load_corpus
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never")

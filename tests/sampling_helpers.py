@@ -7,11 +7,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from pipeline import rng
-from pipeline.persistent_batch import PersistentBatch
-from pipeline.sampling_batch import SamplingBatch
-from pipeline.sampling_params import SamplingParams
-from pipeline.step_plan import NewSequence, StepPlan
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.sampling import rng
+from pipeline.step.plan import NewSequence, StepPlan
+from pipeline.step.sampling_batch import SamplingBatch
+from pipeline.tensor_prep.persistent_batch import PersistentBatch
 from tests.sampling_reference import Knobs, RowResult, reference_row
 
 

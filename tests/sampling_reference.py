@@ -1,7 +1,7 @@
 """A plain numpy reference of SAMPLING.md, written from the document alone, one row at a time.
 
 Float64 throughout, loops where the document describes loops; no code is shared with
-pipeline/sampler.py and its stages. `reference_row` returns what the sampler must return for
+pipeline/sampling/sampler.py and its stages. `reference_row` returns what the sampler must return for
 one row: the final logits (whose log_softmax are the processed logprobs), the chosen token and,
 for mirostat rows, the next mu.
 """

@@ -88,7 +88,7 @@ def test_batch_runs_all_torch_work_on_one_device_thread(tmp_path, default_model_
 
 def test_chat_lines_render_the_chat_template_and_get_chat_completion_bodies(tmp_path, default_model_path,
                                                                             monkeypatch):
-    from pipeline.tokenizer import load_hf_tokenizer
+    from pipeline.loading.tokenizer import load_hf_tokenizer
 
     monkeypatch.setenv("AQUEDUCT_CACHE_DIR", str(default_model_path.parent))
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The river"}]

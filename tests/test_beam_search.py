@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 from tests.engine_helpers import make_engine, run_requests
 from tests.hf_models import make_tiny_hf_model
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.output_processor import OutputProcessor
-from pipeline.outputs import TokenEvent, TokenLogprob
-from pipeline.request import Request, ResumeState
-from pipeline.sampling_params import SamplingParams
+from pipeline.output.output_processor import OutputProcessor
+from pipeline.request.outputs import TokenEvent, TokenLogprob
+from pipeline.request.request import Request, ResumeState
+from pipeline.request.sampling_params import SamplingParams
 from tests.engine_helpers import make_engine, run_requests
 from tests.hf_models import make_tiny_hf_model
 

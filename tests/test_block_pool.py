@@ -1,5 +1,5 @@
-from pipeline.block_pool import BlockPool
-from pipeline.kv_cache_manager import KVCacheManager
+from pipeline.scheduling.block_pool import BlockPool
+from pipeline.scheduling.kv_cache_manager import KVCacheManager
 from tests.engine_sim import make_request
 
 

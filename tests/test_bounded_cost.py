@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.dry import SequenceBreakers
-from pipeline.intake import MAX_CHARS_PER_TOKEN, RequestBuilder
-from pipeline.sampling_params import LIST_LIMITS, SamplingParams
+from pipeline.intake.request_builder import MAX_CHARS_PER_TOKEN, RequestBuilder
+from pipeline.request.sampling_params import LIST_LIMITS, SamplingParams
+from pipeline.sampling.dry import SequenceBreakers
 
 
 @pytest.mark.parametrize(("name", "most_items", "longest"), LIST_LIMITS)

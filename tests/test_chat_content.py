@@ -1,4 +1,4 @@
-"""Special-token text inside chat messages stays text (pipeline/chat_content.py): a client cannot
+"""Special-token text inside chat messages stays text (pipeline/intake/chat_content.py): a client cannot
 write role markers into the conversation, and messages without such text tokenize as HF's do."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.chat_content import ChatContentGuard
-from pipeline.intake import RequestBuilder
-from pipeline.sampling_params import SamplingParams
-from pipeline.tokenizer import load_hf_tokenizer, load_tokenizer
+from pipeline.intake.chat_content import ChatContentGuard
+from pipeline.intake.request_builder import RequestBuilder
+from pipeline.loading.tokenizer import load_hf_tokenizer, load_tokenizer
+from pipeline.request.sampling_params import SamplingParams
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 

@@ -17,8 +17,8 @@ from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.cpu_kernel import RopeKVKernel, load_decode_kernel, load_rope_kv_kernel
 from pipeline.model.kv_quant import FP8_DTYPES, Fp8KVCache
 from pipeline.model.quantized_linear import Int8Linear, quantized_kernels_work
-from pipeline.sampling_params import SamplingParams
-from pipeline.step_inputs import StepInputs
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.step.inputs import StepInputs
 from tests.engine_helpers import hf_greedy, run_requests
 from tests.fp8_agreement import fixed_prompts, measure_agreement
 from tests.hf_models import make_tiny_hf_model

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from pipeline.config import LoRAConfig
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 from tests.conftest import REDIS_URL
 from tests.engine_helpers import make_engine
 from tests.hf_models import make_tiny_hf_model

@@ -16,8 +16,8 @@ from pipeline.model.flex_attention import FlexPagedAttention
 from pipeline.model.flex_graphs import FlexDecodeBuffers
 from pipeline.model.memory_profile import MemoryProfile, sampler_reserve
 from pipeline.model.runner import ModelRunner
-from pipeline.sampling_params import SamplingParams
-from pipeline.step_inputs import StepInputs
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.step.inputs import StepInputs
 from tests.hf_models import make_tiny_hf_model
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -7,8 +7,8 @@ import pathlib
 
 import pytest
 
-from pipeline import default_model
-from pipeline.default_model import DEFAULT_MODEL_DIRNAME, default_model_dir
+from pipeline.loading import default_model
+from pipeline.loading.default_model import DEFAULT_MODEL_DIRNAME, default_model_dir
 
 
 def file_hashes(directory: pathlib.Path) -> dict[str, str]:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pipeline.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from pipeline.output.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 
 MULTILINGUAL_TEXT = (
     "Café au lait, naïve façade, crème brûlée. 東京 and 京都 🍜🍙! "
@@ -163,7 +163,7 @@ def test_empty_add_returns_empty_string(tokenizer):
 def test_fast_decoder_gives_the_tokenizers_text(default_model_path):
     from transformers import AutoTokenizer
 
-    from pipeline.detokenizer import fast_decoder
+    from pipeline.output.detokenizer import fast_decoder
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path)
     fast = fast_decoder(tokenizer)

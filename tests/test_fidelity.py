@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
 from tests.hf_models import ARCHS, make_tiny_hf_model
 

@@ -26,8 +26,8 @@ from pipeline.model.flex_attention import FlexPagedAttention
 from pipeline.model.flex_plan import decode_plan, prefill_plan
 from pipeline.model.graphs import CUDAGraphRunner
 from pipeline.model.runner import ModelRunner
-from pipeline.sampling_params import SamplingParams
-from pipeline.step_inputs import StepInputs
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.step.inputs import StepInputs
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, run_requests
 from tests.hf_models import make_tiny_hf_model
 from tests.test_model_forward import ATOL, Reference, Seqs, run_and_check

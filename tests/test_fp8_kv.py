@@ -14,12 +14,12 @@ from safetensors.torch import load_file, save_file
 from actors.frontends.engine_args import add_engine_args, engine_config_from_args
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
+from pipeline.loading.model_source import packaged_model_file
 from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.cpu_kernel import load_decode_kernel
 from pipeline.model.kv_quant import FP8_DTYPES, Fp8KVCache, fp8_max, kv_scale_of
-from pipeline.model_source import packaged_model_file
-from pipeline.sampling_params import SamplingParams
-from pipeline.step_inputs import StepInputs
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.step.inputs import StepInputs
 from tests.engine_helpers import run_requests
 from tests.fp8_agreement import fixed_prompts, make_cache_engine, measure_agreement
 from tests.hf_models import make_tiny_hf_model

@@ -12,7 +12,7 @@ import pytest
 
 from actors.http.backends import RemoteBackend
 from actors.http.options import GatewayOptions
-from pipeline.tokenizer import load_tokenizer
+from pipeline.loading.tokenizer import load_tokenizer
 from tests.conftest import REDIS_URL
 from tests.gateway_helpers import API_KEY, serving
 from tests.worker_helpers import running_workers

@@ -16,14 +16,14 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import pipeline.gguf.convert as convert
-import pipeline.gguf.file_hash as file_hash
-from pipeline.gguf import gguf_model_dir
-from pipeline.gguf.architectures import gguf_architecture
-from pipeline.gguf.hf_config import hf_config
-from pipeline.gguf.metadata import GgufMetadata
-from pipeline.model_source import resolve_model
-from pipeline.sampling_params import SamplingParams
+import pipeline.loading.gguf.convert as convert
+import pipeline.loading.gguf.file_hash as file_hash
+from pipeline.loading.gguf import gguf_model_dir
+from pipeline.loading.gguf.architectures import gguf_architecture
+from pipeline.loading.gguf.hf_config import hf_config
+from pipeline.loading.gguf.metadata import GgufMetadata
+from pipeline.loading.model_source import resolve_model
+from pipeline.request.sampling_params import SamplingParams
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
 from tests.gguf_files import hf_model_from_gguf, write_gguf, write_minimal_gguf, write_rounded_checkpoint
 from tests.gguf_tokenizers import BOS_TOKEN_ID

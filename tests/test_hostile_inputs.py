@@ -19,10 +19,10 @@ from actors.frontends.batch import read_batch_file
 from actors.http.app import create_app
 from actors.http.backends import EmbeddedBackend
 from actors.http.options import GatewayOptions
-from pipeline.output_processor import OutputProcessor
-from pipeline.outputs import TokenEvent
-from pipeline.sampling_params import SamplingParams
-from pipeline.untrusted import INT64_MAX, MAX_NESTING, UntrustedValueError, check_untrusted, loads_json
+from pipeline.output.output_processor import OutputProcessor
+from pipeline.request.outputs import TokenEvent
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.request.untrusted import INT64_MAX, MAX_NESTING, UntrustedValueError, check_untrusted, loads_json
 from queue_adapters.codec import CodecError, WireRequest, decode_request
 from tests.engine_helpers import make_engine
 
@@ -267,7 +267,7 @@ class _ExplodingMatcher:
 
 
 def test_a_request_whose_output_processing_raises_fails_alone(model_dir: Path) -> None:
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.loading.tokenizer import load_tokenizer
 
     outputs = OutputProcessor(load_tokenizer(model_dir))
     params = SamplingParams(max_tokens=4)

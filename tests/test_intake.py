@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from jinja2.exceptions import TemplateError
 
-from pipeline.intake import RequestBuilder
-from pipeline.sampling_params import SamplingParams
+from pipeline.intake.request_builder import RequestBuilder
+from pipeline.request.sampling_params import SamplingParams
 
 
 class _StrictTemplateTokenizer:

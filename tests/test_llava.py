@@ -13,8 +13,8 @@ import pytest
 
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
-from pipeline.image_processor import ImageProcessor
-from pipeline.sampling_params import SamplingParams
+from pipeline.intake.image_processor import ImageProcessor
+from pipeline.request.sampling_params import SamplingParams
 from tests.engine_helpers import assert_greedy_equal
 from tests.hf_llava import (
     IMAGE_TOKEN_ID,
@@ -262,7 +262,7 @@ def test_a_request_resumed_after_a_crash_keeps_its_images(llava_dir: Path, hf: H
     """Another worker rebuilds the request from its wire entry (images included) and continues from
     the tokens the client already has; the output is the uninterrupted one."""
     from actors.intake import build_request
-    from pipeline.request import ResumeState
+    from pipeline.request.request import ResumeState
     from queue_adapters.codec import WireRequest
 
     prompt = "The river <image> bends toward the"

@@ -113,7 +113,7 @@ def test_admit_carries_the_images_over_a_redis_edge(engine: LLMEngine) -> None:
 
 
 def engine_params() -> Any:
-    from pipeline.sampling_params import SamplingParams
+    from pipeline.request.sampling_params import SamplingParams
 
     return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
 

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 from tests.engine_helpers import assert_greedy_equal, hf_greedy
 from tests.hf_models import make_tiny_hf_model
 from tests.lora_adapters import ADAPTER_SPECS, make_adapters, peft_model, run_with_adapters

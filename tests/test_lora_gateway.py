@@ -15,7 +15,7 @@ from actors.frontends.batch import read_batch_file, run_offline
 from actors.http.backends import EmbeddedBackend
 from actors.http.options import GatewayOptions
 from pipeline.config import LoRAConfig
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 from tests.engine_helpers import make_engine
 from tests.gateway_helpers import API_KEY, serving
 from tests.lora_adapters import ADAPTER_SPECS, make_peft_adapter, run_with_adapters

@@ -13,7 +13,7 @@ from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig
 from pipeline.engine import LLMEngine
 from pipeline.lora.adapter import LoRAError
 from pipeline.lora.slots import LoRASlots
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 from tests.hf_models import make_tiny_hf_model
 from tests.lora_adapters import make_peft_adapter
 

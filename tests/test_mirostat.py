@@ -9,9 +9,9 @@ import torch
 
 from actors.recovery.resume import resume_state
 from actors.replies import to_wire
-from pipeline.request import ResumeState
-from pipeline.sampler import Sampler
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.request import ResumeState
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.sampling.sampler import Sampler
 from queue_adapters.codec import WireReply, decode_reply, encode
 from tests.engine_helpers import make_engine, run_requests
 from tests.hf_models import make_tiny_hf_model

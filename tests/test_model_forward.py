@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
 from pipeline.model.graphs import CUDAGraphRunner, capture_sizes
 from pipeline.model.runner import ModelRunner
-from pipeline.step_inputs import StepInputs
+from pipeline.step.inputs import StepInputs
 from tests.hf_models import make_tiny_hf_model
 
 ATOL = 1e-4

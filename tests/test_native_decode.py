@@ -15,7 +15,7 @@ from pipeline.engine import LLMEngine
 from pipeline.model.cpu_kernel import load_decoder_layers
 from pipeline.model.native_decode import ANY_ROWS, NativeDecoder
 from pipeline.model.quantized_linear import dequantize_min_rows
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 from tests.engine_helpers import run_requests
 from tests.gguf_files import write_gguf
 from tests.hf_models import make_tiny_hf_model

@@ -10,14 +10,14 @@ import jsonschema_rs
 import pytest
 
 from actors.http.openapi import chat_body, completion_body, openapi_document, sampling_properties
-from pipeline.param_checks import INT64_MAX, INT64_MIN
-from pipeline.sampling_params import LIST_LIMITS, SamplingParams
+from pipeline.request.param_checks import FLOAT32_MAX, INT64_MAX, INT64_MIN
+from pipeline.request.sampling_params import LIST_LIMITS, SamplingParams
 
 GATEWAY_FIELDS = {"model", "user", "stream", "stream_options"}
 SAMPLING_FIELDS = {field.name for field in fields(SamplingParams)}
 # Values that make a field's cross-field rules hold, so a verdict is about the field alone.
 CONTEXT: dict[str, dict[str, Any]] = {
-    "dynatemp_min": {"dynatemp_max": 1e300},
+    "dynatemp_min": {"dynatemp_max": FLOAT32_MAX},
     "min_tokens": {"max_tokens": None},
     "length_penalty": {"use_beam_search": True, "temperature": 0, "best_of": 2},
     "early_stopping": {"use_beam_search": True, "temperature": 0, "best_of": 2},

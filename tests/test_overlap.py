@@ -1,4 +1,4 @@
-"""The actor graph plans step N + 1 while N runs (pipeline/lookahead.py); its answers must be exactly
+"""The actor graph plans step N + 1 while N runs (pipeline/scheduling/lookahead.py); its answers must be exactly
 those of the plain step loop, through preemption, stop strings, EOS, seeds and cancels."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import pytest
 from tqdm import tqdm
 
 from actors.frontends.batch import read_batch_file, run_embedded, run_offline
-from pipeline.kv_cache_manager import KVCacheManager
-from pipeline.lookahead import PLACEHOLDER_TOKEN
-from pipeline.request import Request
-from pipeline.sampling_params import SamplingParams
-from pipeline.scheduler import Scheduler
-from pipeline.step_result import StepResult
-from pipeline.tensor_prep import TensorPrep
+from pipeline.request.request import Request
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.scheduling.kv_cache_manager import KVCacheManager
+from pipeline.scheduling.lookahead import PLACEHOLDER_TOKEN
+from pipeline.scheduling.scheduler import Scheduler
+from pipeline.step.result import StepResult
+from pipeline.tensor_prep.prepare import TensorPrep
 from tests.engine_helpers import make_engine
 from tests.test_batch_offline import _assert_same_results
 

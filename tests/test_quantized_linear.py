@@ -10,7 +10,7 @@ import torch
 
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
-from pipeline.gguf.quant_blocks import decode_q4
+from pipeline.loading.gguf.quant_blocks import decode_q4
 from pipeline.model import quantized_linear
 from pipeline.model.cpu_kernel import load_quantized_linear_kernel
 from pipeline.model.quantized_linear import (
@@ -21,7 +21,7 @@ from pipeline.model.quantized_linear import (
     quantized_kernels_work,
     unpack_nibbles,
 )
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 from tests.engine_helpers import run_requests
 from tests.gguf_files import write_gguf
 from tests.hf_models import make_tiny_hf_model

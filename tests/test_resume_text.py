@@ -7,9 +7,9 @@ import pytest
 
 from actors.recovery.resume import resume_state
 from actors.replies import to_wire
-from pipeline.output_processor import OutputProcessor
-from pipeline.outputs import TokenEvent
-from pipeline.sampling_params import SamplingParams
+from pipeline.output.output_processor import OutputProcessor
+from pipeline.request.outputs import TokenEvent
+from pipeline.request.sampling_params import SamplingParams
 
 TEXT = "Grüß Gott 🍜 and then END of text 🍙 done"
 PROMPT = [5, 6, 7]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipeline import rng
+from pipeline.sampling import rng
 
 
 def _counters(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

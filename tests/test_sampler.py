@@ -9,9 +9,9 @@ import pytest
 import torch
 from scipy import stats
 
-from pipeline import rng
-from pipeline.sampler import Sampler, compute_prompt_logprobs
-from pipeline.sampling_batch import SamplingBatch
+from pipeline.sampling import rng
+from pipeline.sampling.sampler import Sampler, compute_prompt_logprobs
+from pipeline.step.sampling_batch import SamplingBatch
 
 # Token ids deliberately not in probability order: the inverse CDF walks token-id order.
 LOGITS_6 = np.array([0.5, 2.0, -1.5, 0.0, 1.0, -0.5], dtype=np.float32)

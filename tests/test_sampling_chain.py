@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from pipeline.dry import SequenceBreakers
-from pipeline.sampler import Sampler
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.sampling.dry import SequenceBreakers
+from pipeline.sampling.sampler import Sampler
 from tests.sampling_helpers import Row, batch_of, knobs_of, reference_of
 from tests.sampling_reference import reference_row, softmax
 
@@ -197,7 +197,7 @@ def test_xtc_coin_is_its_own_stream_so_the_token_draw_is_unchanged() -> None:
 def test_min_p_and_top_a_without_a_sort_drop_what_the_sorted_path_drops() -> None:
     """Stage 4 skips its sort when no row uses top-p or top-k; with ties at the top and top_a
     large enough to drop every token but one, it keeps the lowest id, as the sorted path does."""
-    from pipeline.truncation import apply_top_p_k_min_a
+    from pipeline.sampling.truncation import apply_top_p_k_min_a
 
     generator = np.random.default_rng(11)
     logits = torch.from_numpy(generator.normal(0, 2, (6, 40)).astype(np.float32))
@@ -214,7 +214,7 @@ def test_min_p_and_top_a_without_a_sort_drop_what_the_sorted_path_drops() -> Non
 
 def test_smoothing_with_curve_one_keeps_masked_tokens_masked_and_matches_the_reference() -> None:
     """Curve 1 (the default) takes a shorter path: top - f * d^2, with no finiteness mask."""
-    from pipeline.reshaping import apply_smoothing
+    from pipeline.sampling.reshaping import apply_smoothing
     from tests.sampling_reference import smoothing
 
     logits = np.random.default_rng(4).normal(0, 3, (3, 30)).astype(np.float32)

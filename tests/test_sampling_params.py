@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.sampling_params import SamplingParams, SamplingRowValues, SamplingType
+from pipeline.request.sampling_params import SamplingParams, SamplingRowValues, SamplingType
 
 
 def test_defaults_match_openai_and_vllm() -> None:

@@ -15,12 +15,12 @@ from actors.frontends.cli import build_parser
 from actors.frontends.engine_args import engine_config_from_args
 from actors.message_codec import decode_message, encode_message
 from actors.messages import Admit
-from pipeline import rng
-from pipeline.dry import SequenceBreakers, dry_penalties, token_decoder
-from pipeline.intake import RequestBuilder
-from pipeline.request import Request
-from pipeline.sampler import Sampler
-from pipeline.sampling_params import SamplingParams
+from pipeline.intake.request_builder import RequestBuilder
+from pipeline.request.request import Request
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.sampling import rng
+from pipeline.sampling.dry import SequenceBreakers, dry_penalties, token_decoder
+from pipeline.sampling.sampler import Sampler
 from queue_adapters.codec import CodecError, decode_request, encode
 from tests.engine_helpers import make_engine, run_requests
 from tests.sampling_helpers import Row, batch_of

@@ -1,6 +1,6 @@
 import pytest
 
-from pipeline.request import FinishReason, SequenceStatus
+from pipeline.request.request import FinishReason, SequenceStatus
 from tests.engine_sim import make_request, make_scheduler, run_step, run_to_completion
 
 

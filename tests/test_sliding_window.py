@@ -10,10 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pipeline.config import SchedulerConfig
-from pipeline.kv_cache_manager import NULL_BLOCK, KVCacheManager
-from pipeline.request import Request
-from pipeline.sampling_params import SamplingParams
-from pipeline.scheduler import Scheduler
+from pipeline.request.request import Request
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.scheduling.kv_cache_manager import NULL_BLOCK, KVCacheManager
+from pipeline.scheduling.scheduler import Scheduler
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
 from tests.hf_models import make_tiny_hf_model
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-import pipeline.model_source as model_source
+import pipeline.loading.model_source as model_source
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
-from pipeline.model_source import PACKAGED_MODELS, PackagedModel, default_cli_model, packaged_model_file
-from pipeline.sampling_params import SamplingParams
+from pipeline.loading.model_source import PACKAGED_MODELS, PackagedModel, default_cli_model, packaged_model_file
+from pipeline.request.sampling_params import SamplingParams
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, run_requests
 from tests.gguf_files import hf_model_from_gguf
 

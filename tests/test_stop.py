@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pipeline.stop import StopStringMatcher
+from pipeline.output.stop import StopStringMatcher
 
 
 def feed_all(matcher: StopStringMatcher, deltas: list[str]) -> tuple[str, str | None]:

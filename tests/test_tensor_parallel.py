@@ -23,8 +23,8 @@ from pipeline.engine import LLMEngine
 from pipeline.model.attention_shape import AttentionShape
 from pipeline.model.parallel import LocalHeads, local_heads
 from pipeline.model.tp_group import backend_for, check_world, pack, rank_device, unpack
-from pipeline.sampling_params import SamplingParams
-from pipeline.step_inputs import StepInputs
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.step.inputs import StepInputs
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, run_requests
 from tests.hf_models import make_tiny_hf_model
 
@@ -145,7 +145,7 @@ _SERVE_FOREVER = textwrap.dedent("""
     import os, sys, time
     from pipeline.config import CacheConfig, EngineConfig, ModelConfig
     from pipeline.engine import LLMEngine
-    from pipeline.sampling_params import SamplingParams
+    from pipeline.request.sampling_params import SamplingParams
 
     if __name__ == "__main__":
         engine = LLMEngine(EngineConfig(model=ModelConfig(model=sys.argv[1], tensor_parallel_size=2),

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from pipeline.tensor_prep import TensorPrep
+from pipeline.tensor_prep.prepare import TensorPrep
 from tests.engine_sim import fake_token, make_request, make_scheduler
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from pipeline.tokenizer import SnapshotTokenizer, load_tokenizer
+from pipeline.loading.tokenizer import SnapshotTokenizer, load_tokenizer
 
 TEXTS = ["The river runs", "ünïcødé ✓ and\n\n  spaces\t", "東京 😀 café", "<|im_start|>user\nhi<|im_end|>",
          "x<|endoftext|>y", " leading space", "trailing  "]

@@ -15,7 +15,7 @@ from pathlib import Path
 import msgpack
 import redis
 
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 from tests.conftest import REDIS_URL
 from tests.engine_helpers import make_engine, run_requests
 

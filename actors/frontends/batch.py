@@ -29,9 +29,9 @@ from actors.intake import build_request
 from actors.replies import MemoryReplySink, to_wire
 from actors.runtime import ActorRuntime
 from pipeline.engine import LLMEngine
-from pipeline.outputs import RequestDelta
-from pipeline.rng import seed_from_request_id
-from pipeline.untrusted import loads_json
+from pipeline.request.outputs import RequestDelta
+from pipeline.request.untrusted import loads_json
+from pipeline.sampling.rng import seed_from_request_id
 from queue_adapters.client import AqueductClient, assemble
 from queue_adapters.codec import CodecError, Malformed, WireReply, WireRequest
 from queue_adapters.memory import MemoryStream

@@ -34,8 +34,8 @@ import structlog
 from actors.frontends.engine_args import engine_config_from_args
 from actors.process_tuning import peer_omp_defaults, tune_glibc_malloc
 from pipeline.engine import EngineStats, LLMEngine
-from pipeline.model_source import PACKAGED_MODELS, packaged_model_file
-from pipeline.sampling_params import SamplingParams
+from pipeline.loading.model_source import PACKAGED_MODELS, packaged_model_file
+from pipeline.request.sampling_params import SamplingParams
 
 log = structlog.get_logger(__name__)
 

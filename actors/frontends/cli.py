@@ -51,9 +51,9 @@ def _remote_tokenizer(args: argparse.Namespace) -> tuple[Any, str]:
     """The tokenizer of the model the deployment is assumed to serve (--model, else the CLI default),
     for the token strings of logprobs; the text itself comes from the workers."""
     from actors.frontends.engine_args import model_from_args
+    from pipeline.loading.model_source import resolve_model
+    from pipeline.loading.tokenizer import load_tokenizer
     from pipeline.model.loader import resolve_device, resolve_dtype
-    from pipeline.model_source import resolve_model
-    from pipeline.tokenizer import load_tokenizer
 
     resolved = resolve_model(model_from_args(args), resolve_dtype(args.dtype, resolve_device(args.device)))
     return load_tokenizer(resolved.path), resolved.name

@@ -18,7 +18,7 @@ from pipeline.config import (
     SchedulerConfig,
     parse_size,
 )
-from pipeline.model_source import default_cli_model
+from pipeline.loading.model_source import default_cli_model
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

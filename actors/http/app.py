@@ -23,9 +23,9 @@ from actors.http.generation import Generation
 from actors.http.limits import check_api_key, read_body_limited
 from actors.http.options import GatewayOptions
 from actors.metrics import METRICS_CONTENT_TYPE
-from pipeline.chat_content import ChatContentGuard
-from pipeline.intake import template_messages
-from pipeline.tokenizer import tokenizer_vocab_size
+from pipeline.intake.chat_content import ChatContentGuard
+from pipeline.intake.request_builder import template_messages
+from pipeline.loading.tokenizer import tokenizer_vocab_size
 
 log = structlog.get_logger(__name__)
 _PLAYGROUND = Path(__file__).with_name("playground.html")  # a chat page for trying the server in a browser

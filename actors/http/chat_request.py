@@ -12,7 +12,7 @@ from typing import Any
 
 from actors.http.completion_request import sampling_fields
 from actors.http.content_parts import parse_content
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 from queue_adapters.codec import ChatMessage
 
 CHAT_URL = "/v1/chat/completions"

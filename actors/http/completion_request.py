@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 
 _IGNORED = {"model", "user"}  # accepted and not used: one model per worker; user is metadata
 _UNSUPPORTED = {"echo", "suffix", "stream_options"}

@@ -6,7 +6,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from pipeline.untrusted import UntrustedValueError, loads_json
+from pipeline.request.untrusted import UntrustedValueError, loads_json
 
 # Engine error codes (wire `error.code`) -> HTTP status; anything else is a bug or an outage.
 _STATUS_OF_ENGINE_CODE = {"invalid_request": 400, "queue_timeout": 503, "poison": 500, "worker_died": 503}
@@ -41,7 +41,7 @@ def invalid(message: str, param: str | None = None) -> ApiError:
 
 
 def parse_json_body(raw: bytes) -> Any:
-    """A request body as JSON, checked once at the edge (pipeline/untrusted.py): valid Unicode,
+    """A request body as JSON, checked once at the edge (pipeline/request/untrusted.py): valid Unicode,
     64-bit integers, finite numbers, bounded nesting; anything else is a 400 naming the field."""
     try:
         return loads_json(raw)

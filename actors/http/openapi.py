@@ -17,8 +17,8 @@ from functools import cache
 from typing import Any
 
 from actors.http.bodies import _REQUEST_ID
-from pipeline import sampling_params as sp
-from pipeline.param_checks import INT64_MAX, INT64_MIN
+from pipeline.request import sampling_params as sp
+from pipeline.request.param_checks import FLOAT32_MAX, INT64_MAX, INT64_MIN
 
 Schema = dict[str, Any]
 
@@ -79,8 +79,8 @@ def sampling_properties() -> dict[str, Schema]:
 def _typed(name: str) -> Schema:
     if name in _SHAPES:  # before the type groups: top_k is an int with a hole at 0
         return copy.deepcopy(_SHAPES[name])
-    if name in sp._FLOAT_FIELDS:
-        return {"type": "number"}
+    if name in sp._FLOAT_FIELDS:  # the sampler's rows are float32
+        return {"type": "number", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX}
     if name in sp._INT_FIELDS:
         return dict(_INT64)
     if name in sp._OPTIONAL_INT_FIELDS:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from pipeline.request import ResumeState
+from pipeline.request.request import ResumeState
 from queue_adapters.codec import CodecError, WireReply, decode_reply
 from queue_adapters.redis_streams import DATA_FIELD
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from pipeline.untrusted import UntrustedValueError, loads_json
+from pipeline.request.untrusted import UntrustedValueError, loads_json
 
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 CONFIG_FILE = "adapter_config.json"

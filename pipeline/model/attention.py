@@ -47,7 +47,7 @@ from pipeline.model.attention_groups import (
 )
 from pipeline.model.cpu_kernel import DecodeKernel, RopeKVKernel
 from pipeline.model.kv_quant import KERNEL_FORMATS, Fp8KVCache, calculated_scale, dequantize_into, quantize
-from pipeline.step_inputs import StepInputs
+from pipeline.step.inputs import StepInputs
 
 # One layer's cache: a tensor in the model's dtype, or fp8 bytes with their scales.
 KVCache = torch.Tensor | Fp8KVCache

@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 import torch
 
-from pipeline.cache_dir import cache_dir
+from pipeline.loading.cache_dir import cache_dir
 
 log = structlog.get_logger(__name__)
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from pipeline.image_input import ImageInput
 from pipeline.model.models.llava import ImageEmbeddings
-from pipeline.step_inputs import ImageSlice
+from pipeline.request.image_input import ImageInput
+from pipeline.step.inputs import ImageSlice
 
 DEFAULT_CACHED_IMAGES = 16
 

@@ -31,7 +31,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from pipeline.host_to_device import to_device
 from pipeline.model.flex_plan import TilePlan, decode_plan, pad_tiles, prefill_plan
-from pipeline.step_inputs import StepInputs
+from pipeline.step.inputs import StepInputs
 
 # Query rows per prefill tile: also the sparse Q block size and the kernel's BLOCK_M on CUDA.
 PREFILL_TILE = 64

@@ -16,7 +16,7 @@ import torch
 
 from pipeline.model.flex_attention import FlexAttentionMetadata, FlexPagedAttention, FlexPass
 from pipeline.model.flex_plan import decode_plan
-from pipeline.step_inputs import StepInputs
+from pipeline.step.inputs import StepInputs
 
 
 def _staged(array: np.ndarray, dtype: torch.dtype, pin: bool) -> torch.Tensor:

@@ -28,7 +28,7 @@ from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.attention_groups import TorchAttentionMetadata
 from pipeline.model.flex_attention import FlexPagedAttention
 from pipeline.model.flex_graphs import FlexDecodeBuffers
-from pipeline.step_inputs import StepInputs
+from pipeline.step.inputs import StepInputs
 
 log = structlog.get_logger(__name__)
 

@@ -17,7 +17,7 @@ import structlog
 import torch
 from torch import nn
 
-from pipeline.gguf.quant_blocks import KEPT_TYPES, GgufBlocks
+from pipeline.loading.gguf.quant_blocks import KEPT_TYPES, GgufBlocks
 from pipeline.model.cpu_kernel import QuantizedLinearKernel
 from pipeline.model.quantized_linear import Int4Linear, Int8Linear
 

@@ -19,7 +19,6 @@ import torch
 
 from pipeline.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from pipeline.host_to_device import to_device
-from pipeline.image_input import VisionInfo
 from pipeline.lora.registry import LoRARegistry
 from pipeline.model.attention import TorchPagedAttention
 from pipeline.model.backends import make_backend
@@ -44,7 +43,8 @@ from pipeline.model.parallel import check_tensor_parallel, local_heads, shard_mo
 from pipeline.model.quantize import quantize_linears
 from pipeline.model.quantized_linear import native_kernel_for, quantized_kernels_work
 from pipeline.model.tp_group import DriverGroup, check_world, rank_device, receive_steps, smallest_across_ranks
-from pipeline.step_inputs import StepInputs
+from pipeline.request.image_input import VisionInfo
+from pipeline.step.inputs import StepInputs
 
 log = structlog.get_logger(__name__)
 

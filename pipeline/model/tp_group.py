@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pipeline.step_inputs import StepInputs
+from pipeline.step.inputs import StepInputs
 
 log = structlog.get_logger(__name__)
 

@@ -1,6 +1,0 @@
-"""GGUF files (llama.cpp's format) converted into HF-style model directories the engine loads."""
-
-from pipeline.gguf.architectures import GGUF_ARCHITECTURES
-from pipeline.gguf.convert import gguf_model_dir
-
-__all__ = ["GGUF_ARCHITECTURES", "gguf_model_dir"]

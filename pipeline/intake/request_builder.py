@@ -1,0 +1,181 @@
+"""Intake: a client's prompt and parameters -> a validated Request (tokenized, seeded, checked).
+
+Every rejection is a ValueError whose message names the field and the rule; the caller turns
+it into an error reply. Nothing here touches scheduler state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pipeline.intake.chat_content import ChatContentGuard
+from pipeline.intake.image_processor import ImageProcessor
+from pipeline.lora.registry import LoRARegistry
+from pipeline.request.image_input import ImageInput, VisionInfo, check_image_count, expand_placeholders
+from pipeline.request.request import Request
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.sampling.dry import SequenceBreakers
+from pipeline.sampling.rng import request_seed
+
+# No tokenizer we know has tokens longer than this: a longer prompt has more tokens than fit.
+MAX_CHARS_PER_TOKEN = 64
+
+
+class RequestBuilder:
+    def __init__(self, tokenizer: Any | None, vocab_size: int, eos_token_ids: frozenset[int],
+                 max_model_len: int, *, max_logprobs: int = 20, vision: VisionInfo | None = None,
+                 image_processor: ImageProcessor | None = None, loras: LoRARegistry | None = None,
+                 base_model_names: frozenset[str] = frozenset(),
+                 breakers: SequenceBreakers | None = None, content_guard: ChatContentGuard | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.content_guard = content_guard  # None: special-token text in messages is read as special tokens
+        self.breakers = breakers  # the sampler's: a mask built here is one the device thread finds
+        self.vision = vision  # None: a text-only model
+        self.image_processor = image_processor
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.max_logprobs = max_logprobs
+        self.loras = loras
+        self.base_model_names = base_model_names  # a `lora` naming the base model means no adapter
+
+    def build(self, request_id: str, params: SamplingParams, *, prompt: str | None = None,
+              prompt_token_ids: Sequence[int] | None = None,
+              messages: list[dict[str, Any]] | None = None, images: Sequence[bytes] | None = None,
+              lora: str | None = None) -> Request:
+        if self.breakers is not None and params.dry_multiplier > 0:
+            self.breakers.mask(params.dry_sequence_breakers)  # built here, not on the device thread
+        given = [name for name, value in (("prompt", prompt), ("prompt_token_ids", prompt_token_ids),
+                                          ("messages", messages)) if value is not None]
+        if len(given) != 1:
+            raise ValueError(f"exactly one of prompt, prompt_token_ids, messages is required, got {given or 'none'}")
+        if images and self.vision is None:
+            raise ValueError("images: this model takes no images (it is not a vision-language model)")
+        literals: list[str] = []
+        if messages is not None:
+            chat = self._chat_messages(messages)
+            if self.content_guard is not None:
+                chat, literals = self.content_guard.protect(chat)
+            prompt = self._apply_chat_template(chat)
+        if prompt is not None and literals:
+            self._check_prompt_chars(prompt)
+            ids = self.content_guard.encode(prompt, literals)  # special-token text in messages stays text
+        elif prompt is not None:
+            # A rendered template already holds the special tokens the model wants (BOS included), as
+            # in HF's apply_chat_template(tokenize=True); adding them again would double the BOS.
+            ids = self._tokenize(prompt, add_special_tokens=messages is None)
+        else:
+            ids = self._check_ids(prompt_token_ids)
+        image_inputs: list[ImageInput] = []
+        if self.vision is not None:
+            ids, image_inputs = self._expand_images(ids, images or [], params)
+        if params.truncate_prompt_tokens is not None:
+            ids = ids[-params.truncate_prompt_tokens:]  # the last k tokens, as vLLM
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; the limit is {self.max_model_len - 1} "
+                             f"(max_model_len {self.max_model_len} incl. one output token)")
+        self._check_params(params, len(ids))
+        lora_id = self._lora_id(lora)
+        return Request(request_id=request_id, prompt_token_ids=ids, params=params,
+                       seed=request_seed(params.seed, request_id), eos_token_ids=self.eos_token_ids,
+                       prompt=prompt, images=tuple(image_inputs), lora_name=lora if lora_id is not None else None,
+                       lora_id=lora_id)
+
+    def _lora_id(self, name: str | None) -> int | None:
+        if name is None or name in self.base_model_names:
+            return None
+        if self.loras is None:
+            raise ValueError(f"lora: unknown adapter {name!r} (LoRA is not enabled on this worker: "
+                             "start it with --lora-modules or --enable-lora)")
+        return self.loras.id_of(name)
+
+    def _expand_images(self, ids: list[int], images: Sequence[bytes],
+                       params: SamplingParams) -> tuple[list[int], list[ImageInput]]:
+        """Decode the images and expand their placeholders (pipeline/request/image_input.py)."""
+        assert self.vision is not None and self.image_processor is not None
+        if images and params.truncate_prompt_tokens is not None:
+            raise ValueError("truncate_prompt_tokens cannot be used with images (it could cut an image in two)")
+        check_image_count(ids, len(images), self.vision)  # before the work of decoding them
+        pixels = [self.image_processor(data, f"images[{index}]") for index, data in enumerate(images)]
+        return expand_placeholders(ids, pixels, self.vision)
+
+    def _chat_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return template_messages(messages, vision=self.vision is not None)
+
+    def _check_params(self, params: SamplingParams, num_prompt_tokens: int) -> None:
+        """The rules that need the model: context left for the output, vocabulary, --max-logprobs."""
+        room = self.max_model_len - num_prompt_tokens
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise ValueError(f"max_tokens must be <= {room} (max_model_len {self.max_model_len} minus the "
+                             f"prompt's {num_prompt_tokens} tokens), got {params.max_tokens}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                raise ValueError(f"{name} must be in [0, {self.max_logprobs}] or None (--max-logprobs), got {value}")
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("custom_token_bans", params.custom_token_bans),
+                          ("logit_bias", [token_id for token_id, _ in params.logit_bias])):
+            outside = [token_id for token_id in ids if token_id >= self.vocab_size]
+            if outside:
+                raise ValueError(f"{name} must hold token ids in [0, {self.vocab_size}), got {outside[0]}")
+
+    def _apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("messages need a chat template, and this model's tokenizer has none")
+        if not messages:
+            raise ValueError("messages must not be empty")
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as error:
+            # The template is model-supplied Jinja run on the client's messages: any failure (e.g.
+            # jinja2's TemplateError from raise_exception("roles must alternate")) is a bad request.
+            raise ValueError(f"messages: the model's chat template rejected them: {error}") from error
+
+    def _tokenize(self, prompt: str, add_special_tokens: bool) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: send prompt_token_ids instead of text")
+        if not prompt:
+            raise ValueError("prompt must not be empty")
+        self._check_prompt_chars(prompt)
+        if add_special_tokens:
+            return list(self.tokenizer.encode(prompt))
+        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+
+    def _check_prompt_chars(self, prompt: str) -> None:
+        """Refused before tokenizing: a 20 MB prompt takes the tokenizer seconds, to learn it cannot fit."""
+        most_chars = self.max_model_len * MAX_CHARS_PER_TOKEN
+        if len(prompt) > most_chars:
+            raise ValueError(f"prompt has {len(prompt)} characters; at most {most_chars} are accepted "
+                             f"(max_model_len {self.max_model_len} x {MAX_CHARS_PER_TOKEN})")
+
+    def _check_ids(self, ids: Sequence[int]) -> list[int]:
+        ids = list(ids)
+        if not ids:
+            raise ValueError("prompt_token_ids must not be empty")
+        for position, token_id in enumerate(ids):
+            if not isinstance(token_id, int | np.integer) or isinstance(token_id, bool) \
+                    or not 0 <= token_id < self.vocab_size:
+                raise ValueError(f"prompt_token_ids[{position}] must be an int in [0, {self.vocab_size}), "
+                                 f"got {token_id!r}")
+        return [int(t) for t in ids]
+
+
+def template_messages(messages: list[dict[str, Any]], *, vision: bool) -> list[dict[str, Any]]:
+    """Content parts as chat templates take them: a vision model's template gets a list of
+    {type: text, text} / {type: image} parts; a text model's gets the text parts joined."""
+    rendered = []
+    for index, message in enumerate(messages):
+        content = message["content"]
+        if vision:
+            parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+            rendered.append({**message, "content": parts})
+        elif isinstance(content, str):
+            rendered.append(message)
+        else:
+            if any(part["type"] == "image" for part in content):
+                raise ValueError(f"messages[{index}].content: image parts need a vision-language model; "
+                                 "this model takes text only")
+            rendered.append({**message, "content": "\n".join(part["text"] for part in content)})
+    return rendered

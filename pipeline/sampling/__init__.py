@@ -1,0 +1,6 @@
+"""Sampling: logits -> tokens, in the order of docs/sampling.md (bans and bias, penalties, DRY,
+truncation, reshaping, temperature, the choice of token, logprobs), with counter-based randomness
+(`rng`) so results survive batching, preemption and crashes.
+
+May import: request/, step/, config, host_to_device.
+"""

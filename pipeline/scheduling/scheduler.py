@@ -1,0 +1,319 @@
+"""The scheduler: one rule for prefill and decode (DESIGN §4).
+
+Each sequence has `num_computed_tokens`; a step hands sequences tokens under a token budget
+(`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`): running sequences first, then
+waiting ones in FCFS order. A long prompt simply gets a chunk of the budget per step while
+decodes keep running beside it. When KV blocks run out, the newest running sequence is
+preempted: its blocks are freed and it is recomputed later (its prefix may still be cached).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from pipeline.config import SchedulerConfig
+from pipeline.lora.registry import LoRARegistry
+from pipeline.lora.slots import LoRASlots
+from pipeline.request.outputs import PromptLogprobsEvent, StopStringFinish, TokenEvent
+from pipeline.request.request import FinishReason, Request, Sequence, SequenceStatus
+from pipeline.scheduling.beam_scheduling import new_beam_search, on_beam_candidates
+from pipeline.scheduling.kv_cache_manager import KVCacheManager
+from pipeline.scheduling.lookahead import add_placeholders, drop_placeholder, fill_placeholder
+from pipeline.step.plan import NewSequence, RunningSequence, StepPlan
+
+if TYPE_CHECKING:
+    from pipeline.step.result import StepResult
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
+                 lora_registry: LoRARegistry | None = None, lora_slots: LoRASlots | None = None) -> None:
+        self.config = config
+        self.lora_registry = lora_registry
+        self.lora_slots = lora_slots
+        self.lora_failures: list[tuple[str, str]] = []  # (request id, message): adapter gone while waiting
+        self.lora_token_counts: dict[str, int] = {}  # adapter name -> output tokens generated (metrics)
+        self.kv_cache = kv_cache
+        # A sequence must fit in the whole cache, or it could only preempt itself forever; under a
+        # sliding window it holds a bounded number of blocks however long it grows.
+        blocks_per_seq = kv_cache.max_blocks_per_sequence(config.max_num_batched_tokens)
+        if blocks_per_seq is None or blocks_per_seq > kv_cache.pool.num_blocks:
+            max_model_len = min(max_model_len, kv_cache.pool.num_blocks * kv_cache.block_size)
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.sequences: dict[int, Sequence] = {}
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self.num_generated_tokens = 0
+        self._removed_seq_ids: list[int] = []
+        self._next_step_id = 0
+
+    # ---- requests in and out -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.lora_id is not None and self.lora_slots is None:
+            raise ValueError(f"lora: adapter {request.lora_name!r} requested but LoRA is not enabled")
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise ValueError(f"prompt has {request.num_prompt_tokens} tokens; the limit is "
+                             f"{self.max_model_len - 1} (max_model_len {self.max_model_len} incl. one output)")
+        self.requests[request.request_id] = request
+        if request.params.use_beam_search:
+            request.beam_search = new_beam_search(request, self.max_model_len)
+        for seq in request.sequences:
+            if not seq.is_finished:  # a resumed request may have finished choices
+                self.sequences[seq.seq_id] = seq
+                self.waiting.append(seq)
+
+    def finish_sequence(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None) -> None:
+        if seq.is_finished:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self._release_lora(seq)
+            self._removed_seq_ids.append(seq.seq_id)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv_cache.free(seq)
+        drop_placeholder(seq)
+        seq.finish(reason, stop_reason)
+        del self.sequences[seq.seq_id]
+        if seq.request.is_finished:
+            self.requests.pop(seq.request.request_id, None)
+
+    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> list[TokenEvent]:
+        """End every unfinished choice of a request (cancel, deadline); events for the Output stage."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return []
+        ended = [seq.choice_index for seq in request.sequences if not seq.is_finished]
+        for seq in list(request.sequences):
+            self.finish_sequence(seq, reason)
+        if request.beam_search is not None:
+            ended = list(range(request.params.n))  # the client's choices, not the running beams
+        return [TokenEvent(request_id, index, None, finish_reason=str(reason)) for index in ended]
+
+    def add_forks(self, forks: list[Sequence]) -> None:
+        """New beams of a beam search: first in line, as they continue a running request."""
+        for seq in reversed(forks):
+            self.sequences[seq.seq_id] = seq
+            self.waiting.appendleft(seq)
+
+    def finish_by_stop_string(self, finish: StopStringFinish) -> None:
+        request = self.requests.get(finish.request_id)
+        if request is not None:
+            self.finish_sequence(request.sequences[finish.choice_index], FinishReason.STOP, finish.stop_string)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan(step_id=self._next_step_id, removed_seq_ids=self._removed_seq_ids)
+        self._next_step_id += 1
+        self._removed_seq_ids = []
+        budget = self.config.max_num_batched_tokens
+        budget, preempted = self._schedule_running(plan, budget)
+        if not preempted:
+            self._schedule_waiting(plan, budget)
+        while not plan.num_scheduled_tokens and self.waiting and self.running:
+            # Only beam search gets here: the running beams are parked (they have their candidates)
+            # and a fork cannot get blocks. Parked beams keep their candidates when recomputed later.
+            self._preempt(self.running[-1], plan, to_front=False)
+            self._schedule_waiting(plan, budget)
+        if self.lora_slots is not None:
+            plan.lora_loads = self.lora_slots.take_loads()
+        if plan.is_empty:  # not sent: the next plan tells tensor prep of the removed rows
+            self._removed_seq_ids = plan.removed_seq_ids + self._removed_seq_ids
+        return plan
+
+    def schedule_ahead(self) -> StepPlan | None:
+        """The next plan while a step is still running (pipeline/scheduling/lookahead.py); None when a
+        sequence of the running step needs its result before it can be planned."""
+        if not add_placeholders(self):
+            return None
+        return self.schedule()
+
+    def _schedule_running(self, plan: StepPlan, budget: int) -> tuple[int, bool]:
+        preempted = False
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if num_new == 0:  # a beam waiting for its siblings' candidates (only beam search parks)
+                index += 1
+                continue
+            num_blocks_before = len(seq.block_ids)
+            while not self.kv_cache.allocate(seq, num_new):
+                preempted = True
+                victim = self.running[-1]
+                self._preempt(victim, plan)
+                if victim is seq:
+                    return budget, preempted
+            plan.running_sequences.append(RunningSequence(
+                seq_id=seq.seq_id,
+                new_token_ids=seq.token_ids[seq.num_sent_tokens:],
+                new_block_ids=seq.block_ids[num_blocks_before:],
+                num_computed_tokens=seq.num_computed_tokens,
+                mirostat_mu=seq.mirostat_mu,
+                token_start=seq.num_sent_tokens,
+            ))
+            self._commit(seq, num_new, plan)
+            budget -= num_new
+            index += 1
+        return budget, preempted
+
+    def _schedule_waiting(self, plan: StepPlan, budget: int) -> None:
+        skipped: list[Sequence] = []  # their adapter has no slot now: later ones may still start
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.has_placeholder:  # preempted while a step samples its next token: wait for it
+                break
+            if not self._adapter_servable(seq):
+                continue
+            if not self._adapter_can_run(seq):
+                skipped.append(self.waiting.popleft())
+                continue
+            cached_block_ids = self.kv_cache.find_cached_prefix(seq)
+            num_cached = len(cached_block_ids) * self.kv_cache.block_size
+            num_new = seq.num_tokens - num_cached
+            if num_new > budget and not self.config.enable_chunked_prefill:
+                break
+            num_new = min(num_new, budget)
+            if not self.kv_cache.allocate(seq, num_new, cached_block_ids):
+                break
+            self.waiting.popleft()
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = num_cached
+            seq.num_computed_tokens = num_cached
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            if self.lora_slots is not None and seq.request.lora_id is not None:
+                seq.lora_slot = self.lora_slots.acquire(seq.request.lora_id)
+            plan.new_sequences.append(self._describe_new(seq))
+            self._commit(seq, num_new, plan)
+            budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
+
+    # ---- LoRA adapters -------------------------------------------------------------------------
+
+    def _adapter_servable(self, seq: Sequence) -> bool:
+        """False (and the request ends with an error) when its adapter failed to load."""
+        lora_id = seq.request.lora_id
+        if lora_id is None or self.lora_registry is None or self.lora_registry.is_servable(lora_id):
+            return True
+        request = seq.request
+        self.abort_request(request.request_id, FinishReason.ERROR)
+        self.lora_failures.append((request.request_id, f"lora: adapter {request.lora_name!r} failed to load"))
+        return False
+
+    def _adapter_can_run(self, seq: Sequence) -> bool:
+        """Its adapter is read and resident, or a slot can be freed for it."""
+        lora_id = seq.request.lora_id
+        if lora_id is None:
+            return True
+        assert self.lora_registry is not None and self.lora_slots is not None  # add_request checked
+        return self.lora_registry.is_ready(lora_id) and self.lora_slots.can_acquire(lora_id)
+
+    def _release_lora(self, seq: Sequence) -> None:
+        if seq.lora_slot is not None and self.lora_slots is not None and seq.request.lora_id is not None:
+            self.lora_slots.release(seq.request.lora_id)
+        seq.lora_slot = None
+
+    def take_lora_failures(self) -> list[tuple[str, str]]:
+        failures, self.lora_failures = self.lora_failures, []
+        return failures
+
+    def _commit(self, seq: Sequence, num_new: int, plan: StepPlan) -> None:
+        plan.num_scheduled_tokens[seq.seq_id] = num_new
+        seq.num_computed_tokens += num_new
+        seq.num_sent_tokens = seq.num_tokens
+
+    def _preempt(self, seq: Sequence, plan: StepPlan, to_front: bool = True) -> None:
+        self.running.remove(seq)
+        self._release_lora(seq)
+        self.kv_cache.free(seq)
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        plan.removed_seq_ids.append(seq.seq_id)
+        if to_front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
+
+    @staticmethod
+    def _describe_new(seq: Sequence) -> NewSequence:
+        params = seq.params
+        eos = () if params.ignore_eos else tuple(sorted(seq.request.eos_token_ids))
+        return NewSequence(
+            seq_id=seq.seq_id,
+            token_ids=list(seq.token_ids),
+            num_prompt_tokens=seq.num_prompt_tokens,
+            block_ids=list(seq.block_ids),
+            num_computed_tokens=seq.num_computed_tokens,
+            params=params,
+            seed=seq.request.seed,
+            choice_index=seq.choice_index,
+            stop_token_ids=tuple(dict.fromkeys(eos + tuple(params.stop_token_ids))),
+            mirostat_mu=seq.mirostat_mu,
+            lora_slot=-1 if seq.lora_slot is None else seq.lora_slot,
+            images=seq.request.images,
+        )
+
+    # ---- results -----------------------------------------------------------------------------
+
+    def apply_step_result(self, result: StepResult) -> list[TokenEvent | PromptLogprobsEvent]:
+        """Append the sampled tokens, apply stop tokens and length limits; events for Output."""
+        events: list[TokenEvent | PromptLogprobsEvent] = []
+        for seq_id, entries in result.prompt_logprobs.items():
+            seq = self.sequences.get(seq_id)
+            if seq is not None and seq.choice_index == 0:  # every choice scores the same prompt
+                events.append(PromptLogprobsEvent(seq.request.request_id, entries))
+        for seq_id, token_id, logprob in zip(result.seq_ids, result.token_ids, result.logprobs, strict=True):
+            seq = self.sequences.get(seq_id)
+            if seq is None:
+                continue  # ended (aborted, stop string) while the step was running
+            if seq.request.beam_search is not None and logprob is not None:
+                events.extend(on_beam_candidates(self, seq, logprob))
+                continue
+            if seq_id in result.mirostat_mu:  # mu belongs to the choice: it survives preemption
+                seq.mirostat_mu = result.mirostat_mu[seq_id]
+            if logprob is not None:
+                seq.cumulative_logprob += logprob.logprob
+            self.append_token(seq, token_id)
+            events.append(TokenEvent(
+                seq.request.request_id, seq.choice_index, token_id, logprob,
+                finish_reason=str(seq.finish_reason) if seq.finish_reason is not None else None,
+                stop_reason=seq.stop_reason, num_cached_tokens=seq.num_cached_tokens,
+                mirostat_mu=seq.mirostat_mu,
+            ))
+        return events
+
+    def append_token(self, seq: Sequence, token_id: int) -> None:
+        """Record a sampled token and finish the sequence if a stop condition holds."""
+        if seq.has_placeholder:  # planned ahead: the token takes its placeholder's place
+            fill_placeholder(seq, token_id)
+        else:
+            seq.token_ids.append(token_id)
+        self.num_generated_tokens += 1
+        lora_name = seq.request.lora_name
+        if lora_name is not None:
+            self.lora_token_counts[lora_name] = self.lora_token_counts.get(lora_name, 0) + 1
+        params = seq.params
+        num_output = seq.num_output_tokens
+        # Tokens at output positions < min_tokens cannot stop the sequence (they are also banned).
+        if num_output > params.min_tokens:
+            if not params.ignore_eos and token_id in seq.request.eos_token_ids:
+                self.finish_sequence(seq, FinishReason.STOP)
+                return
+            if token_id in params.stop_token_ids:
+                self.finish_sequence(seq, FinishReason.STOP, token_id)
+                return
+        if (params.max_tokens is not None and num_output >= params.max_tokens) \
+                or seq.num_tokens >= self.max_model_len:
+            self.finish_sequence(seq, FinishReason.LENGTH)

@@ -1,0 +1,6 @@
+"""The step's plain data, passed between the stages: the plan (scheduler -> tensor prep), the
+model inputs and sampling batch (tensor prep -> model and sampler), the prepared step, the result
+(sampler -> scheduler).
+
+May import: request/ only (and numpy/torch for the arrays it holds); no stage package.
+"""

@@ -1,0 +1,161 @@
+"""TensorPrep: StepPlan -> StepInputs + SamplingBatch, vectorized over a persistent batch.
+
+Every running sequence owns a row of preallocated arrays (its token ids, block table and
+sampling parameters). A plan only patches rows (new rows in full, running rows by diff), and
+the flat per-token arrays of the step are then built with numpy gathers, no loop over tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.request.image_input import overlapping
+from pipeline.scheduling.lookahead import PLACEHOLDER_TOKEN
+from pipeline.step.inputs import ImageSlice, StepInputs
+from pipeline.step.plan import StepPlan
+from pipeline.step.sampling_batch import SamplingBatch
+from pipeline.tensor_prep.persistent_batch import PersistentBatch
+
+_NO_INDICES = np.zeros(0, np.int64)
+
+
+@dataclass(slots=True)
+class PromptLogprobSegment:
+    """Prompt-logprob rows [row_start, row_start + count), counted after the sampling rows, score
+    prompt tokens first_position + 1, first_position + 2, ..."""
+
+    seq_id: int
+    row_start: int
+    count: int
+    first_position: int
+    num_logprobs: int  # alternatives per position
+
+
+@dataclass(slots=True)
+class PreparedStep:
+    plan: StepPlan
+    inputs: StepInputs
+    sampling: SamplingBatch
+    sample_seq_ids: list[int]  # sequence of each sampling row
+    prompt_logprob_segments: list[PromptLogprobSegment]
+    prompt_logprob_targets: np.ndarray  # [P] int64, token scored by each prompt-logprob row
+    # Input ids still placeholders (pipeline/scheduling/lookahead.py): their flat indices and sequences.
+    placeholder_indices: np.ndarray = field(default_factory=lambda: _NO_INDICES)
+    placeholder_seq_ids: list[int] = field(default_factory=list)
+
+    def fill_placeholders(self, sampled: dict[int, int]) -> None:
+        """Write the tokens the previous step sampled (seq_id -> token) into the placeholders."""
+        if not self.placeholder_seq_ids:
+            return
+        missing = [seq_id for seq_id in self.placeholder_seq_ids if seq_id not in sampled]
+        if missing:
+            raise RuntimeError(f"step {self.plan.step_id} was planned ahead for sequences {missing}, "
+                               "which the step before it did not sample")
+        self.inputs.input_ids[self.placeholder_indices] = [sampled[seq_id] for seq_id in self.placeholder_seq_ids]
+
+
+class TensorPrep:
+    def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.batch = PersistentBatch(max_num_seqs, max_model_len, block_size)
+
+    def prepare(self, plan: StepPlan) -> PreparedStep:
+        batch = self.batch
+        batch.apply(plan)
+        rows = np.fromiter((batch.row_of[s] for s in plan.num_scheduled_tokens), np.int64,
+                           len(plan.num_scheduled_tokens))
+        num_scheduled = np.fromiter(plan.num_scheduled_tokens.values(), np.int64, len(rows))
+        # A sequence samples when this step computes its last known token.
+        samples = batch.num_computed[rows] + num_scheduled == batch.num_tokens[rows]
+        inputs = self._build_inputs(rows, num_scheduled, samples)
+        inputs.lora_loads = plan.lora_loads
+        sample_rows = rows[samples]
+        segments, targets = self._prompt_logprob_rows(plan, rows, num_scheduled, inputs)
+        batch.num_computed[rows] = inputs.seq_lens
+        seq_ids = list(plan.num_scheduled_tokens)
+        placeholders = np.flatnonzero(inputs.input_ids == PLACEHOLDER_TOKEN)
+        # flat token index -> its sequence: query_start_loc [0, 2, 7], index 5 -> sequence 1
+        placeholder_seqs = np.searchsorted(inputs.query_start_loc, placeholders, side="right") - 1
+        return PreparedStep(
+            plan=plan,
+            inputs=inputs,
+            sampling=batch.sampling_batch(sample_rows),
+            sample_seq_ids=[seq_ids[i] for i in np.flatnonzero(samples)],
+            prompt_logprob_segments=segments,
+            prompt_logprob_targets=targets,
+            placeholder_indices=placeholders,
+            placeholder_seq_ids=[seq_ids[i] for i in placeholder_seqs],
+        )
+
+    def _build_inputs(self, rows: np.ndarray, num_scheduled: np.ndarray, samples: np.ndarray) -> StepInputs:
+        batch, block_size = self.batch, self.block_size
+        # num_scheduled [2, 5, 3] -> query_start_loc [0, 2, 7, 10]
+        query_start_loc = np.zeros(len(rows) + 1, np.int32)
+        np.cumsum(num_scheduled, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+        # token -> its row: [0, 0, 1, 1, 1, 1, 1, 2, 2, 2]; offset in chunk: [0, 1, 0, 1, 2, 3, 4, 0, 1, 2]
+        token_rows = np.repeat(rows, num_scheduled)
+        offsets = np.arange(num_tokens) - np.repeat(query_start_loc[:-1], num_scheduled)
+        num_computed = batch.num_computed[rows]
+        positions = np.repeat(num_computed, num_scheduled) + offsets
+        block_ids = batch.block_table[token_rows, positions // block_size]
+        seq_lens = (num_computed + num_scheduled).astype(np.int32)
+        max_seq_len = int(seq_lens.max())
+        max_blocks = -(-max_seq_len // block_size)
+        # [slot 1 row, base row, slot 0 row] with lengths [2, 1, 3] -> [1, 1, -1, 0, 0, 0]
+        token_lora_slots = np.repeat(batch.lora_slot[rows], num_scheduled)
+        images = self._image_slices(rows, num_computed, num_scheduled, query_start_loc)
+        return StepInputs(
+            input_ids=batch.token_ids[token_rows, positions].astype(np.int64),
+            positions=positions,
+            slot_mapping=block_ids.astype(np.int64) * block_size + positions % block_size,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=batch.block_table[rows, :max_blocks],
+            logits_indices=(query_start_loc[1:][samples] - 1).astype(np.int64),
+            num_tokens=num_tokens,
+            max_query_len=int(num_scheduled.max()),
+            max_seq_len=max_seq_len,
+            lora_slots=token_lora_slots if (token_lora_slots >= 0).any() else None,
+            images=images,
+        )
+
+    def _image_slices(self, rows: np.ndarray, num_computed: np.ndarray, num_scheduled: np.ndarray,
+                      query_start_loc: np.ndarray) -> list[ImageSlice]:
+        """The image placeholders each scheduled chunk covers (a loop over image rows only)."""
+        slices = []
+        for i in np.flatnonzero(self.batch.has_images[rows]):
+            start, end = int(num_computed[i]), int(num_computed[i] + num_scheduled[i])
+            for image in overlapping(self.batch.images[rows[i]], start, end):
+                first, last = max(start, image.offset), min(end, image.end)
+                slices.append(ImageSlice(image, first - image.offset, last - first,
+                                         int(query_start_loc[i]) + first - start))
+        return slices
+
+    def _prompt_logprob_rows(self, plan: StepPlan, rows: np.ndarray, num_scheduled: np.ndarray,
+                             inputs: StepInputs) -> tuple[list[PromptLogprobSegment], np.ndarray]:
+        """Append logits rows for prompt positions of sequences that asked for prompt logprobs.
+        Position p's logits score prompt token p + 1, so the last prompt position scores nothing."""
+        batch = self.batch
+        wanted = np.flatnonzero(batch.prompt_logprobs[rows] >= 0)
+        segments: list[PromptLogprobSegment] = []
+        extra_indices: list[np.ndarray] = []
+        targets: list[np.ndarray] = []
+        next_row = 0
+        seq_ids = list(plan.num_scheduled_tokens)
+        for i in wanted:
+            row, start = rows[i], int(inputs.positions[inputs.query_start_loc[i]])
+            end = min(start + int(num_scheduled[i]), int(batch.num_prompt_tokens[row]) - 1)
+            if end <= start:
+                continue
+            count = end - start
+            extra_indices.append(np.arange(count) + inputs.query_start_loc[i])
+            targets.append(batch.token_ids[row, start + 1:end + 1].astype(np.int64))
+            segments.append(PromptLogprobSegment(seq_ids[i], next_row, count, start, int(batch.prompt_logprobs[row])))
+            next_row += count
+        if segments:
+            inputs.logits_indices = np.concatenate([inputs.logits_indices, *extra_indices]).astype(np.int64)
+            return segments, np.concatenate(targets)
+        return segments, np.zeros(0, np.int64)
