@@ -22,9 +22,11 @@ from actors.base import Actor
 from actors.messages import PendingStep
 from pipeline.model.runner import ModelRunner
 from pipeline.sampling.sampler import Sampler
+from pipeline.sampling.step_sampling import sample_step
 from pipeline.step.plan import StepPlan
-from pipeline.step.result import StepResult, sample_step
-from pipeline.tensor_prep.prepare import PreparedStep, TensorPrep
+from pipeline.step.prepared import PreparedStep
+from pipeline.step.result import StepResult
+from pipeline.tensor_prep.prepare import TensorPrep
 from queue_adapters.base import Consumer, Producer
 
 

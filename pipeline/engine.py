@@ -28,9 +28,9 @@ from pipeline.request.request import FinishReason, Request
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.sampling.dry import SequenceBreakers, token_decoder
 from pipeline.sampling.sampler import Sampler
+from pipeline.sampling.step_sampling import sample_step
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
 from pipeline.scheduling.scheduler import Scheduler
-from pipeline.step.result import sample_step
 from pipeline.tensor_prep.prepare import TensorPrep
 
 log = structlog.get_logger(__name__)

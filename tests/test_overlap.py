@@ -12,8 +12,8 @@ from actors.frontends.batch import read_batch_file, run_embedded, run_offline
 from pipeline.request.request import Request
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
-from pipeline.scheduling.lookahead import PLACEHOLDER_TOKEN
 from pipeline.scheduling.scheduler import Scheduler
+from pipeline.step.plan import PLACEHOLDER_TOKEN
 from pipeline.step.result import StepResult
 from pipeline.tensor_prep.prepare import TensorPrep
 from tests.engine_helpers import make_engine

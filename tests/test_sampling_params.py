@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.request.sampling_params import SamplingParams, SamplingRowValues, SamplingType
+from pipeline.request.sampling_params import SamplingParams, SamplingType
+from pipeline.tensor_prep.sampling_rows import SamplingRowValues, classic_row_values
 
 
 def test_defaults_match_openai_and_vllm() -> None:
@@ -40,7 +41,7 @@ def test_stop_token_ids_are_normalized_and_top_k_minus_one_is_kept_as_off() -> N
     params = SamplingParams(stop_token_ids=[2, 7], top_k=-1)
     assert params.stop_token_ids == (2, 7)
     assert params.top_k == -1
-    assert params.row_values().top_k == 0  # the batch column's "off"
+    assert classic_row_values(params).top_k == 0  # the batch column's "off"
 
 
 def test_integral_floats_become_floats() -> None:
@@ -134,7 +135,7 @@ def test_temperature_zero_is_greedy() -> None:
 
 
 def test_row_values_use_neutral_values_when_knobs_are_off() -> None:
-    assert SamplingParams().row_values() == SamplingRowValues(
+    assert classic_row_values(SamplingParams()) == SamplingRowValues(
         temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
         repetition_penalty=1.0, num_logprobs=-1)
     assert not SamplingParams().needs_penalties
@@ -143,7 +144,7 @@ def test_row_values_use_neutral_values_when_knobs_are_off() -> None:
 def test_row_values_of_greedy_requests_drop_truncation_but_keep_penalties() -> None:
     params = SamplingParams(temperature=0, top_p=0.5, top_k=3, min_p=0.2, repetition_penalty=1.3,
                             logprobs=2)
-    values = params.row_values()
+    values = classic_row_values(params)
     assert (values.temperature, values.top_p, values.top_k, values.min_p) == (0.0, 1.0, 0, 0.0)
     assert values.repetition_penalty == pytest.approx(1.3)
     assert values.num_logprobs == 2
@@ -151,6 +152,6 @@ def test_row_values_of_greedy_requests_drop_truncation_but_keep_penalties() -> N
 
 
 def test_row_values_of_random_requests_carry_every_knob() -> None:
-    values = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5,
-                            frequency_penalty=-0.5, logprobs=0).row_values()
+    values = classic_row_values(SamplingParams(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5,
+                            frequency_penalty=-0.5, logprobs=0))
     assert values == SamplingRowValues(0.7, 0.9, 40, 0.05, 0.5, -0.5, 1.0, 0)

@@ -21,6 +21,7 @@ from pipeline.request.sampling_params import SamplingParams
 from pipeline.sampling import rng
 from pipeline.sampling.dry import SequenceBreakers, dry_penalties, token_decoder
 from pipeline.sampling.sampler import Sampler
+from pipeline.tensor_prep.sampling_rows import advanced_row_values, classic_row_values
 from queue_adapters.codec import CodecError, decode_request, encode
 from tests.engine_helpers import make_engine, run_requests
 from tests.sampling_helpers import Row, batch_of
@@ -76,10 +77,10 @@ def test_invalid_sampler_values_name_the_field_and_the_range(kwargs: dict[str, A
 
 def test_defaults_switch_every_new_sampler_off() -> None:
     params = SamplingParams()
-    assert params.advanced_row_values() is None
-    assert SamplingParams(temperature=0, tfs=0.5, typical_p=0.5, mirostat_mode=2).advanced_row_values() is None, (
+    assert advanced_row_values(params) is None
+    assert advanced_row_values(SamplingParams(temperature=0, tfs=0.5, typical_p=0.5, mirostat_mode=2)) is None, (
         "greedy rows skip stages 4-12, so those knobs cost them nothing")
-    assert SamplingParams(temperature=0, logit_bias={3: 1.0}).advanced_row_values() is not None
+    assert advanced_row_values(SamplingParams(temperature=0, logit_bias={3: 1.0})) is not None
 
 
 def test_logit_bias_takes_json_string_keys_and_normalizes_to_sorted_pairs() -> None:
@@ -90,7 +91,7 @@ def test_logit_bias_takes_json_string_keys_and_normalizes_to_sorted_pairs() -> N
 
 def test_dynatemp_requests_are_random_whatever_their_temperature() -> None:
     assert not SamplingParams(temperature=0, dynatemp_min=0.5, dynatemp_max=1.5).is_greedy
-    assert SamplingParams(temperature=0, dynatemp_min=0.5, dynatemp_max=1.5).row_values().temperature == 1.0
+    assert classic_row_values(SamplingParams(temperature=0, dynatemp_min=0.5, dynatemp_max=1.5)).temperature == 1.0
 
 
 # ---- rules that need the model (intake) -------------------------------------------------------

@@ -23,14 +23,8 @@ from pipeline.request.param_checks import (
     normalize_token_ids,
     to_float,
 )
-from pipeline.tensor_prep.sampling_rows import (
-    AdvancedRowValues,
-    SamplingRowValues,
-    advanced_row_values,
-    classic_row_values,
-)
 
-__all__ = ["GREEDY_TEMPERATURE", "MAX_N", "SamplingParams", "SamplingRowValues", "SamplingType"]
+__all__ = ["GREEDY_TEMPERATURE", "MAX_N", "SamplingParams", "SamplingType"]
 
 MAX_N = 128  # choices per request: each is a sequence with its own KV blocks
 # Below this temperature logits / T overflows float32 for ordinary logits; such requests are
@@ -278,12 +272,3 @@ class SamplingParams:
         """Whether the sampler needs this request's prompt and output token ids."""
         return (self.presence_penalty != 0 or self.frequency_penalty != 0
                 or self.repetition_penalty != 1)
-
-    def row_values(self) -> SamplingRowValues:
-        """Values for tensor prep's classic columns. Greedy rows get neutral truncation (it cannot
-        change the argmax) so their logprobs are those of the penalized model distribution."""
-        return classic_row_values(self)
-
-    def advanced_row_values(self) -> AdvancedRowValues | None:
-        """Values of the samplers beyond the classic set; None when this request uses none of them."""
-        return advanced_row_values(self)

@@ -16,14 +16,22 @@ become the request's n choices, reported as token events all at once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from pipeline.request.beam_search import BeamSearch, Continuation, RunningBeam
 from pipeline.request.outputs import TokenEvent, TokenLogprob
 from pipeline.request.request import FinishReason, Request, Sequence
 
-if TYPE_CHECKING:
-    from pipeline.scheduling.scheduler import Scheduler
+
+@dataclass(slots=True)
+class BeamStep:
+    """What the scheduler does after a beam's candidates arrive: count the tokens, end the beams
+    that lost (or all, when the search is over), queue the forks, and pass the events on."""
+
+    num_generated_tokens: int = 0
+    finished: list[Sequence] = field(default_factory=list)
+    forks: list[Sequence] = field(default_factory=list)
+    events: list[TokenEvent] = field(default_factory=list)
 
 
 def new_beam_search(request: Request, max_model_len: int) -> BeamSearch:
@@ -37,25 +45,24 @@ def new_beam_search(request: Request, max_model_len: int) -> BeamSearch:
     return search
 
 
-def on_beam_candidates(scheduler: Scheduler, seq: Sequence, logprob: TokenLogprob) -> list[TokenEvent]:
+def on_beam_candidates(seq: Sequence, logprob: TokenLogprob) -> BeamStep:
     """Record one beam's candidates; once every running beam has them, take the beam step."""
     request = seq.request
     search = request.beam_search
     assert search is not None  # only called for beam search requests
     search.pending[seq.seq_id] = logprob.top
     if any(beam.seq_id not in search.pending for beam in request.sequences):
-        return []
+        return BeamStep()
     running = search.step([RunningBeam(beam.seq_id, beam.output_token_ids, search.scores[beam.seq_id],
                                        search.pending[beam.seq_id]) for beam in request.sequences])
     search.pending.clear()
-    scheduler.num_generated_tokens += len(request.sequences)
+    num_generated_tokens = len(request.sequences)
     if search.done:
-        return _finish(scheduler, request)
-    _advance(scheduler, request, running)
-    return []
+        return _finish(request, num_generated_tokens)
+    return _advance(request, running, num_generated_tokens)
 
 
-def _advance(scheduler: Scheduler, request: Request, running: list[Continuation]) -> None:
+def _advance(request: Request, running: list[Continuation], num_generated_tokens: int) -> BeamStep:
     search = request.beam_search
     assert search is not None
     parents = {beam.seq_id: beam for beam in request.sequences}
@@ -78,18 +85,15 @@ def _advance(scheduler: Scheduler, request: Request, running: list[Continuation]
         new_beams.append(beam)
         search.scores[beam.seq_id] = continuation.score
     request.sequences = new_beams  # before the losers finish, so the request stays open
-    for beam in parents.values():
-        if beam.seq_id not in extended:
-            scheduler.finish_sequence(beam, FinishReason.STOP)
-    scheduler.add_forks(forks)
+    losers = [beam for beam in parents.values() if beam.seq_id not in extended]
+    return BeamStep(num_generated_tokens, finished=losers, forks=forks)
 
 
-def _finish(scheduler: Scheduler, request: Request) -> list[TokenEvent]:
+def _finish(request: Request, num_generated_tokens: int) -> BeamStep:
     search = request.beam_search
     assert search is not None
     num_cached_tokens = min(beam.num_cached_tokens for beam in request.sequences)
-    for beam in list(request.sequences):
-        scheduler.finish_sequence(beam, FinishReason.STOP)
+    finished = list(request.sequences)
     request.beam_results = search.results()
     events = []
     for index, hypothesis in enumerate(request.beam_results):
@@ -102,4 +106,4 @@ def _finish(scheduler: Scheduler, request: Request) -> list[TokenEvent]:
                                      finish_reason=str(reason) if is_last else None,
                                      stop_reason=stop_reason if is_last else None,
                                      num_cached_tokens=num_cached_tokens))
-    return events
+    return BeamStep(num_generated_tokens, finished=finished, events=events)

@@ -21,15 +21,9 @@ reaches max_tokens or the context length) gets no placeholder and simply sits N 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pipeline.request.request import Sequence
 from pipeline.request.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from pipeline.scheduling.scheduler import Scheduler
-
-PLACEHOLDER_TOKEN = -1
+from pipeline.step.plan import PLACEHOLDER_TOKEN
 
 
 def plans_ahead(params: SamplingParams) -> bool:
@@ -38,11 +32,11 @@ def plans_ahead(params: SamplingParams) -> bool:
                 or params.use_beam_search)
 
 
-def add_placeholders(scheduler: Scheduler) -> bool:
+def add_placeholders(running: list[Sequence], max_model_len: int) -> bool:
     """Give each running sequence whose token is being sampled a placeholder; False (and nothing
     changed) when one of them cannot be planned ahead."""
-    sampling = [seq for seq in scheduler.running
-                if seq.num_computed_tokens == seq.num_tokens and not _finishes_next(seq, scheduler.max_model_len)]
+    sampling = [seq for seq in running
+                if seq.num_computed_tokens == seq.num_tokens and not _finishes_next(seq, max_model_len)]
     if not all(plans_ahead(seq.params) and not seq.has_placeholder for seq in sampling):
         return False  # (a placeholder still unfilled: two steps in flight, one more than planned for)
     for seq in sampling:

@@ -10,20 +10,17 @@ preempted: its blocks are freed and it is recomputed later (its prefix may still
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
 from pipeline.config import SchedulerConfig
 from pipeline.lora.registry import LoRARegistry
 from pipeline.lora.slots import LoRASlots
 from pipeline.request.outputs import PromptLogprobsEvent, StopStringFinish, TokenEvent
 from pipeline.request.request import FinishReason, Request, Sequence, SequenceStatus
-from pipeline.scheduling.beam_scheduling import new_beam_search, on_beam_candidates
+from pipeline.scheduling.beam_scheduling import BeamStep, new_beam_search, on_beam_candidates
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
 from pipeline.scheduling.lookahead import add_placeholders, drop_placeholder, fill_placeholder
 from pipeline.step.plan import NewSequence, RunningSequence, StepPlan
-
-if TYPE_CHECKING:
-    from pipeline.step.result import StepResult
+from pipeline.step.result import StepResult
 
 
 class Scheduler:
@@ -133,7 +130,7 @@ class Scheduler:
     def schedule_ahead(self) -> StepPlan | None:
         """The next plan while a step is still running (pipeline/scheduling/lookahead.py); None when a
         sequence of the running step needs its result before it can be planned."""
-        if not add_placeholders(self):
+        if not add_placeholders(self.running, self.max_model_len):
             return None
         return self.schedule()
 
@@ -279,7 +276,7 @@ class Scheduler:
             if seq is None:
                 continue  # ended (aborted, stop string) while the step was running
             if seq.request.beam_search is not None and logprob is not None:
-                events.extend(on_beam_candidates(self, seq, logprob))
+                events.extend(self._apply_beam_step(on_beam_candidates(seq, logprob)))
                 continue
             if seq_id in result.mirostat_mu:  # mu belongs to the choice: it survives preemption
                 seq.mirostat_mu = result.mirostat_mu[seq_id]
@@ -293,6 +290,13 @@ class Scheduler:
                 mirostat_mu=seq.mirostat_mu,
             ))
         return events
+
+    def _apply_beam_step(self, step: BeamStep) -> list[TokenEvent]:
+        self.num_generated_tokens += step.num_generated_tokens
+        for beam in step.finished:
+            self.finish_sequence(beam, FinishReason.STOP)
+        self.add_forks(step.forks)
+        return step.events
 
     def append_token(self, seq: Sequence, token_id: int) -> None:
         """Record a sampled token and finish the sequence if a stop condition holds."""

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from pipeline.request.image_input import ImageInput
 from pipeline.request.sampling_params import SamplingParams
 
+# The input id of a token still being sampled by the step before (pipeline/scheduling/lookahead.py);
+# the device thread writes the real id over it just before the forward.
+PLACEHOLDER_TOKEN = -1
 
 @dataclass(slots=True)
 class NewSequence:

@@ -13,6 +13,7 @@ from pipeline.request.image_input import ImageInput
 from pipeline.step.plan import NewSequence, StepPlan
 from pipeline.step.sampling_batch import SamplingBatch
 from pipeline.tensor_prep.advanced_rows import AdvancedRows
+from pipeline.tensor_prep.sampling_rows import advanced_row_values, classic_row_values
 
 _EMPTY = np.zeros(0, np.int64)
 _INT32_MAX = int(np.iinfo(np.int32).max)
@@ -73,7 +74,7 @@ class PersistentBatch:
         self._append_blocks(row, new.block_ids)
         self.num_prompt_tokens[row] = new.num_prompt_tokens
         self.num_computed[row] = new.num_computed_tokens
-        values = new.params.row_values()
+        values = classic_row_values(new.params)
         self.temperature[row] = values.temperature
         self.top_p[row] = values.top_p
         # Clipped, not rejected: any top_k >= vocab keeps every token and any min_tokens past
@@ -96,7 +97,7 @@ class PersistentBatch:
         self.stop_token_ids[row] = np.asarray(new.stop_token_ids, np.int64)
         self.custom_token_bans[row] = np.asarray(new.params.custom_token_bans, np.int64)
         self.has_custom_bans[row] = len(new.params.custom_token_bans) > 0
-        self.advanced.set(row, new.params.advanced_row_values(), new.mirostat_mu)
+        self.advanced.set(row, advanced_row_values(new.params), new.mirostat_mu)
         self.images[row] = new.images
         self.has_images[row] = len(new.images) > 0
 

@@ -7,10 +7,9 @@ neutral and such a row costs those stages nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-if TYPE_CHECKING:
-    from pipeline.request.sampling_params import SamplingParams
+from pipeline.request.sampling_params import SamplingParams
 
 
 class SamplingRowValues(NamedTuple):
