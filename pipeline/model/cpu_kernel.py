@@ -1,44 +1,24 @@
-"""Native CPU kernels, compiled on first use with the system C compiler: paged decode attention
+"""Native CPU kernels (built by kernel_library.py on first use): paged decode attention
 (csrc/paged_decode_attention.c), the rotary embedding fused with the KV cache write
 (csrc/rope_kv_write.c), linear layers for a few rows (csrc/few_rows_linear.c), weight-only
 quantized linear layers (csrc/quantized_linear.c), RMSNorm (csrc/rms_norm.c), and all of them
 chained into whole decoder layers (csrc/decoder_layers.c, used by native_decode.py).
 
 They are plain C, loaded through ctypes, so building takes about a second and needs no torch
-headers. They share one library with the thread pool they run on (csrc/thread_pool.c). The shared
-object is cached by a hash of the sources, flags and CPU (model, features) under
-$AQUEDUCT_CACHE_DIR/kernels. When no compiler is available, or AQUEDUCT_CPU_KERNEL=0, the loaders
-return None and the model stays on the portable torch path.
+headers. They share one library with the thread pool they run on (csrc/thread_pool.c). When no
+compiler is available, or AQUEDUCT_CPU_KERNEL=0, the loaders return None and the model stays on
+the portable torch path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 from typing import Any
 
-import structlog
 import torch
 
-from pipeline.loading.cache_dir import cache_dir
-
-log = structlog.get_logger(__name__)
-
-_CSRC = Path(__file__).parent / "csrc"
-# -ffp-contract=off: no multiply-add is fused unless a file asks for it (rope must round as torch
-# does, product by product; the attention kernel turns fusing on for itself).
-_POOL_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=c11"]
-# One library, so that one pool of threads serves every kernel that splits its work.
-_POOLED_SOURCES = ("thread_pool", "few_rows_linear", "panel_linear", "quantized_linear", "paged_decode_attention",
-                   "rms_norm", "rope_kv_write", "decoder_layers")
-
+from pipeline.model.kernel_library import bind, pooled_library
 
 # kv_format of the unquantized caches the kernel reads in place (fp8 callers pass 1 or 2 themselves,
 # kv_quant.KERNEL_FORMATS, with the layer's scales).
@@ -48,7 +28,7 @@ _FORMATS: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 3}
 class DecodeKernel:
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-        self._fn = _bind(library, "paged_decode_attention",
+        self._fn = bind(library, "paged_decode_attention",
                          [p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, f32, i64, i64, f32, i32, f32, f32, i32, i32],
                          i32)
 
@@ -85,7 +65,7 @@ class RopeKVKernel:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._fn = _bind(library, "rope_kv_write", [p, p, p, p, p, p, i64, i64, i64, i64, i64], None)
+        self._fn = bind(library, "rope_kv_write", [p, p, p, p, p, p, i64, i64, i64, i64, i64], None)
 
     def __call__(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                  slots: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
@@ -109,7 +89,7 @@ class FewRowsLinearKernel:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        self._fn = _bind(library, "few_rows_linear", [p, p, p, p, i64, i64, i64, i32, i32, i32, i32], i32)
+        self._fn = bind(library, "few_rows_linear", [p, p, p, p, i64, i64, i64, i32, i32, i32, i32], i32)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  gated: bool = False, float32_out: bool = False) -> torch.Tensor:
@@ -138,13 +118,13 @@ class PanelLinearKernel:
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         suffixes = {torch.float32: "", torch.bfloat16: "_bf16"}
-        self._size = {dtype: _bind(library, f"panel_linear{suffix}_packed_size", [i64, i64], i64)
+        self._size = {dtype: bind(library, f"panel_linear{suffix}_packed_size", [i64, i64], i64)
                       for dtype, suffix in suffixes.items()}
-        self._pack = {dtype: _bind(library, f"pack_panels{suffix}", [p, p, i64, i64], None)
+        self._pack = {dtype: bind(library, f"pack_panels{suffix}", [p, p, i64, i64], None)
                       for dtype, suffix in suffixes.items()}
-        self._fn = {dtype: _bind(library, f"panel_linear{suffix}", [p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
+        self._fn = {dtype: bind(library, f"panel_linear{suffix}", [p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
                     for dtype, suffix in suffixes.items()}
-        self.bf16_available = bool(_bind(library, "panel_linear_bf16_available", [], i32)())
+        self.bf16_available = bool(bind(library, "panel_linear_bf16_available", [], i32)())
 
     def takes(self, dtype: torch.dtype) -> bool:
         return dtype == torch.float32 or (dtype == torch.bfloat16 and self.bf16_available)
@@ -181,10 +161,10 @@ class QuantizedLinearKernel:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        self._int4 = _bind(library, "quantized_linear_int4", [p, p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
-        self._int8 = _bind(library, "quantized_linear_int8", [p, p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
-        self._dequantize_int4 = _bind(library, "dequantize_int4", [p, p, p, i64, i64, i32, i32], i32)
-        self._dequantize_int8 = _bind(library, "dequantize_int8", [p, p, p, i64, i64, i32, i32], None)
+        self._int4 = bind(library, "quantized_linear_int4", [p, p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
+        self._int8 = bind(library, "quantized_linear_int8", [p, p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
+        self._dequantize_int4 = bind(library, "dequantize_int4", [p, p, p, i64, i64, i32, i32], i32)
+        self._dequantize_int8 = bind(library, "dequantize_int8", [p, p, p, i64, i64, i32, i32], None)
         self._scratch = torch.empty(0, dtype=torch.bfloat16)  # dequantized weights, one layer at a time
 
     def int4(self, x: torch.Tensor, nibbles: torch.Tensor, scales_offsets: torch.Tensor,
@@ -246,7 +226,7 @@ class RMSNormKernel:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._fn = _bind(library, "rms_norm", [p, p, p, i64, i64, ctypes.c_float, ctypes.c_int, ctypes.c_int], None)
+        self._fn = bind(library, "rms_norm", [p, p, p, i64, i64, ctypes.c_float, ctypes.c_int, ctypes.c_int], None)
 
     @staticmethod
     def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -283,124 +263,56 @@ def _address(tensor: torch.Tensor | None) -> int | None:
     return tensor.data_ptr() if tensor is not None else None
 
 
-def _bind(library: ctypes.CDLL, name: str, argtypes: list[Any], restype: Any) -> Any:
-    """`library`'s C function `name`, with its argument and result types declared for ctypes."""
-    function = getattr(library, name)
-    function.argtypes, function.restype = argtypes, restype
-    return function
-
-
 def _halves(kv_cache: torch.Tensor) -> tuple[int, int]:
     """Addresses of kv_cache[0] (K) and kv_cache[1] (V), without two indexing ops per layer."""
     start = kv_cache.data_ptr()
     return start, start + kv_cache.stride(0) * kv_cache.element_size()
 
 
-def _compile(sources: list[Path], flags: list[str], target: Path) -> None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise FileNotFoundError("no C compiler (cc/gcc) on PATH")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as staging:
-        built = Path(staging) / target.name
-        subprocess.run([compiler, *flags, *map(str, sources), "-o", str(built), "-lm"],
-                       check=True, capture_output=True, text=True)
-        os.replace(built, target)  # atomic: concurrent processes never load a half-written file
-
-
-def _load_library(name: str, flags: list[str], sources: tuple[str, ...] | None = None) -> ctypes.CDLL | None:
-    """The shared object built from csrc/{source}.c for each of `sources` (default: `name`)."""
-    if os.environ.get("AQUEDUCT_CPU_KERNEL", "1") == "0":
-        return None
-    paths = [_CSRC / f"{source}.c" for source in sources or (name,)]
-    headers = b"".join(header.read_bytes() for header in sorted(_CSRC.glob("*.h")))  # what the sources include
-    code = b"".join(path.read_bytes() for path in paths)
-    digest = hashlib.sha256(code + headers + " ".join(flags).encode() + _cpu_identity()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"{name}-{digest}.so"
-    try:
-        if not target.exists():
-            _compile(paths, flags, target)
-            log.info("compiled CPU kernel", path=str(target))
-        return ctypes.CDLL(str(target))
-    except (OSError, subprocess.CalledProcessError) as error:
-        detail = getattr(error, "stderr", "") or str(error)
-        log.warning("CPU kernel unavailable; using the torch path", kernel=name, error=detail[-500:])
-        return None
-
-
-@functools.cache
-def _cpu_info_lines() -> tuple[str, ...]:
-    """/proc/cpuinfo's distinct model and feature lines (x86 and ARM spellings); empty where it is absent."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return ()
-    keys = ("model name", "flags", "Features", "CPU part")
-    return tuple(sorted({line for line in lines if line.split(":")[0].strip() in keys}))
-
-
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as /proc/cpuinfo lists them (e.g. "avx512_bf16"); empty where it is absent."""
-    return frozenset(word for line in _cpu_info_lines() if line.split(":")[0].strip() in ("flags", "Features")
-                     for word in line.split(":", 1)[1].split())
-
-
-def _cpu_identity() -> bytes:
-    """The CPU's model and feature flags: -march=native objects built on one CPU may fault on another
-    (a cache directory shared between hosts), so each CPU gets its own."""
-    lines = _cpu_info_lines()
-    return "\n".join(lines).encode() if lines else platform.processor().encode()
-
-
-def _pooled_library() -> ctypes.CDLL | None:
-    """Not cached here (the public loaders are): loading the same file again shares its one pool."""
-    return _load_library("pooled_kernels", _POOL_FLAGS, _POOLED_SOURCES)
-
-
 @functools.cache
 def load_decode_kernel() -> DecodeKernel | None:
-    library = _pooled_library()
+    library = pooled_library()
     return DecodeKernel(library) if library is not None else None
 
 
 @functools.cache
 def load_few_rows_linear_kernel() -> FewRowsLinearKernel | None:
-    library = _pooled_library()
+    library = pooled_library()
     return FewRowsLinearKernel(library) if library is not None else None
 
 
 @functools.cache
 def load_panel_linear_kernel() -> PanelLinearKernel | None:
     """The panel kernel where this CPU runs it (AVX-512 and a C compiler), else None."""
-    library = _pooled_library()
-    if library is None or not _bind(library, "panel_linear_available", [], ctypes.c_int)():
+    library = pooled_library()
+    if library is None or not bind(library, "panel_linear_available", [], ctypes.c_int)():
         return None
     return PanelLinearKernel(library)
 
 
 @functools.cache
 def load_quantized_linear_kernel() -> QuantizedLinearKernel | None:
-    library = _pooled_library()
+    library = pooled_library()
     return QuantizedLinearKernel(library) if library is not None else None
 
 
 @functools.cache
 def load_decoder_layers() -> Any:
     """csrc/decoder_layers.c's entry point (native_decode.py declares its structures), or None."""
-    library = _pooled_library()
+    library = pooled_library()
     if library is None:
         return None
     p = ctypes.c_void_p
-    return _bind(library, "decoder_layers", [p, p, ctypes.c_int64, p], ctypes.c_int)
+    return bind(library, "decoder_layers", [p, p, ctypes.c_int64, p], ctypes.c_int)
 
 
 @functools.cache
 def load_rms_norm_kernel() -> RMSNormKernel | None:
-    library = _pooled_library()
+    library = pooled_library()
     return RMSNormKernel(library) if library is not None else None
 
 
 @functools.cache
 def load_rope_kv_kernel() -> RopeKVKernel | None:
-    library = _pooled_library()
+    library = pooled_library()
     return RopeKVKernel(library) if library is not None else None

@@ -41,7 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.model.cpu_kernel import QuantizedLinearKernel, cpu_flags, load_quantized_linear_kernel
+from pipeline.model.cpu_kernel import QuantizedLinearKernel, load_quantized_linear_kernel
+from pipeline.model.kernel_library import cpu_flags
 
 GROUP_SIZE = 32  # GGUF's Q4_0/Q4_1/Q8_0 block length
 COMPUTE_DTYPE = torch.bfloat16
