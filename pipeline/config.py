@@ -14,7 +14,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 CPU_LINEARS = ("auto", "onednn", "torch")
 QUANTIZATIONS = ("none", "gguf", "int8")  # weight-only, CPU (pipeline/model/quantized_linear.py)
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")  # auto: the model's dtype (pipeline/model/kv_quant.py)
-LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's flag values (SAMPLING.md, stage 14)
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's flag values (docs/sampling.md, stage 14)
 
 
 ATTENTION_BACKENDS = ("auto", "torch", "flex")
@@ -111,7 +111,7 @@ class CacheConfig:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """The per-step token budget (DESIGN §4)."""
+    """The per-step token budget (docs/design.md §4)."""
 
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 128

@@ -79,7 +79,7 @@ def packaged_model_file(name: str) -> Path:
 
 
 def default_cli_model() -> str:
-    """The CLI's `--model` default (DESIGN §6): the packaged instruct model when installed, else builtin."""
+    """The CLI's `--model` default (docs/design.md §6): the packaged instruct model when installed, else builtin."""
     packaged = PACKAGED_MODELS[DEFAULT_PACKAGED_MODEL]
     directory = _package_dir(packaged.package)
     if directory is not None and (directory / packaged.filename).is_file():

@@ -1,4 +1,4 @@
-"""Beam search bookkeeping of one request: HF transformers' semantics (SAMPLING.md "Several choices").
+"""Beam search bookkeeping of one request: HF transformers' semantics (docs/sampling.md "Several choices").
 
 Pure decisions, no sequences or blocks: each step gets every running beam's cumulative score and
 its best next tokens with their logprobs, and says which (parent, token) pairs run on and which

@@ -1,4 +1,4 @@
-"""What the engine reports per step: one RequestDelta per request that advanced (DESIGN §3 reply entry)."""
+"""What the engine reports per step: one RequestDelta per request that advanced (docs/design.md §3 reply entry)."""
 
 from __future__ import annotations
 

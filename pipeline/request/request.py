@@ -96,7 +96,7 @@ class Request:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    seed: int  # params.seed, or derived from request_id (DESIGN §5)
+    seed: int  # params.seed, or derived from request_id (docs/design.md §5)
     eos_token_ids: frozenset[int] = frozenset()
     prompt: str | None = None
     cache_salt: int | None = None  # extra prefix-cache key; the LoRA adapter id unless given
@@ -124,7 +124,7 @@ class Request:
 
     def resume_from(self, resume: ResumeState) -> None:
         """Continue where another worker stopped: each choice starts from prompt + the tokens the
-        client already has, and is recomputed from there (DESIGN §5 makes the rest identical);
+        client already has, and is recomputed from there (docs/design.md §5 makes the rest identical);
         mirostat's mu continues from the value the reply stream carries. A best_of > n or beam
         search request streamed nothing, so it simply starts again."""
         if self.params.reports_at_end:
@@ -141,7 +141,7 @@ class Request:
 
 @dataclass(slots=True)
 class ResumeState:
-    """What a reply stream already holds for a request another worker started (DESIGN §3)."""
+    """What a reply stream already holds for a request another worker started (docs/design.md §3)."""
 
     next_seq: int
     output_token_ids: list[list[int]]  # per choice, tokens already sent to the client

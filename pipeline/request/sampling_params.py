@@ -3,7 +3,7 @@
 Every error is a ValueError that names the field and the rule (`max_tokens must be >= 1, got 0`),
 including type errors, so the gateway can return them to the client as they are. `from_dict`
 rejects unknown keys: a typo such as `temprature` must fail loudly, never sample at T=1.
-The meaning of every sampler field, and the order the sampler applies them in, is SAMPLING.md.
+The meaning of every sampler field, and the order the sampler applies them in, is docs/sampling.md.
 Checks that need the model (vocabulary size, context length, --max-logprobs) are at intake.
 """
 
@@ -82,7 +82,7 @@ _RANGES: tuple[tuple[str, float | None, float | None, bool, bool], ...] = (
 
 class SamplingType(enum.IntEnum):
     GREEDY = 0
-    RANDOM = 1  # always seeded: an explicit seed or one derived from the request id (DESIGN §5)
+    RANDOM = 1  # always seeded: an explicit seed or one derived from the request id (docs/design.md §5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +94,7 @@ class SamplingParams:
     max_tokens: int | None = 16  # None = until max_model_len
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1 = off; 0 is an error (SAMPLING.md)
+    top_k: int = -1  # -1 = off; 0 is an error (docs/sampling.md)
     min_p: float = 0.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -111,7 +111,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None  # keep only the last k prompt tokens
-    # Aphrodite's samplers (SAMPLING.md). Every default switches its stage off.
+    # Aphrodite's samplers (docs/sampling.md). Every default switches its stage off.
     top_a: float = 0.0
     tfs: float = 1.0
     eta_cutoff: float = 0.0  # units of 1e-4
@@ -134,7 +134,7 @@ class SamplingParams:
     dry_range: int = 0  # 0 = the whole context
     xtc_threshold: float = 0.1
     xtc_probability: float = 0.0
-    # Beam search (SAMPLING.md): greedy only; best_of is the beam width W > 1 and n <= W results come back.
+    # Beam search (docs/sampling.md): greedy only; best_of is the beam width W > 1 and n <= W results come back.
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: bool | str = False

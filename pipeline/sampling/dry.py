@@ -1,4 +1,4 @@
-"""Stage 3 of SAMPLING.md: DRY ("don't repeat yourself") penalties, and the sequence-breaker tokens.
+"""Stage 3 of docs/sampling.md: DRY ("don't repeat yourself") penalties, and the sequence-breaker tokens.
 
 For a context c (the last dry_range tokens of prompt + output) with last token t: every earlier
 position i with c[i] == t starts a repeat; its length n is the longest common suffix of c[:i+1]

@@ -1,4 +1,4 @@
-"""Stages 1-2 of SAMPLING.md: bans and logit bias, then repetition, frequency and presence penalties."""
+"""Stages 1-2 of docs/sampling.md: bans and logit bias, then repetition, frequency and presence penalties."""
 
 from __future__ import annotations
 

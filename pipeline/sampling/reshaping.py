@@ -1,4 +1,4 @@
-"""Stages 9-12 of SAMPLING.md: XTC, smoothing, dynamic temperature and mirostat v2.
+"""Stages 9-12 of docs/sampling.md: XTC, smoothing, dynamic temperature and mirostat v2.
 
 Like the truncation stages, each function takes the logits of the rows that use it ([r, V]
 float32) and their columns (numpy [r]). Quantities that feed a temperature or mirostat's mu are

@@ -1,4 +1,4 @@
-"""Counter-based randomness (DESIGN §5): one uniform per sampled token, from a stateless hash.
+"""Counter-based randomness (docs/design.md §5): one uniform per sampled token, from a stateless hash.
 
 A token for choice `c` at output position `p` of a request with seed `s` is drawn with
 u = uniforms(s, c, p). No generator state exists anywhere, so the number is the same whatever

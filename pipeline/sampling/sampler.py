@@ -1,12 +1,12 @@
 """Sampler: logits -> tokens (+ logprobs, + mirostat's mu), one row per sampled token, vectorized over rows.
 
-The chain is SAMPLING.md's, in its order: bans and logit bias -> penalties -> DRY -> top-p,
+The chain is docs/sampling.md's, in its order: bans and logit bias -> penalties -> DRY -> top-p,
 min-p, top-a, top-k -> tfs -> eta -> epsilon -> typical -> XTC -> smoothing -> temperature /
 dynatemp -> mirostat. Each stage runs only on the rows that use it, and only when some row does,
 so a step in which every row keeps to the classic knobs runs exactly the classic path. Greedy
 rows (temperature 0, no dynatemp) skip stages 4-12 and take the argmax (lowest id on ties).
 
-Randomness (DESIGN §5): a random row uses exactly one uniform u = rng.uniforms(seed, choice,
+Randomness (docs/design.md §5): a random row uses exactly one uniform u = rng.uniforms(seed, choice,
 position) and takes the first token, in token-id order, whose float64 cumulative probability
 exceeds u * total; XTC's coin is a uniform of its own stream. Every operation is row-wise, so a
 row's token, logprobs and mu do not depend on the rest of the batch.
@@ -73,7 +73,7 @@ class Sampler:
         return output
 
     def process_logits(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """Stages 1-12 of SAMPLING.md; a new float32 tensor (the caller's is never written)."""
+        """Stages 1-12 of docs/sampling.md; a new float32 tensor (the caller's is never written)."""
         logits = self._trim(logits).float()
         advanced = batch.advanced
         if advanced is not None or len(batch.banned_rows) > 0 or batch.beam is not None:
@@ -191,7 +191,7 @@ def _apply_stages_5_to_10(logits: torch.Tensor, batch: SamplingBatch, advanced: 
 
 
 def _xtc_rows(batch: SamplingBatch, advanced: AdvancedColumns) -> np.ndarray:
-    """Rows whose XTC coin (its own counter-based stream, DESIGN §5) comes up: u < xtc_probability."""
+    """Rows whose XTC coin (its own counter-based stream, docs/design.md §5) comes up: u < xtc_probability."""
     candidates = np.flatnonzero(advanced.xtc_probability > 0)
     if len(candidates) == 0:
         return candidates
@@ -202,7 +202,7 @@ def _xtc_rows(batch: SamplingBatch, advanced: AdvancedColumns) -> np.ndarray:
 
 def _apply_temperature(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Stage 11: divide random rows by T; dynatemp rows by their T of this step. A T below
-    GREEDY_TEMPERATURE divides nothing (SAMPLING.md); greedy rows are left as they are."""
+    GREEDY_TEMPERATURE divides nothing (docs/sampling.md); greedy rows are left as they are."""
     temperature = np.where(batch.temperature == 0, 1.0, batch.temperature)  # greedy rows: as is
     advanced = batch.advanced
     dynatemp_rows = (np.flatnonzero((advanced.dynatemp_min > 0) | (advanced.dynatemp_max > 0))

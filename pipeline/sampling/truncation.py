@@ -1,4 +1,4 @@
-"""Stages 4-8 of SAMPLING.md: truncation samplers. Each masks tokens (-inf) and keeps the top token.
+"""Stages 4-8 of docs/sampling.md: truncation samplers. Each masks tokens (-inf) and keeps the top token.
 
 Every function takes the logits of the rows that use the stage ([r, V] float32, r >= 1) and that
 stage's columns for those rows (numpy [r]), and returns new logits; p is recomputed from the

@@ -1,4 +1,4 @@
-"""The scheduler: one rule for prefill and decode (DESIGN §4).
+"""The scheduler: one rule for prefill and decode (docs/design.md §4).
 
 Each sequence has `num_computed_tokens`; a step hands sequences tokens under a token budget
 (`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`): running sequences first, then

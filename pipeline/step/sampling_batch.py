@@ -22,7 +22,7 @@ class SamplingBatch:
     presence_penalty: np.ndarray  # [R] float32; 0 = off
     frequency_penalty: np.ndarray  # [R] float32; 0 = off
     repetition_penalty: np.ndarray  # [R] float32; 1 = off
-    seeds: np.ndarray  # [R] uint64, per-request seed (DESIGN §5)
+    seeds: np.ndarray  # [R] uint64, per-request seed (docs/design.md §5)
     choice_index: np.ndarray  # [R] int64
     output_position: np.ndarray  # [R] int64, index of the token being sampled among the choice's outputs
     num_logprobs: np.ndarray  # [R] int32; -1 = none, 0 = chosen token only, k = chosen + top-k
@@ -44,7 +44,7 @@ class SamplingBatch:
 
 @dataclass(slots=True)
 class AdvancedColumns:
-    """Per-row values of the stages of SAMPLING.md beyond the classic ones; neutral = off.
+    """Per-row values of the stages of docs/sampling.md beyond the classic ones; neutral = off.
 
     Random-row stages (4-12) hold neutral values on greedy rows. `dry_context` and the logit
     bias triples are ragged: one array per row, and (row, token, bias) for every bias."""
@@ -64,7 +64,7 @@ class AdvancedColumns:
     mirostat: np.ndarray  # [R] bool; mirostat v2 on
     mirostat_tau: np.ndarray  # [R] float64
     mirostat_eta: np.ndarray  # [R] float64
-    mirostat_mu: np.ndarray  # [R] float64, the choice's current mu (DESIGN §4)
+    mirostat_mu: np.ndarray  # [R] float64, the choice's current mu (docs/design.md §4)
     dry_multiplier: np.ndarray  # [R] float32; 0 = off
     dry_base: np.ndarray  # [R] float64
     dry_allowed_length: np.ndarray  # [R] int64

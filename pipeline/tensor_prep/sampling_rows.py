@@ -1,6 +1,6 @@
 """A request's values for the sampler's per-row columns (tensor prep copies them into its rows).
 
-Neutral values switch a stage off for a row. Greedy rows skip stages 4-12 of SAMPLING.md (each
+Neutral values switch a stage off for a row. Greedy rows skip stages 4-12 of docs/sampling.md (each
 keeps the top token, and XTC does not apply to them), so their values for those stages are
 neutral and such a row costs those stages nothing.
 """
