@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import structlog
 
 from pipeline.config import EngineConfig, ModelConfig
+from pipeline.grammar.compiler import GrammarCompiler
 from pipeline.intake.chat_content import ChatContentGuard
 from pipeline.intake.image_processor import ImageLimits, ImageProcessor
 from pipeline.intake.request_builder import RequestBuilder
@@ -63,8 +64,10 @@ class LLMEngine:
         kv_cache = KVCacheManager(self.runner.num_kv_blocks, config.cache.block_size,
                                   config.cache.enable_prefix_caching,
                                   sliding_window=self.runner.info.attention.kv_window)
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids) \
+            if self.tokenizer is not None else None
         self.scheduler = Scheduler(config.scheduler, kv_cache, self.runner.max_model_len, self.lora_registry,
-                                   self.lora_slots)
+                                   self.lora_slots, self.grammars)
         self.max_model_len = self.scheduler.max_model_len
         self.tensor_prep = TensorPrep(config.scheduler.max_num_seqs, self.max_model_len, config.cache.block_size)
         breakers = SequenceBreakers(token_decoder(self.tokenizer), self.vocab_size)
@@ -74,7 +77,8 @@ class LLMEngine:
                                       image_processor=self._image_processor(), loras=self.lora_registry,
                                       base_model_names=frozenset(
                                           name for name in (self.model_name, config.model.model) if name),
-                                      breakers=breakers, content_guard=self._content_guard(config.model))
+                                      breakers=breakers, content_guard=self._content_guard(config.model),
+                                      grammars=self.grammars)
         self.outputs = OutputProcessor(self.tokenizer)
         self.stats = EngineStats()
         log.info("engine ready", model=str(self.model_dir), num_kv_blocks=self.runner.num_kv_blocks,

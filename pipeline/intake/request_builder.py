@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.grammar.compiler import GrammarCompiler
 from pipeline.intake.chat_content import ChatContentGuard
 from pipeline.intake.image_processor import ImageProcessor
 from pipeline.lora.registry import LoRARegistry
@@ -29,8 +30,10 @@ class RequestBuilder:
                  max_model_len: int, *, max_logprobs: int = 20, vision: VisionInfo | None = None,
                  image_processor: ImageProcessor | None = None, loras: LoRARegistry | None = None,
                  base_model_names: frozenset[str] = frozenset(),
-                 breakers: SequenceBreakers | None = None, content_guard: ChatContentGuard | None = None) -> None:
+                 breakers: SequenceBreakers | None = None, content_guard: ChatContentGuard | None = None,
+                 grammars: GrammarCompiler | None = None) -> None:
         self.tokenizer = tokenizer
+        self.grammars = grammars  # the scheduler's: a grammar compiled here is one it finds cached
         self.content_guard = content_guard  # None: special-token text in messages is read as special tokens
         self.breakers = breakers  # the sampler's: a mask built here is one the device thread finds
         self.vision = vision  # None: a text-only model
@@ -48,6 +51,8 @@ class RequestBuilder:
               lora: str | None = None) -> Request:
         if self.breakers is not None and params.dry_multiplier > 0:
             self.breakers.mask(params.dry_sequence_breakers)  # built here, not on the device thread
+        if params.structured_outputs is not None:
+            self._compile_grammar(params)
         given = [name for name, value in (("prompt", prompt), ("prompt_token_ids", prompt_token_ids),
                                           ("messages", messages)) if value is not None]
         if len(given) != 1:
@@ -83,6 +88,14 @@ class RequestBuilder:
                        seed=request_seed(params.seed, request_id), eos_token_ids=self.eos_token_ids,
                        prompt=prompt, images=tuple(image_inputs), lora_name=lora if lora_id is not None else None,
                        lora_id=lora_id)
+
+    def _compile_grammar(self, params: SamplingParams) -> None:
+        """Compiled here (the intake actor runs this in a worker thread), so the scheduler only makes
+        matchers from a cached grammar; a constraint that does not compile is this request's error."""
+        if self.grammars is None:
+            raise ValueError("structured outputs need the model's tokenizer, and this model has none")
+        assert params.structured_outputs is not None
+        self.grammars.compile(params.structured_outputs)
 
     def _lora_id(self, name: str | None) -> int | None:
         if name is None or name in self.base_model_names:

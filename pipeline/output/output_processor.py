@@ -206,7 +206,7 @@ class OutputProcessor:
             choice.cumulative_logprob += event.logprob.logprob
         # EOS / stop_token_ids text is not part of the output unless include_stop_str_in_output.
         hidden = (event.finish_reason == "stop" and not isinstance(event.stop_reason, str)
-                  and not state.params.include_stop_str_in_output)
+                  and not event.grammar_complete and not state.params.include_stop_str_in_output)
         if choice.detokenizer is None or hidden:
             return None
         text, matched = choice.stop_matcher.feed(choice.detokenizer.add([event.token_id]))

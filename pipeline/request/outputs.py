@@ -58,6 +58,9 @@ class TokenEvent:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
     mirostat_mu: float | None = None  # mirostat choices: mu after this token
+    # The token completed the choice's grammar (structured outputs): it ends the choice with "stop"
+    # like EOS does, but it is text, shown like any other token.
+    grammar_complete: bool = False
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline.request.beam_search import BeamSearch, Hypothesis
 from pipeline.request.image_input import ImageInput
@@ -55,6 +56,9 @@ class Sequence:
     mirostat_mu: float | None = None  # mirostat v2's mu after the last token; None = not started (2 tau)
     cumulative_logprob: float = 0.0  # sum of the returned logprobs of the outputs (best_of ranks by it)
     lora_slot: int | None = None  # the device slot of its adapter while it runs (it holds the slot)
+    # Structured outputs: the choice's GrammarMatcher (pipeline/grammar/), made when it first samples.
+    grammar_matcher: Any = None
+    grammar_complete: bool = False  # ended because its grammar could take no further token
 
     @property
     def num_tokens(self) -> int:

@@ -23,6 +23,7 @@ from pipeline.request.param_checks import (
     normalize_token_ids,
     to_float,
 )
+from pipeline.request.structured_output import ALIASES, canonical_structured_output
 
 __all__ = ["GREEDY_TEMPERATURE", "MAX_N", "SamplingParams", "SamplingType"]
 
@@ -138,8 +139,18 @@ class SamplingParams:
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    # Structured outputs (pipeline/request/structured_output.py). Every spelling folds into
+    # structured_outputs, canonical (kind, spec, whitespace_pattern); the aliases are then None.
+    structured_outputs: tuple[str, str, str] | None = None
+    response_format: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_whitespace_pattern: Any = None
 
     def __post_init__(self) -> None:
+        self._fold_structured_output()
         self._check_types()
         self._check_sizes()
         self._check_counts()
@@ -148,6 +159,12 @@ class SamplingParams:
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # frozen: normalization happens only here
+
+    def _fold_structured_output(self) -> None:
+        given = {name: getattr(self, name) for name in (*ALIASES, "structured_outputs")}
+        self._set("structured_outputs", canonical_structured_output(given, self.guided_whitespace_pattern))
+        for name in (*ALIASES, "guided_whitespace_pattern"):
+            self._set(name, None)
 
     def _check_types(self) -> None:
         for name in _INT_FIELDS:
@@ -214,6 +231,9 @@ class SamplingParams:
                 fail(f"early_stopping must be false without use_beam_search (it only applies to beam search), "
                      f"got {self.early_stopping!r}")
             return
+        if self.structured_outputs is not None:
+            fail("structured outputs cannot be combined with use_beam_search (a beam's candidates would each need "
+                 "their own grammar state)")
         if not self.is_greedy:
             fail(f"temperature must be 0 with use_beam_search (beam search is greedy), got {self.temperature:g}"
                  + (" with dynatemp" if self.uses_dynatemp else ""))

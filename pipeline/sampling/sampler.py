@@ -1,6 +1,6 @@
 """Sampler: logits -> tokens (+ logprobs, + mirostat's mu), one row per sampled token, vectorized over rows.
 
-The chain is docs/sampling.md's, in its order: bans and logit bias -> penalties -> DRY -> top-p,
+The chain is docs/sampling.md's, in its order: the grammar mask -> bans and logit bias -> penalties -> DRY -> top-p,
 min-p, top-a, top-k -> tfs -> eta -> epsilon -> typical -> XTC -> smoothing -> temperature /
 dynatemp -> mirostat. Each stage runs only on the rows that use it, and only when some row does,
 so a step in which every row keeps to the classic knobs runs exactly the classic path. Greedy
@@ -25,6 +25,7 @@ from pipeline.host_to_device import to_device
 from pipeline.request.sampling_params import GREEDY_TEMPERATURE
 from pipeline.sampling import rng
 from pipeline.sampling.dry import SequenceBreakers, dry_penalties
+from pipeline.sampling.grammar_mask import apply_token_bitmasks
 from pipeline.sampling.logit_penalties import apply_bans, apply_logit_bias, apply_penalties, needs_penalties
 from pipeline.sampling.reshaping import (
     apply_mirostat,
@@ -73,11 +74,14 @@ class Sampler:
         return output
 
     def process_logits(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """Stages 1-12 of docs/sampling.md; a new float32 tensor (the caller's is never written)."""
+        """Stages 0-12 of docs/sampling.md; a new float32 tensor (the caller's is never written)."""
         logits = self._trim(logits).float()
         advanced = batch.advanced
-        if advanced is not None or len(batch.banned_rows) > 0 or batch.beam is not None:
+        if (advanced is not None or len(batch.banned_rows) > 0 or batch.beam is not None
+                or batch.bitmask_rows is not None):
             logits = logits.clone()  # the stages below write in place
+        if batch.bitmask_rows is not None:
+            logits = apply_token_bitmasks(logits, batch.bitmask_rows, batch.bitmasks)
         if batch.beam is not None:
             logits = on_rows(logits, np.flatnonzero(batch.beam), lambda sub, rows: torch.log_softmax(sub, dim=-1))
         if advanced is not None and len(advanced.bias_rows) > 0:
@@ -108,7 +112,7 @@ class Sampler:
 
     def _is_plain_greedy(self, batch: SamplingBatch) -> bool:
         return bool(batch.advanced is None and (batch.temperature == 0).all() and len(batch.banned_rows) == 0
-                    and not needs_penalties(batch) and (batch.num_logprobs < 0).all())
+                    and not needs_penalties(batch) and (batch.num_logprobs < 0).all() and batch.bitmask_rows is None)
 
     def _needs_truncation(self, batch: SamplingBatch) -> bool:
         top_k_active = (batch.top_k > 0) & (batch.top_k < self.vocab_size)

@@ -13,10 +13,11 @@ Example: prompt [5, 6, 7], step N computes position 2 and samples. Planning N + 
 id 9; the scheduler then holds [5, 6, 7, 9].
 
 A placeholder is added only where the sampling of N + 1 does not read N's token other than as the
-input id: no penalties, DRY or mirostat (they read the output history or N's mu) and no beam search
-(N's candidates decide the beams). When such a sequence is in step N, nothing is planned ahead and
-the scheduler waits for N, as the plain step loop does. A sequence that N surely finishes (it
-reaches max_tokens or the context length) gets no placeholder and simply sits N + 1 out.
+input id: no penalties, DRY or mirostat (they read the output history or N's mu), no beam search
+(N's candidates decide the beams) and no grammar (its mask for N + 1 follows N's token). When such
+a sequence is in step N, nothing is planned ahead and the scheduler waits for N, as the plain step
+loop does. A sequence that N surely finishes (it reaches max_tokens or the context length) gets no
+placeholder and simply sits N + 1 out.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pipeline.step.plan import PLACEHOLDER_TOKEN
 def plans_ahead(params: SamplingParams) -> bool:
     """Whether a sequence's next step can be planned before its current token is known."""
     return not (params.needs_penalties or params.uses_mirostat or params.dry_multiplier > 0
-                or params.use_beam_search)
+                or params.use_beam_search or params.structured_outputs is not None)
 
 
 def add_placeholders(running: list[Sequence], max_model_len: int) -> bool:

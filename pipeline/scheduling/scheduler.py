@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections import deque
 
 from pipeline.config import SchedulerConfig
+from pipeline.grammar.compiler import GrammarCompiler
 from pipeline.lora.registry import LoRARegistry
 from pipeline.lora.slots import LoRASlots
 from pipeline.request.outputs import PromptLogprobsEvent, StopStringFinish, TokenEvent
 from pipeline.request.request import FinishReason, Request, Sequence, SequenceStatus
 from pipeline.scheduling.beam_scheduling import BeamStep, new_beam_search, on_beam_candidates
+from pipeline.scheduling.grammar_masks import grammar_finished, token_bitmasks
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
 from pipeline.scheduling.lookahead import add_placeholders, drop_placeholder, fill_placeholder
 from pipeline.step.plan import NewSequence, RunningSequence, StepPlan
@@ -25,8 +27,10 @@ from pipeline.step.result import StepResult
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
-                 lora_registry: LoRARegistry | None = None, lora_slots: LoRASlots | None = None) -> None:
+                 lora_registry: LoRARegistry | None = None, lora_slots: LoRASlots | None = None,
+                 grammars: GrammarCompiler | None = None) -> None:
         self.config = config
+        self.grammars = grammars
         self.lora_registry = lora_registry
         self.lora_slots = lora_slots
         self.lora_failures: list[tuple[str, str]] = []  # (request id, message): adapter gone while waiting
@@ -123,9 +127,19 @@ class Scheduler:
             self._schedule_waiting(plan, budget)
         if self.lora_slots is not None:
             plan.lora_loads = self.lora_slots.take_loads()
+        self._add_token_bitmasks(plan)
         if plan.is_empty:  # not sent: the next plan tells tensor prep of the removed rows
             self._removed_seq_ids = plan.removed_seq_ids + self._removed_seq_ids
         return plan
+
+    def _add_token_bitmasks(self, plan: StepPlan) -> None:
+        scheduled = [self.sequences[seq_id] for seq_id in plan.num_scheduled_tokens]
+        plan.token_bitmasks, failed = token_bitmasks(scheduled, self.grammars)
+        for seq, message in failed:  # only where the grammar was not compiled at intake (another process)
+            request = seq.request
+            self.abort_request(request.request_id, FinishReason.ERROR)
+            self.lora_failures.append((request.request_id, message))
+            plan.num_scheduled_tokens.pop(seq.seq_id, None)
 
     def schedule_ahead(self) -> StepPlan | None:
         """The next plan while a step is still running (pipeline/scheduling/lookahead.py); None when a
@@ -287,7 +301,7 @@ class Scheduler:
                 seq.request.request_id, seq.choice_index, token_id, logprob,
                 finish_reason=str(seq.finish_reason) if seq.finish_reason is not None else None,
                 stop_reason=seq.stop_reason, num_cached_tokens=seq.num_cached_tokens,
-                mirostat_mu=seq.mirostat_mu,
+                mirostat_mu=seq.mirostat_mu, grammar_complete=seq.grammar_complete,
             ))
         return events
 
@@ -318,6 +332,10 @@ class Scheduler:
             if token_id in params.stop_token_ids:
                 self.finish_sequence(seq, FinishReason.STOP, token_id)
                 return
+        if grammar_finished(seq, token_id):  # the structured output is complete
+            seq.grammar_complete = True
+            self.finish_sequence(seq, FinishReason.STOP)
+            return
         if (params.max_tokens is not None and num_output >= params.max_tokens) \
                 or seq.num_tokens >= self.max_model_len:
             self.finish_sequence(seq, FinishReason.LENGTH)

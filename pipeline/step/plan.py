@@ -52,6 +52,9 @@ class StepPlan:
     removed_seq_ids: list[int] = field(default_factory=list)
     # LoRA slot -> adapter id to copy into it before this step's forward.
     lora_loads: dict[int, int] = field(default_factory=dict)
+    # Structured outputs: seq_id -> the allowed-token bitmask of its next token (int32 words as bytes,
+    # bit t of word t // 32 = token t), for the sequences that sample in this step and have a grammar.
+    token_bitmasks: dict[int, bytes] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

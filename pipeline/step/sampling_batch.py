@@ -36,6 +36,10 @@ class SamplingBatch:
     # [R] bool, beam-search rows: stages 1-3 act on the model's log-probs, not renormalised after
     # (HF transformers' beam search order); None when no row is a beam.
     beam: np.ndarray | None = None
+    # Structured outputs (stage 0): the rows with a grammar and their allowed-token bitmasks, [G] int64
+    # and [G, ceil(V / 32)] int32 (bit t of word t // 32 = token t allowed); None when no row has one.
+    bitmask_rows: np.ndarray | None = None
+    bitmasks: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:

@@ -40,11 +40,15 @@ class TensorPrep:
         placeholders = np.flatnonzero(inputs.input_ids == PLACEHOLDER_TOKEN)
         # flat token index -> its sequence: query_start_loc [0, 2, 7], index 5 -> sequence 1
         placeholder_seqs = np.searchsorted(inputs.query_start_loc, placeholders, side="right") - 1
+        sample_seq_ids = [seq_ids[i] for i in np.flatnonzero(samples)]
+        sampling = batch.sampling_batch(sample_rows)
+        if plan.token_bitmasks:
+            sampling.bitmask_rows, sampling.bitmasks = _bitmasks(plan.token_bitmasks, sample_seq_ids)
         return PreparedStep(
             plan=plan,
             inputs=inputs,
-            sampling=batch.sampling_batch(sample_rows),
-            sample_seq_ids=[seq_ids[i] for i in np.flatnonzero(samples)],
+            sampling=sampling,
+            sample_seq_ids=sample_seq_ids,
             prompt_logprob_segments=segments,
             prompt_logprob_targets=targets,
             placeholder_indices=placeholders,
@@ -121,3 +125,10 @@ class TensorPrep:
             inputs.logits_indices = np.concatenate([inputs.logits_indices, *extra_indices]).astype(np.int64)
             return segments, np.concatenate(targets)
         return segments, np.zeros(0, np.int64)
+
+
+def _bitmasks(token_bitmasks: dict[int, bytes], sample_seq_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The sampling rows whose sequence sent a grammar bitmask, and those masks stacked in row order."""
+    rows = [row for row, seq_id in enumerate(sample_seq_ids) if seq_id in token_bitmasks]
+    masks = [np.frombuffer(token_bitmasks[sample_seq_ids[row]], np.int32) for row in rows]
+    return np.asarray(rows, np.int64), np.stack(masks)

@@ -1,0 +1,7 @@
+"""Grammars for structured outputs: a request's canonical constraint (request/structured_output.py)
+compiled once per text by llguidance (`GrammarCompiler`, cached), and one `GrammarMatcher` per
+choice that yields the allowed-token bitmask before each sample and advances with each token.
+
+May import: request/, loading/ (the tokenizer). The bitmask travels in the step plan as bytes, so
+tensor prep and the sampler never see a matcher.
+"""
