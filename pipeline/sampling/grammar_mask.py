@@ -13,14 +13,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_BITS = torch.arange(32, dtype=torch.int32)
-
 
 def apply_token_bitmasks(logits: torch.Tensor, rows: np.ndarray, bitmasks: np.ndarray) -> torch.Tensor:
     """`logits` [R, V] with the rows in `rows` masked by `bitmasks` [len(rows), ceil(V / 32)], in place."""
     vocab_size = logits.shape[1]
-    words = torch.from_numpy(bitmasks).to(logits.device)
-    allowed = ((words.unsqueeze(-1) >> _BITS.to(logits.device)) & 1).reshape(len(rows), -1)[:, :vocab_size]
+    # Little-endian words, little bit order: byte k's bit b is token 8k + b, as in the words' layout.
+    allowed = np.unpackbits(bitmasks.view(np.uint8), axis=1, bitorder="little", count=vocab_size).view(bool)
+    disallowed = ~torch.from_numpy(allowed).to(logits.device)
+    if len(rows) == logits.shape[0]:
+        return logits.masked_fill_(disallowed, float("-inf"))
     row_index = torch.from_numpy(rows).to(logits.device)
-    logits[row_index] = logits[row_index].masked_fill(allowed == 0, float("-inf"))
+    logits[row_index] = logits[row_index].masked_fill(disallowed, float("-inf"))
     return logits
