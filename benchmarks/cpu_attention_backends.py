@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from actors.frontends.bench import make_workload, run_engine
+from actors.cli.bench import make_workload, run_engine
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 

@@ -13,7 +13,7 @@ bandwidth, and the median seconds per request (with `--output-len 1`, about the 
 
 from __future__ import annotations
 
-from actors.process_tuning import passive_omp_wait
+from actors.kit.process_tuning import passive_omp_wait
 
 passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
 
@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from safetensors import safe_open
 
-from actors.frontends.bench import Workload, gguf_file_of, llama_cpp_available, time_llama_cpp
+from actors.cli.bench import Workload, gguf_file_of, llama_cpp_available, time_llama_cpp
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig
 from pipeline.engine import LLMEngine
 from pipeline.loading.model_source import resolve_model
@@ -79,7 +79,7 @@ def engine_runner(model: str, dtype: str, quantization: str, cpu_linear: str, ke
 
 
 def llama_cpp_runner(model: str, prompt: list[int]) -> Callable[[int], float | None] | None:
-    """llama.cpp on the model's GGUF file, timed in a child process (actors/frontends/bench.py says why)."""
+    """llama.cpp on the model's GGUF file, timed in a child process (actors/cli/bench.py says why)."""
     path = gguf_file_of(model)
     if path is None or not llama_cpp_available():
         return None

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from actors.process_tuning import passive_omp_wait
+from actors.kit.process_tuning import passive_omp_wait
 
 passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
 

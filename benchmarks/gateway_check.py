@@ -31,7 +31,7 @@ import httpx
 from gateway_deployment import Deployment, Process
 from gateway_floor import RawStreamClient, first_token_ms
 
-from actors import event_loop
+from actors.kit import event_loop
 from queue_adapters.client import AqueductClient
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "1, 2, 3,", "Water flows", "In the beginning",

@@ -77,7 +77,7 @@ class Deployment:
     def _spawn(self, name: str, argv: list[str], url: str, probe: str) -> Process:
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("wb") as log:
-            popen = subprocess.Popen([sys.executable, "-m", "actors.frontends.cli", *argv], stdout=log,
+            popen = subprocess.Popen([sys.executable, "-m", "actors.cli.main", *argv], stdout=log,
                                      stderr=subprocess.STDOUT, env=os.environ.copy())
         process = Process(name, popen, url, log_path)
         deadline = time.monotonic() + 180

@@ -16,10 +16,10 @@ import structlog
 import uvicorn
 from gateway_deployment import free_port
 
-from actors import event_loop
 from actors.http.app import create_app
 from actors.http.one_send import server_config
 from actors.http.options import GatewayOptions
+from actors.kit import event_loop
 from queue_adapters.codec import WireChoice, WireReply, WireRequest, WireUsage
 
 

@@ -17,8 +17,8 @@ another's prefix-cache hits. Greedy, ignore_eos: every request generates exactly
 
 from __future__ import annotations
 
-from actors import event_loop
-from actors.process_tuning import passive_omp_wait
+from actors.kit import event_loop
+from actors.kit.process_tuning import passive_omp_wait
 
 passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
 
@@ -34,13 +34,13 @@ import msgspec
 import redis.asyncio as aioredis
 from tqdm import tqdm
 
-from actors.device import device_thread, load_engine
-from actors.frontends.batch import run_embedded, run_offline
-from actors.frontends.bench import Workload, make_workload
-from actors.frontends.engine_args import add_engine_args, engine_config_from_args
-from actors.frontends.logging_setup import configure_logging
-from actors.process_tuning import set_compute_threads, startup_collector_paused, tune_glibc_malloc
-from actors.worker import WorkerOptions, run_worker
+from actors.cli.batch import run_embedded, run_offline
+from actors.cli.bench import Workload, make_workload
+from actors.cli.engine_args import add_engine_args, engine_config_from_args
+from actors.cli.logging_setup import configure_logging
+from actors.kit.device import device_thread, load_engine
+from actors.kit.process_tuning import set_compute_threads, startup_collector_paused, tune_glibc_malloc
+from actors.worker.run import WorkerOptions, run_worker
 from pipeline.engine import LLMEngine
 from queue_adapters.client import AqueductClient
 from queue_adapters.codec import WireRequest, decode_reply

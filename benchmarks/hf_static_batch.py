@@ -4,7 +4,7 @@ Reads the same batch file as `aqueduct batch` (token-id prompts, max_tokens, gre
 ignore_eos), writes {custom_id, token_ids} lines, prints whole-run figures. Time the whole
 process (`time python benchmarks/hf_static_batch.py ...`) next to `time aqueduct batch ...`.
 HF runs as a user would run it, at OpenMP's default wait policy: not the PASSIVE policy `aqueduct`
-sets for itself, which slowed HF's generate (see actors/frontends/bench.py).
+sets for itself, which slowed HF's generate (see actors/cli/bench.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from actors.frontends.bench import make_workload
+from actors.cli.bench import make_workload
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from actors.frontends.bench import make_workload, run_engine
+from actors.cli.bench import make_workload, run_engine
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 

@@ -8,7 +8,7 @@ show what the fast paths cost when every new sampler is off. The others cost wha
 
 from __future__ import annotations
 
-from actors.process_tuning import passive_omp_wait
+from actors.kit.process_tuning import passive_omp_wait
 
 passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
 

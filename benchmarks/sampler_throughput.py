@@ -15,7 +15,7 @@ The built-in 5M model is built in each tree's own cache dir (--cache-root/old, /
 
 from __future__ import annotations
 
-from actors.process_tuning import passive_omp_wait
+from actors.kit.process_tuning import passive_omp_wait
 
 passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
 

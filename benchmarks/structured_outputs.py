@@ -11,7 +11,7 @@ request of both runs generates exactly --output-len tokens and the batches are t
 
 from __future__ import annotations
 
-from actors.process_tuning import passive_omp_wait
+from actors.kit.process_tuning import passive_omp_wait
 
 passive_omp_wait()
 

@@ -12,7 +12,7 @@ count (sized from the CPUs the process may use) and with 1 thread each.
 
 from __future__ import annotations
 
-from actors.process_tuning import passive_omp_wait
+from actors.kit.process_tuning import passive_omp_wait
 
 passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch and its OpenMP runtime
 
@@ -25,9 +25,9 @@ IN_FLIGHT = 16
 
 def _engine_process(model: str, threads: int | None, start_at: float, seconds: float, index: int,
                     results: mp.Queue) -> None:
-    from actors.frontends.bench import make_workload
-    from actors.frontends.logging_setup import configure_logging
-    from actors.process_tuning import set_compute_threads, tune_glibc_malloc
+    from actors.cli.bench import make_workload
+    from actors.cli.logging_setup import configure_logging
+    from actors.kit.process_tuning import set_compute_threads, tune_glibc_malloc
     from pipeline.config import EngineConfig, ModelConfig
     from pipeline.engine import LLMEngine
     from pipeline.request.sampling_params import SamplingParams

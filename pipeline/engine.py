@@ -1,7 +1,7 @@
 """LLMEngine: the synchronous step loop that joins scheduler, tensor prep, model, sampler, output.
 
 It also owns the pipeline objects (runner, scheduler, tensor prep, sampler, request builder,
-output processor) that a worker's actors run as separate stages (actors/worker.py). `step()` is
+output processor) that a worker's actors run as separate stages (actors/worker/run.py). `step()` is
 the same stages in one thread: `aqueduct bench`, tests and offline use go through it.
 """
 

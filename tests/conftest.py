@@ -11,7 +11,7 @@ import pytest
 import redis
 from hypothesis import settings
 
-from actors.process_tuning import passive_omp_wait
+from actors.kit.process_tuning import passive_omp_wait
 
 passive_omp_wait()  # as the CLI does (before torch is imported), so tests run what deployments run
 

@@ -1,6 +1,6 @@
 """A dead actor ends its process (issue 26): nothing lingers answering 503.
 
-The actors are killed from inside by the test hook AQUEDUCT_TEST_CRASH_ACTOR=<actor>:<n> (actors/base.py).
+The actors are killed from inside by the test hook AQUEDUCT_TEST_CRASH_ACTOR=<actor>:<n> (actors/kit/base.py).
 Embedded, the requests in flight and any new one get a `worker_died` 503 at once, /health turns 503, and
 `aqueduct serve` exits 1. A worker exits 1 within seconds, leaving its requests to another worker, which
 finishes each once, with the tokens of an uninterrupted run."""
@@ -24,9 +24,9 @@ import msgpack
 import pytest
 import redis
 
-from actors.base import TEST_CRASH_ENV
 from actors.http.backends import EmbeddedBackend
 from actors.http.options import GatewayOptions
+from actors.kit.base import TEST_CRASH_ENV
 from queue_adapters.redis_streams import retry_transient
 from tests.conftest import REDIS_URL
 from tests.engine_helpers import make_engine
@@ -51,7 +51,7 @@ def test_a_task_that_ignores_cancellation_cannot_keep_a_crashed_process_alive() 
     """exit_after is the last resort: asyncio's teardown would wait for the stubborn task forever."""
     script = textwrap.dedent("""
         import asyncio
-        from actors.runtime import ActorRuntime, exit_after
+        from actors.kit.runtime import ActorRuntime, exit_after
 
         class Crashes:
             name = "crashes"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from actors.frontends.cli import main
+from actors.cli.main import main
 
 
 def _line(custom_id, body, **envelope):
@@ -57,7 +57,7 @@ def test_batch_file_round_trip_with_bad_lines(tmp_path, default_model_path, monk
 
 
 def test_batch_runs_all_torch_work_on_one_device_thread(tmp_path, default_model_path, monkeypatch):
-    """Model loading and every forward share one thread (actors/device.py says why: OpenMP spin-waits
+    """Model loading and every forward share one thread (actors/kit/device.py says why: OpenMP spin-waits
     only while a single thread starts parallel regions)."""
     import threading
 

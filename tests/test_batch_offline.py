@@ -7,7 +7,7 @@ import json
 import pytest
 from tqdm import tqdm
 
-from actors.frontends.batch import read_batch_file, run_embedded, run_offline
+from actors.cli.batch import read_batch_file, run_embedded, run_offline
 from tests.engine_helpers import make_engine
 
 BODIES = {

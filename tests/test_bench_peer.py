@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.frontends.bench import Workload, gguf_file_of, run_llama_cpp, time_hf
+from actors.cli.bench import Workload, gguf_file_of, run_llama_cpp, time_hf
 
 
 def test_the_peer_runs_the_gguf_file_the_model_names(tmp_path):

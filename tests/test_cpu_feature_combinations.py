@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from actors.frontends.engine_args import add_engine_args, engine_config_from_args
+from actors.cli.engine_args import add_engine_args, engine_config_from_args
 from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.model.attention import TorchPagedAttention

@@ -1,4 +1,4 @@
-"""The device thread's steps (actors/stages.py DeviceSteps): a step's result is held back until the
+"""The device thread's steps (actors/worker/stages.py DeviceSteps): a step's result is held back until the
 next queued step's layers start, handed over at once when no step is queued behind it, and never
 lost when a step fails."""
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from actors import stages
-from actors.stages import DeviceSteps
+from actors.worker import stages
+from actors.worker.stages import DeviceSteps
 
 
 class _Decoder:

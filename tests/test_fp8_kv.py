@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from actors.frontends.engine_args import add_engine_args, engine_config_from_args
+from actors.cli.engine_args import add_engine_args, engine_config_from_args
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.loading.model_source import packaged_model_file

@@ -14,7 +14,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.worker import WorkerOptions, run_worker
+from actors.worker.run import WorkerOptions, run_worker
 from queue_adapters.codec import peek_ids
 from tests.conftest import REDIS_URL
 from tests.engine_helpers import make_engine
@@ -153,7 +153,7 @@ def test_the_worker_still_serves_after_the_fuzzing(worker):
 
 
 def test_loadtest_with_hostile_entries_answers_every_one_and_loses_nothing(worker, capsys):
-    from actors.frontends.cli import build_parser
+    from actors.cli.main import build_parser
 
     args = build_parser().parse_args([
         "loadtest", "--redis-url", REDIS_URL, "--prefix", worker.prefix, "--rate", "20", "--duration", "2",

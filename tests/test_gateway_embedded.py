@@ -12,7 +12,7 @@ import openai
 import pytest
 from tqdm import tqdm
 
-from actors.frontends.batch import read_batch_file, run_offline, write_results
+from actors.cli.batch import read_batch_file, run_offline, write_results
 from actors.http.backends import EmbeddedBackend
 from actors.http.options import GatewayOptions
 from tests.engine_helpers import make_engine

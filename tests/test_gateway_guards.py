@@ -43,7 +43,7 @@ async def test_a_missing_or_wrong_key_is_401() -> None:
 
 
 def test_serve_and_the_health_port_listen_on_this_host_only_by_default() -> None:
-    from actors.frontends.cli import build_parser
+    from actors.cli.main import build_parser
 
     parser = build_parser()
     assert parser.parse_args(["serve"]).host == "127.0.0.1"

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import pytest
 from structlog.testing import capture_logs
 
-from actors.http.health import HealthServer
-from actors.metrics import METRICS_CONTENT_TYPE, WorkerMetrics
+from actors.worker.health import HealthServer
+from actors.worker.metrics import METRICS_CONTENT_TYPE, WorkerMetrics
 
 
 @dataclass

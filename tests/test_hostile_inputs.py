@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.frontends.batch import read_batch_file
+from actors.cli.batch import read_batch_file
 from actors.http.app import create_app
 from actors.http.backends import EmbeddedBackend
 from actors.http.options import GatewayOptions

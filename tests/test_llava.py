@@ -261,7 +261,7 @@ def test_images_for_a_text_only_model_are_refused(default_model_path: Path) -> N
 def test_a_request_resumed_after_a_crash_keeps_its_images(llava_dir: Path, hf: HFReference) -> None:
     """Another worker rebuilds the request from its wire entry (images included) and continues from
     the tokens the client already has; the output is the uninterrupted one."""
-    from actors.intake import build_request
+    from actors.worker.intake import build_request
     from pipeline.request.request import ResumeState
     from queue_adapters.codec import WireRequest
 

@@ -14,12 +14,12 @@ import httpx
 import pytest
 from tqdm import tqdm
 
-from actors.frontends.batch import read_batch_file, run_embedded, run_offline
+from actors.cli.batch import read_batch_file, run_embedded, run_offline
 from actors.http.backends import EmbeddedBackend
 from actors.http.chat_request import parse_chat_body
 from actors.http.options import GatewayOptions
-from actors.message_codec import decode_message, encode_message
-from actors.messages import Admit
+from actors.kit.message_codec import decode_message, encode_message
+from actors.kit.messages import Admit
 from pipeline.engine import LLMEngine
 from queue_adapters.codec import CodecError, ImagePart, TextPart, WireRequest, decode_request, encode
 from tests.engine_helpers import assert_greedy_equal, make_engine

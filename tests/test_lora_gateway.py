@@ -11,7 +11,7 @@ import openai
 import pytest
 from tqdm import tqdm
 
-from actors.frontends.batch import read_batch_file, run_offline
+from actors.cli.batch import read_batch_file, run_offline
 from actors.http.backends import EmbeddedBackend
 from actors.http.options import GatewayOptions
 from pipeline.config import LoRAConfig

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from actors.recovery.resume import resume_state
-from actors.replies import to_wire
+from actors.worker.recovery.resume import resume_state
+from actors.worker.replies import to_wire
 from pipeline.request.request import ResumeState
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.sampling.sampler import Sampler

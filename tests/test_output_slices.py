@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.output import request_slices
+from actors.worker.output import request_slices
 
 
 @dataclass

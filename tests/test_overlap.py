@@ -8,7 +8,7 @@ import json
 import pytest
 from tqdm import tqdm
 
-from actors.frontends.batch import read_batch_file, run_embedded, run_offline
+from actors.cli.batch import read_batch_file, run_embedded, run_offline
 from pipeline.request.request import Request
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.scheduling.kv_cache_manager import KVCacheManager

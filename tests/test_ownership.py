@@ -7,8 +7,8 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from actors.recovery.liveness import heartbeat_key
-from actors.recovery.ownership import Claim, Ownership, fingerprint_of
+from actors.worker.recovery.liveness import heartbeat_key
+from actors.worker.recovery.ownership import Claim, Ownership, fingerprint_of
 from queue_adapters.codec import WireRequest
 
 

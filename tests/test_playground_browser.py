@@ -43,7 +43,7 @@ def served_url(default_model_path: Path, tmp_path_factory: pytest.TempPathFactor
     port = free_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {**os.environ, "AQUEDUCT_CACHE_DIR": str(default_model_path.parent)}
-    command = [sys.executable, "-m", "actors.frontends.cli", "serve", "--model", "builtin",
+    command = [sys.executable, "-m", "actors.cli.main", "serve", "--model", "builtin",
                "--host", "127.0.0.1", "--port", str(port)]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -8,7 +8,12 @@ import os
 
 import pytest
 
-from actors.process_tuning import cgroup_cpu_limit, choose_compute_threads, peer_omp_defaults, startup_collector_paused
+from actors.kit.process_tuning import (
+    cgroup_cpu_limit,
+    choose_compute_threads,
+    peer_omp_defaults,
+    startup_collector_paused,
+)
 
 
 def test_collector_is_paused_inside_and_back_on_after_with_startup_objects_frozen():

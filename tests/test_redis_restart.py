@@ -14,7 +14,7 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 
-from actors.worker import WorkerOptions, run_worker
+from actors.worker.run import WorkerOptions, run_worker
 from tests.engine_helpers import make_engine
 from tests.hf_models import make_tiny_hf_model
 

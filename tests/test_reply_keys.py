@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgpack
 
-from actors.control import RESULTS_MAXLEN
+from actors.worker.control import RESULTS_MAXLEN
 from tests.worker_helpers import push, read_replies, running_workers, tokens_of
 
 PARAMS = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}

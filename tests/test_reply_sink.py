@@ -6,7 +6,7 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from actors.replies import RedisReplySink
+from actors.worker.replies import RedisReplySink
 from queue_adapters.codec import WireChoice, WireReply, WireUsage, decode_reply
 from queue_adapters.redis_streams import DATA_FIELD
 
@@ -41,7 +41,7 @@ def test_entries_land_in_order_and_final_streams_expire(redis_url, prefix):
 
 
 def test_a_final_entry_gives_the_owner_key_the_streams_expiry(redis_url, prefix):
-    """So the owner record outlives the reply stream (actors/recovery/ownership.py)."""
+    """So the owner record outlives the reply stream (actors/worker/recovery/ownership.py)."""
     async def scenario() -> None:
         redis = aioredis.from_url(redis_url)
         sink = RedisReplySink(redis, expire_s=600, owner_key=lambda request_id: f"{prefix}:owner:{request_id}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors.recovery.resume import resume_state
-from actors.replies import to_wire
+from actors.worker.recovery.resume import resume_state
+from actors.worker.replies import to_wire
 from pipeline.output.output_processor import OutputProcessor
 from pipeline.request.outputs import TokenEvent
 from pipeline.request.sampling_params import SamplingParams

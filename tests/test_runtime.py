@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.admission import Admission
-from actors.runtime import ActorRuntime
+from actors.kit.runtime import ActorRuntime
+from actors.worker.admission import Admission
 
 
 class Forever:

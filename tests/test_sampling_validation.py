@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from actors.frontends.batch import read_batch_file
-from actors.frontends.cli import build_parser
-from actors.frontends.engine_args import engine_config_from_args
-from actors.message_codec import decode_message, encode_message
-from actors.messages import Admit
+from actors.cli.batch import read_batch_file
+from actors.cli.engine_args import engine_config_from_args
+from actors.cli.main import build_parser
+from actors.kit.message_codec import decode_message, encode_message
+from actors.kit.messages import Admit
 from pipeline.intake.request_builder import RequestBuilder
 from pipeline.request.request import Request
 from pipeline.request.sampling_params import SamplingParams

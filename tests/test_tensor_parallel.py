@@ -214,7 +214,7 @@ def test_ranks_exit_when_the_driver_dies_or_closes(tmp_path) -> None:
 def test_flag_reaches_the_config() -> None:
     import argparse
 
-    from actors.frontends.engine_args import add_engine_args, engine_config_from_args
+    from actors.cli.engine_args import add_engine_args, engine_config_from_args
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)

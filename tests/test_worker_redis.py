@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 import torch
 from transformers import AutoModelForCausalLM
 
-import actors.worker as worker_module
-from actors.recovery.resume import read_reply_stream
+import actors.worker.run as worker_module
+from actors.worker.recovery.resume import read_reply_stream
 from queue_adapters.client import AqueductClient
 from tests.conftest import REDIS_URL
 from tests.engine_helpers import assert_greedy_equal, hf_greedy, make_engine
@@ -145,7 +145,7 @@ async def test_every_plain_data_edge_over_redis_gives_the_same_tokens(model_dir,
 async def test_batch_file_through_a_deployment_matches_the_embedded_run(model_dir, prefix, tmp_path):
     from tqdm import tqdm
 
-    from actors.frontends.batch import read_batch_file, run_embedded, run_remote, write_results
+    from actors.cli.batch import read_batch_file, run_embedded, run_remote, write_results
 
     rng = random.Random(4)
     lines = [json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",

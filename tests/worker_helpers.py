@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import msgpack
 import redis.asyncio as aioredis
 
-from actors.worker import WorkerOptions, run_worker
+from actors.worker.run import WorkerOptions, run_worker
 from tests.conftest import REDIS_URL
 from tests.engine_helpers import make_engine
 

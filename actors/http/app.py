@@ -22,7 +22,7 @@ from actors.http.gateway_metrics import GatewayMetrics
 from actors.http.generation import Generation
 from actors.http.limits import check_api_key, read_body_limited
 from actors.http.options import GatewayOptions
-from actors.metrics import METRICS_CONTENT_TYPE
+from actors.worker.metrics import METRICS_CONTENT_TYPE
 from pipeline.intake.chat_content import ChatContentGuard
 from pipeline.intake.request_builder import template_messages
 from pipeline.loading.tokenizer import tokenizer_vocab_size

@@ -19,11 +19,11 @@ import structlog
 from redis.exceptions import RedisError
 
 from actors.http.request_ids import RedisRequestIds
-from actors.messages import Cancel
-from actors.metrics import WorkerMetrics
-from actors.recovery.liveness import heartbeat_key
-from actors.replies import MemoryReplySink
-from actors.runtime import ActorRuntime
+from actors.kit.messages import Cancel
+from actors.kit.runtime import ActorRuntime
+from actors.worker.metrics import WorkerMetrics
+from actors.worker.recovery.liveness import heartbeat_key
+from actors.worker.replies import MemoryReplySink
 from pipeline.engine import LLMEngine
 from queue_adapters.client import AqueductClient, ReplyOrder
 from queue_adapters.codec import Malformed, WireError, WireReply, WireRequest
@@ -114,7 +114,7 @@ class RemoteBackend:
             return False
 
     async def workers_alive(self) -> bool:
-        """A live worker refreshes its heartbeat key (actors/recovery/liveness.py); any one will do."""
+        """A live worker refreshes its heartbeat key (actors/worker/recovery/liveness.py); any one will do."""
         try:
             async for _ in self._client().redis.scan_iter(match=heartbeat_key(self.prefix, "*"), count=100):
                 return True
@@ -155,7 +155,7 @@ class EmbeddedBackend:
         return registry.names() if registry is not None else []
 
     async def start(self) -> None:
-        from actors.worker import StatsReporter, build_graph
+        from actors.worker.run import StatsReporter, build_graph
 
         max_in_flight = 2 * self.engine.config.scheduler.max_num_seqs
         self.inbox: MemoryStream[WireRequest | Malformed] = MemoryStream(maxsize=4 * max_in_flight)

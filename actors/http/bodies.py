@@ -40,8 +40,6 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
     body = dict(body)
     stream = _pop_bool(body, "stream")
     include_usage = _pop_stream_options(body, stream)
-    if chat:
-        _drop_text_response_format(body)
     wire_id = _wire_id(request_id, chat)
     prompt_fields, params = _parse(body, chat)
     deadline_ms = int((time.time() + timeout_s) * 1000) if timeout_s else None
@@ -95,12 +93,6 @@ def _pop_stream_options(body: dict[str, Any], stream: bool) -> bool:
     if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
         raise invalid("stream_options supports include_usage only", "stream_options")
     return bool(options.get("include_usage", False))
-
-
-def _drop_text_response_format(body: dict[str, Any]) -> None:
-    """`response_format: {type: text}` is what we do anyway; json modes are refused by the parser."""
-    if body.get("response_format") == {"type": "text"}:
-        del body["response_format"]
 
 
 def _wire_id(request_id: str | None, chat: bool) -> str:

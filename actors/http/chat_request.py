@@ -2,7 +2,7 @@
 parameters, and the `chat.completion` choice objects of the output.
 
 Strict like completions (actors/http/completion_request.py): unknown fields are an error, and so are
-the chat features we do not implement (tools, response formats), so nothing is silently ignored.
+the chat features we do not implement (tools), so nothing is silently ignored.
 Content may be a string or a list of text and image_url parts (actors/http/content_parts.py).
 """
 
@@ -16,7 +16,7 @@ from pipeline.request.sampling_params import SamplingParams
 from queue_adapters.codec import ChatMessage
 
 CHAT_URL = "/v1/chat/completions"
-_UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "response_format",
+_UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
                 "stream_options", "audio", "modalities", "prediction"}
 
 

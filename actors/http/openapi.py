@@ -19,6 +19,7 @@ from typing import Any
 from actors.http.bodies import _REQUEST_ID
 from pipeline.request import sampling_params as sp
 from pipeline.request.param_checks import FLOAT32_MAX, INT64_MAX, INT64_MIN
+from pipeline.request.structured_output import MAX_CHOICES, MAX_SPEC_CHARS
 
 Schema = dict[str, Any]
 
@@ -58,6 +59,39 @@ _SHAPES: dict[str, Schema] = {
         {"type": "null"}], "description": "token id (a decimal string key) -> bias"},
     "early_stopping": {"anyOf": [{"type": "boolean"}, {"const": "never"}], "description": "only with use_beam_search"},
 }
+
+
+def _structured_output_shapes() -> dict[str, Schema]:
+    """Structured outputs (pipeline/request/structured_output.py): at most one of these per request.
+    Their content (a schema, regex or grammar that compiles) is checked when the request is built."""
+    longest = MAX_SPEC_CHARS
+    text = {"anyOf": [{"type": "string", "minLength": 1, "maxLength": longest}, {"type": "null"}]}
+    schema = {"anyOf": [{"type": "object"}, {"type": "string", "maxLength": longest}, {"type": "null"}],
+                "description": "a JSON schema, as an object or a JSON string"}
+    choices = {"anyOf": [{"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_CHOICES},
+                         {"type": "null"}]}
+    json_schema = {"type": "object", "required": ["name"], "additionalProperties": False,
+                   "properties": {"name": {"type": "string"}, "description": {"type": "string"},
+                                  "schema": {"type": "object"}, "strict": {"type": ["boolean", "null"]}}}
+    structured_outputs = {"type": "object", "additionalProperties": False, "minProperties": 1, "properties": {
+        "json": schema, "regex": text, "choice": choices, "grammar": text, "json_object": {"type": ["boolean", "null"]},
+        "whitespace_pattern": text}, "description": "vLLM's form: exactly one of json, regex, choice, grammar, "
+                                                    "json_object"}
+    return {
+        "structured_outputs": {"anyOf": [structured_outputs, {"type": "null"}]},
+        "response_format": {"anyOf": [{"type": "object", "required": ["type"], "additionalProperties": False,
+                                       "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
+                                                      "json_schema": json_schema}}, {"type": "null"}],
+                            "description": "OpenAI's: json_schema needs json_schema.name and .schema"},
+        "guided_json": schema,
+        "guided_regex": {**text, "description": "a regular expression the whole answer matches"},
+        "guided_choice": {**choices, "description": "the answer is one of these strings"},
+        "guided_grammar": {**text, "description": "a GBNF (llama.cpp) or Lark grammar"},
+        "guided_whitespace_pattern": {**text, "description": "the whitespace a JSON answer may hold (a regex)"},
+    }
+
+
+_SHAPES.update(_structured_output_shapes())
 
 
 def sampling_properties() -> dict[str, Schema]:
@@ -141,8 +175,6 @@ def chat_body() -> Schema:
         "top_logprobs": {**_INT64, "type": ["integer", "null"], "minimum": 0,
                          "description": "alternatives per token; needs logprobs: true"},
         "max_completion_tokens": {**sampling["max_tokens"], "description": "max_tokens' other name; not both"},
-        "response_format": {"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"],
-                            "additionalProperties": False, "description": "text only; json modes are refused"},
     }
     properties = {"messages": {"type": "array", "minItems": 1, "items": _message()},
                   **_gateway_fields(), **sampling, **chat_only}

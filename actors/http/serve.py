@@ -11,12 +11,12 @@ from typing import Any
 import structlog
 import uvicorn
 
-from actors import event_loop
 from actors.http.app import create_app
 from actors.http.backends import Backend, EmbeddedBackend, RemoteBackend
 from actors.http.one_send import server_config
 from actors.http.options import GatewayOptions
-from actors.runtime import CRASH_EXIT_S, exit_after
+from actors.kit import event_loop
+from actors.kit.runtime import CRASH_EXIT_S, exit_after
 
 log = structlog.get_logger(__name__)
 
@@ -25,13 +25,13 @@ def build_backend(args: argparse.Namespace, engine_config: Any, max_pending: int
     """Embedded: load the engine now, before serving anything. Gateway: only the tokenizer of --model
     (for /tokenize, /detokenize and logprob token strings); the workers must serve that model."""
     if args.redis_url:
-        from actors.frontends.cli import _remote_tokenizer
+        from actors.kit.device import load_model_tokenizer
 
-        tokenizer, model_name = _remote_tokenizer(args)
+        tokenizer, model_name = load_model_tokenizer(engine_config.model)
         adapters = [item.partition("=")[0] for item in getattr(args, "lora_modules", None) or []]
         return RemoteBackend(args.redis_url, args.prefix, model_name, tokenizer, args.max_model_len, max_pending,
                              adapters)
-    from actors.device import device_thread, load_engine
+    from actors.kit.device import device_thread, load_engine
 
     device = device_thread()
     return EmbeddedBackend(load_engine(engine_config, device), device)

@@ -17,6 +17,11 @@ from pipeline.grammar.matcher import GrammarMatcher
 from pipeline.request.structured_output import StructuredOutput
 
 CACHE_SIZE = 256  # compiled grammars kept (each a few KB to a few MB)
+# Whitespace a JSON answer may hold between tokens unless the request gives guided_whitespace_pattern:
+# one space or tab, or a newline and up to 20 of indentation (pretty-printed JSON fits). Unbounded
+# whitespace, JSON's own rule, lets a model that favours it write nothing else until max_tokens
+# (llama.cpp's JSON grammars bound it the same way).
+DEFAULT_JSON_WHITESPACE = r"(?:[ \t]?|\n[ \t]{0,20})"
 
 
 class GrammarCompiler:
@@ -62,9 +67,9 @@ class GrammarCompiler:
 
         kind, spec, whitespace_pattern = constraint
         try:
-            if kind == "json" and whitespace_pattern:
+            if kind == "json":
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                    spec, overrides={"whitespace_pattern": whitespace_pattern})
+                    spec, overrides={"whitespace_pattern": whitespace_pattern or DEFAULT_JSON_WHITESPACE})
             else:
                 grammar = llguidance.grammar_from("grammar" if kind == "grammar" else kind, spec)
         except (ValueError, TypeError) as error:

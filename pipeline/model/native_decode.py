@@ -18,7 +18,7 @@ AQUEDUCT_NATIVE_DECODE=0 turns it off.
 
 `on_layers_start`, when set, is called as the layers start: just before the native call, or at once
 when the step takes the per-op path. The worker's device thread hands the previous step's result to
-the event loop there (actors/stages.py), so the event loop's work on it (which holds the GIL) runs
+the event loop there (actors/worker/stages.py), so the event loop's work on it (which holds the GIL) runs
 while this call runs without the GIL, not while the step's Python prelude needs it.
 """
 

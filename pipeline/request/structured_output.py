@@ -125,7 +125,7 @@ def _canonical_schema(value: Any, where: str) -> str:
             value = json.loads(value)
         except json.JSONDecodeError as error:
             fail(f"{where} is not valid JSON: {error}")
-    if not isinstance(value, dict | bool):
+    if not isinstance(value, dict):
         fail(f"{where} must be a JSON schema (an object), got {type(value).__name__}")
     text = json.dumps(value, sort_keys=True, ensure_ascii=False)
     _check_length(where, text)

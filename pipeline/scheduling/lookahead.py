@@ -4,7 +4,7 @@ While step N runs, every sequence that samples in it will most likely want one m
 So the scheduler appends a placeholder for the token N is sampling and plans N + 1 as if it were
 known: blocks, positions and the slot for it are all fixed by the length alone. Tensor prep builds
 N + 1's inputs with the placeholder as the input id, and the device thread writes N's sampled token
-there just before N + 1's forward (actors/stages.py). When N's result reaches the scheduler, the
+there just before N + 1's forward (actors/worker/stages.py). When N's result reaches the scheduler, the
 token takes the placeholder's place (`fill_placeholder`) and the stop rules run as usual; a sequence
 that stopped had one wasted row in N + 1, whose result is dropped like any for a finished sequence.
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from actors.message_codec import decode_message, encode_message
+from actors.kit.message_codec import decode_message, encode_message
 from queue_adapters.base import Consumer, Producer
 from queue_adapters.memory import MemoryStream
 from queue_adapters.redis_streams import RedisStreamConsumer, RedisStreamProducer

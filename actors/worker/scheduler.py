@@ -14,8 +14,8 @@ import time
 from collections import deque
 from typing import Any
 
-from actors.base import Actor
-from actors.messages import Admit, Cancel, RequestFailed, StepEvents
+from actors.kit.base import Actor
+from actors.kit.messages import Admit, Cancel, RequestFailed, StepEvents
 from pipeline.request.outputs import StopStringFinish
 from pipeline.request.request import FinishReason
 from pipeline.scheduling.scheduler import Scheduler

@@ -20,12 +20,12 @@ import msgspec
 import redis.asyncio as aioredis
 import structlog
 
-from actors import event_loop
-from actors.frontends.bench import make_workload
-from actors.frontends.engine_args import engine_config_from_args
-from actors.replies import MemoryReplySink
-from actors.runtime import ActorRuntime
-from actors.worker import WorkerOptions, build_graph, run_worker
+from actors.cli.bench import make_workload
+from actors.cli.engine_args import engine_config_from_args
+from actors.kit import event_loop
+from actors.kit.runtime import ActorRuntime
+from actors.worker.replies import MemoryReplySink
+from actors.worker.run import WorkerOptions, build_graph, run_worker
 from pipeline.engine import LLMEngine
 from queue_adapters.client import AqueductClient
 from queue_adapters.codec import Malformed, WireRequest, decode_reply

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from actors.base import Actor
-from actors.messages import PendingStep
+from actors.kit.base import Actor
+from actors.kit.messages import PendingStep
 from pipeline.model.runner import ModelRunner
 from pipeline.sampling.sampler import Sampler
 from pipeline.sampling.step_sampling import sample_step

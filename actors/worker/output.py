@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from actors.admission import Admission
-from actors.base import Actor
-from actors.messages import Cancel, ErrorReply, OpenReply, RequestFailed, StepEvents
-from actors.replies import ReplySink, to_wire
+from actors.kit.base import Actor
+from actors.kit.messages import Cancel, ErrorReply, OpenReply, RequestFailed, StepEvents
+from actors.worker.admission import Admission
+from actors.worker.replies import ReplySink, to_wire
 from pipeline.output.output_processor import OutputProcessor
 from pipeline.request.outputs import RequestDelta
 from pipeline.request.request import FinishReason

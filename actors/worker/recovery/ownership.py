@@ -27,7 +27,7 @@ import msgpack
 import msgspec
 import redis.asyncio as aioredis
 
-from actors.recovery.liveness import heartbeat_key
+from actors.worker.recovery.liveness import heartbeat_key
 
 
 class Claim(enum.Enum):

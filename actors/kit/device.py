@@ -10,8 +10,9 @@ is built on the device thread too, and all of its torch work stays there.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from pipeline.config import EngineConfig
+from pipeline.config import EngineConfig, ModelConfig
 from pipeline.engine import LLMEngine
 
 
@@ -22,3 +23,15 @@ def device_thread() -> ThreadPoolExecutor:
 def load_engine(config: EngineConfig, device: ThreadPoolExecutor) -> LLMEngine:
     """Build the engine (load the model, allocate the KV cache) on `device`; waits for it."""
     return device.submit(LLMEngine, config).result()
+
+
+def load_model_tokenizer(model: ModelConfig) -> tuple[Any, str]:
+    """(tokenizer, name) of the model a deployment serves, without loading its weights: what a
+    gateway or a batch client in front of workers needs for token strings (the text comes from the
+    workers, which must serve this model)."""
+    from pipeline.loading.model_source import resolve_model
+    from pipeline.loading.tokenizer import load_tokenizer
+    from pipeline.model.loader import resolve_device, resolve_dtype
+
+    resolved = resolve_model(model.model, resolve_dtype(model.dtype, resolve_device(model.device)))
+    return load_tokenizer(resolved.path), resolved.name

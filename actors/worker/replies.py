@@ -85,7 +85,7 @@ class RedisReplySink:
     ~160 us for 32, measured here), and that time holds the GIL the forward needs. The script
     names every key it writes, so it needs one Redis node, not a cluster (as the consumer group does).
 
-    `owner_key` (request id -> its owner key, see actors/recovery/ownership.py): a final entry
+    `owner_key` (request id -> its owner key, see actors/worker/recovery/ownership.py): a final entry
     gives the request's owner key the stream's expiry, so the owner record lasts as long as the stream."""
 
     def __init__(self, redis: aioredis.Redis, expire_s: int = 3600, maxlen: int = 10_000,

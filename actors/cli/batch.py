@@ -25,9 +25,9 @@ from tqdm import tqdm
 from actors.http.chat_request import CHAT_URL, parse_chat_body
 from actors.http.completion_request import parse_completion_body
 from actors.http.openai_shapes import completion_body
-from actors.intake import build_request
-from actors.replies import MemoryReplySink, to_wire
-from actors.runtime import ActorRuntime
+from actors.kit.runtime import ActorRuntime
+from actors.worker.intake import build_request
+from actors.worker.replies import MemoryReplySink, to_wire
 from pipeline.engine import LLMEngine
 from pipeline.request.outputs import RequestDelta
 from pipeline.request.untrusted import loads_json
@@ -109,7 +109,7 @@ def run_offline(engine: LLMEngine, requests: list[WireRequest], progress: tqdm,
                 max_unfinished: int | None = None, stop: threading.Event | None = None) -> dict[str, dict]:
     """Run `requests` through `engine.step()` in this thread; the same results as the actor graph.
 
-    Call it on the thread that built the engine (actors/device.py). At most `max_unfinished`
+    Call it on the thread that built the engine (actors/kit/device.py). At most `max_unfinished`
     requests (default 2 x max_num_seqs) are tokenized and queued at once, so a large file does
     not sit in the scheduler's waiting queue all at once. Setting `stop` (Ctrl-C in the CLI)
     ends the loop after the current step, with the results finished so far.
@@ -157,7 +157,7 @@ async def run_embedded(engine: LLMEngine, requests: list[WireRequest], progress:
     """The worker's actor graph over memory streams, in this process (`device`: see build_graph).
 
     `aqueduct batch` uses run_offline; this runs the serving path end to end (tests, benchmarks)."""
-    from actors.worker import build_graph
+    from actors.worker.run import build_graph
 
     inbox: MemoryStream[WireRequest | Malformed] = MemoryStream(maxsize=len(requests) + 1)
     sink = MemoryReplySink()

@@ -25,22 +25,22 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from actors.admission import Admission
-from actors.base import arm_test_crash
-from actors.control import ControlActor
-from actors.device import device_thread
-from actors.edges import Edges
-from actors.intake import DeadLetter, IntakeActor, ReplyReader
-from actors.metrics import WorkerMetrics
-from actors.output import OutputActor
-from actors.recovery.claimer import Claimer
-from actors.recovery.liveness import Heartbeat, heartbeat_key
-from actors.recovery.ownership import Ownership
-from actors.recovery.resume import read_reply_stream
-from actors.replies import RedisReplySink, ReplySink
-from actors.runtime import ActorRuntime, Runnable, exit_after
-from actors.scheduler import SchedulerActor
-from actors.stages import GPUActor, SamplingActor, TensorPrepActor
+from actors.kit.base import arm_test_crash
+from actors.kit.device import device_thread
+from actors.kit.edges import Edges
+from actors.kit.runtime import ActorRuntime, Runnable, exit_after
+from actors.worker.admission import Admission
+from actors.worker.control import ControlActor
+from actors.worker.intake import DeadLetter, IntakeActor, ReplyReader
+from actors.worker.metrics import WorkerMetrics
+from actors.worker.output import OutputActor
+from actors.worker.recovery.claimer import Claimer
+from actors.worker.recovery.liveness import Heartbeat, heartbeat_key
+from actors.worker.recovery.ownership import Ownership
+from actors.worker.recovery.resume import read_reply_stream
+from actors.worker.replies import RedisReplySink, ReplySink
+from actors.worker.scheduler import SchedulerActor
+from actors.worker.stages import GPUActor, SamplingActor, TensorPrepActor
 from pipeline.engine import LLMEngine
 from queue_adapters.base import Consumer, Producer
 from queue_adapters.codec import Malformed, WireReply, WireRequest, decode_request
@@ -62,7 +62,7 @@ class WorkerOptions:
     max_in_flight: int | None = None  # default: 2 x max_num_seqs
     reply_expire_s: int = 3600
     stats_interval_s: float = 10.0
-    redis_edges: frozenset[str] = frozenset()  # internal edges to run over Redis (see actors/edges.py)
+    redis_edges: frozenset[str] = frozenset()  # internal edges to run over Redis (see actors/kit/edges.py)
     claim_idle_ms: int = 30_000  # take over requests of workers silent for this long
     max_attempts: int = 3  # deliveries of one request before it is dead-lettered
     max_queue_wait_ms: int | None = None  # a request not started within this ends with an error
@@ -91,7 +91,7 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
                 device: ThreadPoolExecutor | None = None, reply_to_pattern: str | None = None) -> Graph:
     """The actors of one worker around `engine`'s pipeline objects (its model, scheduler, ...).
 
-    `device`: the thread the engine was built on (actors/device.py); a new one when None."""
+    `device`: the thread the engine was built on (actors/kit/device.py); a new one when None."""
     edges = edges or Edges()
     (to_scheduler, scheduler_inbox), (to_prep, prep_inbox), (to_gpu, gpu_inbox), (to_sampling, sampling_inbox), \
         (to_events, events_inbox), (to_routes, routes_inbox) = (edges.make(name) for name in (
@@ -141,7 +141,7 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
               ControlActor(redis, options.prefix, graph.to_scheduler, loras=engine.lora_registry, device=graph.device,
                            worker_name=options.consumer_name, lora_root=options.lora_root),
               Heartbeat(redis, options.prefix, name, options.claim_idle_ms),
-              Claimer(redis, consumer, graph.intake, graph.admission, options.prefix, options.claim_idle_ms)]
+              Claimer(redis, consumer, graph.intake.admit, graph.admission, options.prefix, options.claim_idle_ms)]
     runtime = ActorRuntime(actors, graph.intake, graph.admission.wait_idle, options.drain_timeout_s,
                            on_crash=_crash_exit(options.crash_exit_s))
     if stop is None:
@@ -176,7 +176,7 @@ def _crash_exit(seconds: float | None) -> Callable[[str], None] | None:
 async def _start_health(options: WorkerOptions, metrics: WorkerMetrics, redis: aioredis.Redis) -> Any:
     if options.health_port is None:
         return None
-    from actors.http.health import HealthServer
+    from actors.worker.health import HealthServer
 
     async def ready() -> bool:
         return bool(await redis.ping())  # the model is loaded before the event loop starts

@@ -23,7 +23,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from actors.metrics import METRICS_CONTENT_TYPE, WorkerMetrics
+from actors.worker.metrics import METRICS_CONTENT_TYPE, WorkerMetrics
 
 log = structlog.get_logger(__name__, actor="health")
 

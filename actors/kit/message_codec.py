@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from actors.messages import Admit, Cancel, RequestFailed, StepEvents
+from actors.kit.messages import Admit, Cancel, RequestFailed, StepEvents
 from pipeline.request.outputs import StopStringFinish
 from pipeline.step.plan import StepPlan
 from pipeline.step.result import StepResult

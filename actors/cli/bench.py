@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from actors.frontends.engine_args import engine_config_from_args
-from actors.process_tuning import peer_omp_defaults, tune_glibc_malloc
+from actors.cli.engine_args import engine_config_from_args
+from actors.kit.process_tuning import peer_omp_defaults, tune_glibc_malloc
 from pipeline.engine import EngineStats, LLMEngine
 from pipeline.loading.model_source import PACKAGED_MODELS, packaged_model_file
 from pipeline.request.sampling_params import SamplingParams

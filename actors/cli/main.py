@@ -10,31 +10,33 @@ from typing import Any
 
 import structlog
 
-from actors import event_loop
-from actors.frontends.engine_args import add_engine_args, engine_config_from_args
-from actors.frontends.logging_setup import configure_logging
-from actors.process_tuning import passive_omp_wait, set_compute_threads, startup_collector_paused, tune_glibc_malloc
+from actors.cli.engine_args import add_engine_args, engine_config_from_args
+from actors.cli.logging_setup import configure_logging
+from actors.kit import event_loop
+from actors.kit.process_tuning import passive_omp_wait, set_compute_threads, startup_collector_paused, tune_glibc_malloc
 
 log = structlog.get_logger(__name__)
 
 
 def _batch(args: argparse.Namespace) -> int:
     with startup_collector_paused():
-        from actors.frontends.batch import read_batch_file, run_embedded, run_remote, write_results
+        from actors.cli.batch import read_batch_file, run_embedded, run_remote, write_results
 
         lines = read_batch_file(Path(args.input))
         if not args.redis_url:
-            from actors.device import device_thread, load_engine
+            from actors.kit.device import device_thread, load_engine
 
             device = device_thread()
             engine = load_engine(engine_config_from_args(args), device)
+        else:
+            from actors.kit.device import load_model_tokenizer
     from tqdm import tqdm
 
     requests = [line.request for line in lines if line.request is not None]
     progress = tqdm(total=len(requests), disable=args.no_progress, desc="requests", unit="req")
     if args.redis_url:
         results = event_loop.run(run_remote(args.redis_url, args.prefix, requests, progress))
-        tokenizer, model_name = _remote_tokenizer(args)
+        tokenizer, model_name = load_model_tokenizer(engine_config_from_args(args).model)
     else:
         if args.actor_graph:
             results = event_loop.run(run_embedded(engine, requests, progress, device))
@@ -47,24 +49,12 @@ def _batch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _remote_tokenizer(args: argparse.Namespace) -> tuple[Any, str]:
-    """The tokenizer of the model the deployment is assumed to serve (--model, else the CLI default),
-    for the token strings of logprobs; the text itself comes from the workers."""
-    from actors.frontends.engine_args import model_from_args
-    from pipeline.loading.model_source import resolve_model
-    from pipeline.loading.tokenizer import load_tokenizer
-    from pipeline.model.loader import resolve_device, resolve_dtype
-
-    resolved = resolve_model(model_from_args(args), resolve_dtype(args.dtype, resolve_device(args.device)))
-    return load_tokenizer(resolved.path), resolved.name
-
-
 def _run_offline_interruptibly(device: Any, engine: Any, requests: list[Any], progress: Any) -> dict[str, dict]:
     """run_offline on the device thread; Ctrl-C stops it after the current step, then re-raises
     (the device thread would otherwise run the whole file before the process could exit)."""
     import threading
 
-    from actors.frontends.batch import run_offline
+    from actors.cli.batch import run_offline
 
     stop = threading.Event()
     future = device.submit(run_offline, engine, requests, progress, stop=stop)
@@ -77,21 +67,21 @@ def _run_offline_interruptibly(device: Any, engine: Any, requests: list[Any], pr
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from actors.frontends.bench import run_bench
+    from actors.cli.bench import run_bench
 
     run_bench(args)
     return 0
 
 
 def _bench_redis(args: argparse.Namespace) -> int:
-    from actors.frontends.bench_redis import run_bench_redis
+    from actors.cli.bench_redis import run_bench_redis
 
     run_bench_redis(args)
     return 0
 
 
 def _loadtest(args: argparse.Namespace) -> int:
-    from actors.frontends.loadtest import run_loadtest
+    from actors.cli.loadtest import run_loadtest
 
     return run_loadtest(args)
 
@@ -100,9 +90,9 @@ def _worker(args: argparse.Namespace) -> int:
     if not args.redis_url:
         raise ValueError("--redis-url (or AQUEDUCT_REDIS_URL) is required")
     with startup_collector_paused():
-        from actors.device import device_thread, load_engine
-        from actors.runtime import CRASH_EXIT_S
-        from actors.worker import WorkerOptions, run_worker
+        from actors.kit.device import device_thread, load_engine
+        from actors.kit.runtime import CRASH_EXIT_S
+        from actors.worker.run import WorkerOptions, run_worker
 
         device = device_thread()
         engine = load_engine(engine_config_from_args(args), device)  # load the model before serving anything
@@ -122,7 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
         from actors.http.serve import run_serve
         from actors.http.serve_args import options_from_args
 
-        config = None if args.redis_url else engine_config_from_args(args)
+        config = engine_config_from_args(args)  # a gateway takes only its model (for the tokenizer)
     return run_serve(args, config, options_from_args(args))
 
 

@@ -24,7 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from actors.messages import Cancel
+from actors.kit.messages import Cancel
 from pipeline.lora.registry import LoRARegistry
 from queue_adapters.base import Producer
 from queue_adapters.codec import CodecError, WireControl, WireControlResult, decode_control, encode

@@ -1,4 +1,4 @@
-"""Crash resume: a worker takes over the pending requests of dead ones (see actors/recovery/liveness.py).
+"""Crash resume: a worker takes over the pending requests of dead ones (see actors/worker/recovery/liveness.py).
 
 Every so often, list request entries unacked for at least claim_idle_ms; those whose consumer has no
 heartbeat are claimed (XCLAIM) and go through Intake, which resumes them from what their reply
@@ -8,15 +8,16 @@ streams already hold. A live but slow worker keeps its entries however long they
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from actors.admission import Admission
-from actors.intake import IntakeActor
-from actors.recovery.liveness import heartbeat_key
+from actors.worker.admission import Admission
+from actors.worker.recovery.liveness import heartbeat_key
+from queue_adapters.base import Delivery
 from queue_adapters.codec import Malformed, WireRequest
 from queue_adapters.redis_streams import RedisStreamConsumer
 
@@ -27,10 +28,11 @@ class Claimer:
     name = "claimer"
 
     def __init__(self, redis: aioredis.Redis, consumer: RedisStreamConsumer[WireRequest | Malformed],
-                 intake: IntakeActor, admission: Admission, prefix: str, claim_idle_ms: int) -> None:
+                 admit: Callable[[Delivery[WireRequest | Malformed]], Awaitable[None]], admission: Admission,
+                 prefix: str, claim_idle_ms: int) -> None:
         self.redis = redis
         self.consumer = consumer
-        self.intake = intake
+        self.admit = admit  # the intake actor's: a claimed entry is admitted as a read one is
         self.admission = admission
         self.prefix = prefix
         self.claim_idle_ms = claim_idle_ms
@@ -54,5 +56,5 @@ class Claimer:
         deliveries = await self.consumer.claim(orphans, self.claim_idle_ms)
         for delivery in deliveries:
             log.info("claimed an orphaned request", entry_id=delivery.message_id, attempt=delivery.attempt)
-            await self.intake.admit(delivery)
+            await self.admit(delivery)
         return len(deliveries)

@@ -5,7 +5,7 @@ All requests reply on one shared stream read by one reader. Reports completed, e
 p50/p99 time to first token and end-to-end latency; also how many requests the workers held at
 once (bounded by their admission control) and how many waited in Redis.
 
-`--hostile-fraction F` makes that share of the entries hostile (actors/frontends/hostile_entries.py):
+`--hostile-fraction F` makes that share of the entries hostile (actors/cli/hostile_entries.py):
 the good requests are reported apart, so their latency can be set beside a clean run's; every
 hostile entry must be answered (an error reply, or a normal one when it is valid after all), and
 no worker may go away (`{prefix}:worker:*` heartbeats, watched while submitting).
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from actors import event_loop
-from actors.frontends.bench import make_workload
-from actors.frontends.hostile_entries import HOSTILE_KINDS
-from actors.recovery.liveness import heartbeat_key
+from actors.cli.bench import make_workload
+from actors.cli.hostile_entries import HOSTILE_KINDS
+from actors.kit import event_loop
+from actors.worker.recovery.liveness import heartbeat_key
 from queue_adapters.codec import WireRequest, decode_reply, encode
 from queue_adapters.redis_streams import DATA_FIELD
 

@@ -13,12 +13,13 @@ from typing import Any
 import structlog
 from redis.exceptions import ResponseError
 
-from actors.admission import Admission
-from actors.messages import Admit, ErrorReply, OpenReply
-from actors.recovery.ownership import Claim, Ownership, fingerprint_of
-from actors.recovery.resume import is_answered, resume_state
+from actors.kit.messages import Admit, ErrorReply, OpenReply
+from actors.worker.admission import Admission
+from actors.worker.recovery.ownership import Claim, Ownership, fingerprint_of
+from actors.worker.recovery.resume import is_answered, resume_state
 from pipeline.intake.request_builder import RequestBuilder
 from pipeline.request.request import Request
+from pipeline.request.structured_output import ALIASES as STRUCTURED_OUTPUT_FIELDS
 from queue_adapters.base import Consumer, Delivery, Producer
 from queue_adapters.codec import Malformed, WireReply, WireRequest, encode
 from queue_adapters.redis_streams import retry_transient
@@ -159,8 +160,8 @@ class IntakeActor:
         next_seq = replies[-1].seq + 1 if replies else 0
         try:
             # Decoding and resizing images takes milliseconds per picture, a DRY breaker mask a pass
-            # over the vocabulary's texts (once per breaker set): off the event loop.
-            slow = bool(message.images) or _asks_for_dry(message.params)
+            # over the vocabulary's texts (once per breaker set), a grammar its compile: off the event loop.
+            slow = bool(message.images) or _asks_for_dry(message.params) or _asks_for_grammar(message.params)
             request = await asyncio.to_thread(self._build, message) if slow else self._build(message)
         except Exception as error:
             await self._refuse(message, delivery, reply_to, next_seq, error)
@@ -222,6 +223,11 @@ class IntakeActor:
             return
         await self.dead_letter(message)
         await delivery.ack()
+
+
+def _asks_for_grammar(params: dict[str, Any]) -> bool:
+    """A structured output: its grammar compiles (milliseconds to seconds) in a worker thread."""
+    return any(params.get(name) is not None for name in (*STRUCTURED_OUTPUT_FIELDS, "structured_outputs"))
 
 
 def _asks_for_dry(params: dict[str, Any]) -> bool:
