@@ -1,6 +1,6 @@
 """Greedy `aqueduct batch` vs HF transformers on tiny random models no test has seen.
 
-Each case draws an architecture (any of tests/hf_models.py: llama, llama3, qwen2, qwen3, mistral,
+Each case draws an architecture (any of tests/support/hf_models.py: llama, llama3, qwen2, qwen3, mistral,
 phi3, mixtral, gemma2, with a sliding window drawn for the families that have one), a head layout,
 sizes, a weight
 seed and tight engine limits (KV blocks, token budget, sequences per step, block size) from
@@ -31,7 +31,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.hf_models import ARCHS, make_tiny_hf_model
+from tests.support.hf_models import ARCHS, make_tiny_hf_model
 
 NEAR_TIE_MARGIN = 1e-3
 WINDOWED_ARCHS = ("mistral", "gemma2", "phi3", "mixtral")  # families whose configs carry sliding_window

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.request.sampling_params import SamplingParams
-from tests.hf_llava import IMAGE_TOKEN, IMAGE_TOKEN_ID, VOCAB_SIZE, build_tokenizer
-from tests.hf_models import _randomize
+from tests.support.hf_llava import IMAGE_TOKEN, IMAGE_TOKEN_ID, VOCAB_SIZE, build_tokenizer
+from tests.support.hf_models import _randomize
 
 NEAR_TIE_MARGIN = 1e-3
 TEXT_MODELS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig"}

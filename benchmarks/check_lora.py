@@ -28,9 +28,9 @@ from transformers import AutoModelForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.config import LoRAConfig
 from pipeline.request.sampling_params import SamplingParams
-from tests.engine_helpers import NEAR_TIE_MARGIN, hf_greedy, make_engine
-from tests.hf_models import make_tiny_hf_model
-from tests.lora_adapters import ALL_PROJECTIONS, make_peft_adapter, peft_model, run_with_adapters
+from tests.support.engine_helpers import NEAR_TIE_MARGIN, hf_greedy, make_engine
+from tests.support.hf_models import make_tiny_hf_model
+from tests.support.lora_adapters import ALL_PROJECTIONS, make_peft_adapter, peft_model, run_with_adapters
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2")
 SHARED_PREFIX, MAX_TAIL, MAX_OUTPUT = 24, 40, 24

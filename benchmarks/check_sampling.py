@@ -4,7 +4,7 @@ For each model (random HF checkpoints of three families, seeds no test uses; the
 the built-in model's tokenizer so DRY's sequence breakers come from real token texts) the engine
 (float32, `cpu_linear="torch"`) runs every setting below at once, logprobs=20. Each choice is then
 teacher-forced through HF transformers (one forward over prompt + output) and SAMPLING.md's
-numpy reference (tests/sampling_reference.py) is applied position by position with the same
+numpy reference (tests/support/sampling_reference.py) is applied position by position with the same
 history, bans, uniforms and mirostat mu; the returned top-20 processed logprobs, the chosen
 token's logprob and rank, the chosen token and mirostat's next mu must match. A mismatch counts as
 "near-cut" when the reference itself changes its mask or its pick under a 1e-4 relative
@@ -37,10 +37,10 @@ from pipeline.engine import LLMEngine
 from pipeline.loading.default_model import default_model_dir
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.sampling import rng
-from tests.engine_helpers import run_requests
-from tests.hf_models import make_tiny_hf_model
-from tests.sampling_helpers import knobs_of
-from tests.sampling_reference import reference_row
+from tests.support.engine_helpers import run_requests
+from tests.support.hf_models import make_tiny_hf_model
+from tests.support.sampling_helpers import knobs_of
+from tests.support.sampling_reference import reference_row
 
 TOP = 20
 ATOL, RTOL = 1e-4, 1e-5  # float32 engine vs float64 reference on logits that differ by ~1e-6

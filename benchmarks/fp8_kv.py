@@ -1,6 +1,6 @@
 """fp8 KV cache against the float32 cache: token agreement, next-token KL, capacity, decode speed.
 
-For each fp8 format, over a fixed set of prompts (tests/fp8_agreement.py): the share of greedy
+For each fp8 format, over a fixed set of prompts (tests/support/fp8_agreement.py): the share of greedy
 output tokens identical to the float32 cache's, the mean (and max) KL(p_float32 || p_fp8) of the
 teacher-forced next-token distributions, and the KV blocks that the same --kv-cache-memory holds
 (the capacity ratio). Then the CPU decode-attention kernel side by side on one cache shape:
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.config import parse_size
 from pipeline.model.cpu_kernel import load_decode_kernel
 from pipeline.model.kv_quant import FP8_DTYPES, KERNEL_FORMATS
-from tests.fp8_agreement import fixed_prompts, make_cache_engine, measure_agreement
+from tests.support.fp8_agreement import fixed_prompts, make_cache_engine, measure_agreement
 
 # Natural-text prompts for a real model (a tiny random one gets fixed random token prompts).
 _TEXT_PROMPTS = (
@@ -43,7 +43,7 @@ _TEXT_PROMPTS = (
 
 def _model_path(name: str, tmp: Path) -> str:
     if name.startswith("tiny-"):
-        from tests.hf_models import make_tiny_hf_model
+        from tests.support.hf_models import make_tiny_hf_model
 
         return str(make_tiny_hf_model(name.removeprefix("tiny-"), tmp / name))
     return name
@@ -127,7 +127,8 @@ def kernel_rows(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2",
-                        help="as the engine's --model, or tiny-<arch> for a tiny random HF model (tests/hf_models.py)")
+                        help="as the engine's --model, or tiny-<arch> for a tiny random HF model "
+                             "(tests/support/hf_models.py)")
     parser.add_argument("--kv-cache-memory", default="256MiB")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)

@@ -1,5 +1,5 @@
 """The HTTP gateway's long fuzz: schemathesis cases (valid and invalid bodies) from the gateway's own OpenAPI
-document, against the in-process app over the built-in model (as tests/test_fuzz_gateway.py, which runs a
+document, against the in-process app over the built-in model (as tests/system/test_fuzz_gateway.py, which runs a
 short derandomized slice of this in CI), or against a running server.
 
     python benchmarks/fuzz_gateway.py [--max-examples 10000] [--seed N]
@@ -8,7 +8,7 @@ short derandomized slice of this in CI), or against a running server.
 Prints figures and asserts nothing: requests generated, the status histogram per operation, server errors
 (5xx), hangs (no answer within 10 s), and each distinct failure once, with the smallest body that caused it
 and (in-process) the last line of the server's traceback. A third of the bodies carry JSON no library writes
-(lone surrogates, numbers beyond 64 bits, deep nesting: tests/gateway_fuzz.py edged_bodies); cases are tamed
+(lone surrogates, numbers beyond 64 bits, deep nesting: tests/support/gateway_fuzz.py edged_bodies); cases are tamed
 as in the test (short outputs, fresh request ids), so the time goes into requests, not decoding.
 """
 
@@ -44,7 +44,7 @@ from structlog.testing import capture_logs
 
 from actors.http.openapi import openapi_document
 from pipeline.loading.default_model import default_model_dir
-from tests.gateway_fuzz import AUTH, HANG_S, Edged, OneLifespan, edged_bodies, fuzz_app, fuzz_backend, tame
+from tests.support.gateway_fuzz import AUTH, HANG_S, Edged, OneLifespan, edged_bodies, fuzz_app, fuzz_backend, tame
 
 
 @dataclass

@@ -61,15 +61,15 @@ run_part() {  # name, seconds, command...
 }
 
 if [ $SMOKE = 1 ]; then
-    run_part tests 300 "$PY" -m pytest -q -p no:cacheprovider -W ignore tests/test_cuda_path.py
+    run_part tests 300 "$PY" -m pytest -q -p no:cacheprovider -W ignore tests/pipeline/model/test_cuda_path.py
     run_part fidelity 300 "$PY" benchmarks/gpu_fidelity.py --device cpu --archs llama --dtypes float32 \
         --num-requests 4 --attention-backend torch
     run_part benchmark 300 "$PY" benchmarks/nano_vllm_shape.py --cpu-smoke --model-dir /tmp/aqueduct-nano
 else
     # Budget: 170 + 110 + 180 s. Triton builds each FlexAttention variant once per machine (cached in
     # /tmp/torchinductor_*), so the later parts reuse what the tests compiled for the same shapes.
-    run_part tests 170 "$PY" -m pytest -q -p no:cacheprovider -W ignore -rs tests/test_cuda_path.py \
-        tests/test_flex_attention.py
+    run_part tests 170 "$PY" -m pytest -q -p no:cacheprovider -W ignore -rs tests/pipeline/model/test_cuda_path.py \
+        tests/pipeline/model/test_flex_attention.py
     run_part fidelity 110 "$PY" benchmarks/gpu_fidelity.py --device cuda --archs llama qwen3 mistral gemma2 \
         --num-requests 8
     run_part benchmark 180 "$PY" benchmarks/nano_vllm_shape.py --model-dir /tmp/aqueduct-qwen3-0.6b-shape

@@ -1,6 +1,6 @@
 """Greedy fidelity against HF transformers on one device: float32 token-exact, bf16 agreement share.
 
-For each tiny random model (tests/hf_models.py) a batch of random prompts runs through the engine
+For each tiny random model (tests/support/hf_models.py) a batch of random prompts runs through the engine
 (continuous batching, chunked prefill, prefix hits, the device's default attention backend and
 CUDA graphs) and each prompt through HF `generate` alone, on the same device and dtype.
 - float32: every request must equal HF token for token; a divergence passes only at a near-tie
@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.request.sampling_params import SamplingParams
-from tests.engine_helpers import NEAR_TIE_MARGIN, run_requests
-from tests.hf_models import make_tiny_hf_model
+from tests.support.engine_helpers import NEAR_TIE_MARGIN, run_requests
+from tests.support.hf_models import make_tiny_hf_model
 
 
 def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new: int) -> tuple[list[int], torch.Tensor]:

@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.scheduling.kv_cache_manager import cdiv
-from tests.engine_helpers import assert_greedy_equal, hf_greedy, make_engine
-from tests.hf_models import make_tiny_hf_model
+from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine
+from tests.support.hf_models import make_tiny_hf_model
 
 
 def main() -> None:

@@ -55,3 +55,16 @@ def prefix(redis_url: str) -> Iterator[str]:
     if keys:
         client.delete(*keys)
     client.close()
+
+
+_REDIS_FIXTURES = {"redis_url", "prefix"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers that follow from where a test is and what it asks for (module-level ones add the rest):
+    everything in tests/system/ is `slow`; a test using the Redis fixtures is `redis`."""
+    for item in items:
+        if "system" in item.path.parts:
+            item.add_marker(pytest.mark.slow)
+        if _REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.redis)

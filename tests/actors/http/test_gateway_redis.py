@@ -1,0 +1,99 @@
+"""A stateless gateway in front of two workers on the real Redis, through the official async openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from actors.http.backends import RemoteBackend
+from actors.http.options import GatewayOptions
+from pipeline.loading.tokenizer import load_tokenizer
+from tests.conftest import REDIS_URL
+from tests.support.gateway_helpers import API_KEY, serving
+from tests.support.worker_helpers import running_workers
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def gateway_backend(default_model_path: Path, prefix: str) -> RemoteBackend:
+    return RemoteBackend(REDIS_URL, prefix, default_model_path.name, load_tokenizer(default_model_path))
+
+
+async def test_gateway_in_front_of_two_workers(default_model_path: Path, prefix: str,
+                                               gateway_backend: RemoteBackend) -> None:
+    model = gateway_backend.model_name
+    async with running_workers(default_model_path, prefix, count=2):
+        with serving(gateway_backend, GatewayOptions(api_key=API_KEY, worker_timeout_s=30)) as base_url:
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=API_KEY, max_retries=0)
+            completions = await asyncio.gather(*(client.completions.create(
+                model=model, prompt=f"Prompt {i}", max_tokens=8, temperature=0.8, seed=i, n=2, logprobs=1)
+                for i in range(4)))
+            for completion in completions:
+                assert [c.finish_reason for c in completion.choices] == ["length", "length"]
+                assert completion.usage.completion_tokens == 16
+                assert all(len(c.logprobs.tokens) == 8 for c in completion.choices)
+            again = await client.completions.create(model=model, prompt="Prompt 0", max_tokens=8, temperature=0.8,
+                                                    seed=0, n=2, logprobs=1)
+            assert [c.text for c in again.choices] == [c.text for c in completions[0].choices]
+
+            messages = [{"role": "user", "content": "Hello"}]
+            whole = await client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0)
+            stream = await client.chat.completions.create(model=model, messages=messages, max_tokens=8,
+                                                          temperature=0, stream=True,
+                                                          stream_options={"include_usage": True})
+            chunks = [chunk async for chunk in stream]
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+                whole.choices[0].message.content
+            assert chunks[-1].usage.completion_tokens == 8
+
+            with pytest.raises(openai.BadRequestError, match="max_tokens"):  # the worker's refusal, as a 400
+                await client.completions.create(model=model, prompt="x", max_tokens=100_000)
+            with pytest.raises(openai.NotFoundError):
+                await client.completions.create(model="other-model", prompt="x")
+            tokens = httpx.post(f"{base_url[:-3]}/tokenize", json={"prompt": "Hello"},
+                                headers={"Authorization": f"Bearer {API_KEY}"}).json()["tokens"]
+            assert tokens == load_tokenizer(default_model_path).encode("Hello")
+            await client.close()
+
+
+async def test_gateway_retry_attaches_and_disconnect_cancels(default_model_path: Path, prefix: str,
+                                                            gateway_backend: RemoteBackend) -> None:
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    async with running_workers(default_model_path, prefix, count=1) as (_, engines):
+        scheduler = engines[0].scheduler
+        with serving(gateway_backend, GatewayOptions(api_key=API_KEY)) as base_url:
+            async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as http:
+                body = {"prompt": "Twice", "max_tokens": 6}
+                first = await http.post("/completions", json=body, headers={"X-Request-Id": "twice-1"})
+                generated = scheduler.num_generated_tokens
+                second = await http.post("/completions", json=body, headers={"X-Request-Id": "twice-1"})
+                assert second.json()["choices"] == first.json()["choices"]
+                assert scheduler.num_generated_tokens == generated
+
+                long_body = {"prompt": "Run long", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+                async with http.stream("POST", "/completions", json=long_body) as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: "):
+                            break
+                deadline = time.monotonic() + 15
+                while (scheduler.running or scheduler.waiting) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                assert not scheduler.running and not scheduler.waiting
+                assert scheduler.num_generated_tokens - generated < 1500
+                assert scheduler.kv_cache.pool.num_used_blocks == 0
+
+
+async def test_with_no_worker_alive_the_gateway_answers_503_after_the_worker_timeout(
+        gateway_backend: RemoteBackend) -> None:
+    with serving(gateway_backend, GatewayOptions(worker_timeout_s=0.3)) as base_url:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as raised:
+            await client.completions.create(model=gateway_backend.model_name, prompt="anyone?", max_tokens=2)
+        assert raised.value.status_code == 503
+        await client.close()

@@ -1,0 +1,222 @@
+"""Structured outputs in the engine: every spelling folds into one constraint, the output always
+parses, HF with the same grammar mask is the oracle for greedy tokens, and preemption, chunked
+prefill, prefix caching, n > 1 and crash resume leave the tokens unchanged."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import jsonschema_rs
+import llguidance
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from pipeline.request.request import ResumeState
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.sampling.grammar_mask import apply_token_bitmasks
+from tests.support.engine_helpers import make_engine, run_requests
+from tests.support.hf_models import make_tiny_hf_model
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 10},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+# The random test models love whitespace; a JSON constraint without a pattern lets them fill
+# max_tokens with it (as any flexible-whitespace JSON grammar would).
+TIGHT = "[ ]?"
+CONSTRAINTS = {
+    "json": {"guided_json": PERSON, "guided_whitespace_pattern": TIGHT},
+    "regex": {"guided_regex": r"[0-9]{3}-[a-z]{2,4}"},
+    "choice": {"guided_choice": ["alpha", "beta", "gamma delta"]},
+    "grammar": {"guided_grammar": 'root ::= "(" [a-c]+ ")" | "none"'},
+}
+# (response_format json_object is the schema {"type": "object"}, checked as a spelling below: a random
+# model given any object writes one string until max_tokens, so it is not among the kinds that end.)
+
+
+def _valid(kind: str, text: str) -> bool:
+    if kind == "json":
+        return jsonschema_rs.Draft202012Validator(PERSON).is_valid(json.loads(text))
+    if kind == "regex":
+        return re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", text) is not None
+    if kind == "choice":
+        return text in ("alpha", "beta", "gamma delta")
+    return re.fullmatch(r"\([a-c]+\)|none", text) is not None
+
+
+@pytest.fixture(scope="module")
+def unseen_model(default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random Qwen2 the engine has never seen, with the built-in model's tokenizer (4,096 tokens)."""
+    path = make_tiny_hf_model("qwen2", tmp_path_factory.mktemp("so-qwen2"), seed=11, vocab_size=4096)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_path / name, path / name)
+    return path
+
+
+# ---- the request fields -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("given", [
+    {"guided_json": PERSON},
+    {"guided_json": json.dumps(PERSON)},
+    {"structured_outputs": {"json": PERSON}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}},
+])
+def test_every_spelling_of_a_schema_is_one_constraint(given: dict) -> None:
+    assert SamplingParams.from_dict(given).structured_outputs == ("json", json.dumps(PERSON, sort_keys=True), "")
+
+
+def test_choice_regex_grammar_and_json_object_spellings() -> None:
+    assert SamplingParams.from_dict({"guided_choice": ["a", "b"]}).structured_outputs == \
+        SamplingParams.from_dict({"structured_outputs": {"choice": ["a", "b"]}}).structured_outputs
+    assert SamplingParams.from_dict({"guided_regex": "a+"}).structured_outputs == ("regex", "a+", "")
+    any_object = ("json", json.dumps({"type": "object"}), "")
+    assert SamplingParams.from_dict({"structured_outputs": {"json_object": True}}).structured_outputs == any_object
+    assert SamplingParams.from_dict({"response_format": {"type": "json_object"}}).structured_outputs == any_object
+    assert SamplingParams.from_dict({"response_format": {"type": "text"}}).structured_outputs is None
+    assert SamplingParams.from_dict({"response_format": None, "guided_json": None}).structured_outputs is None
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"guided_choice": ["a"], "guided_regex": "b"}, "guided_choice and guided_regex"),
+    ({"response_format": {"type": "json_object"}, "guided_json": {}}, "guided_json and response_format"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "exactly one of"),
+    ({"guided_choice": []}, "non-empty list of strings"),
+    ({"guided_json": "{not json"}, "not valid JSON"),
+    ({"guided_regex": "a", "guided_whitespace_pattern": " "}, "JSON constraints only"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"guided_json": PERSON, "use_beam_search": True, "best_of": 2, "temperature": 0}, "use_beam_search"),
+    ({"guided_regex": "a" * 70_000}, "at most 65536 characters"),
+])
+def test_bad_constraints_are_errors_naming_the_field(given: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SamplingParams.from_dict(given)
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"guided_regex": "a("}, "unclosed group"),
+    ({"guided_grammar": "root ::= missing"}, "missing"),
+    ({"guided_json": {"type": "no-such-type"}}, "no-such-type"),
+])
+def test_a_constraint_that_does_not_compile_is_the_request_s_error(default_model_path: Path, given: dict,
+                                                                   message: str) -> None:
+    engine = make_engine(default_model_path)
+    with pytest.raises(ValueError, match="does not compile") as refused:
+        engine.add_request("r", "hi", SamplingParams.from_dict({"max_tokens": 4, **given}))
+    assert message in str(refused.value)
+    assert not engine.has_unfinished
+
+
+# ---- stage 0 -----------------------------------------------------------------------------------
+
+def test_the_bitmask_masks_exactly_the_tokens_whose_bit_is_clear() -> None:
+    generator = np.random.default_rng(3)
+    logits = torch.randn(5, 70)
+    words = generator.integers(-2**31, 2**31, size=(3, 3), dtype=np.int64).astype(np.int32)
+    rows = np.array([0, 2, 4])
+    masked = apply_token_bitmasks(logits.clone(), rows, words)
+    for index, row in enumerate(rows):
+        for token in range(70):
+            allowed = (int(words[index, token // 32]) >> (token % 32)) & 1
+            assert torch.isinf(masked[row, token]) != bool(allowed)
+    assert torch.equal(masked[[1, 3]], logits[[1, 3]])
+
+
+# ---- outputs -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", sorted(CONSTRAINTS))
+def test_every_choice_of_every_kind_parses(unseen_model: Path, kind: str) -> None:
+    engine = make_engine(unseen_model)
+    requests = {f"{kind}-{temperature}": ("Output:", SamplingParams.from_dict(
+        {"max_tokens": 48, "temperature": temperature, "seed": 5, "n": 3, **CONSTRAINTS[kind]}))
+        for temperature in (0.0, 1.0)}
+    for request_id, result in run_requests(engine, requests).items():
+        assert len(result["choices"]) == 3
+        for choice in result["choices"].values():
+            assert choice["finish_reason"] == "stop", (request_id, choice)
+            assert _valid(kind, choice["text"]), (request_id, choice["text"])
+
+
+def test_a_request_that_reaches_max_tokens_first_ends_with_length(unseen_model: Path) -> None:
+    engine = make_engine(unseen_model)
+    params = SamplingParams.from_dict({"max_tokens": 3, "temperature": 0, **CONSTRAINTS["json"]})
+    result = run_requests(engine, {"r": ("Output:", params)})["r"]["choices"][0]
+    assert result["finish_reason"] == "length" and len(result["token_ids"]) == 3
+
+
+class _GrammarMask(transformers.LogitsProcessor):
+    """HF's side of the oracle: the same grammar through llguidance directly, no engine code."""
+
+    def __init__(self, tokenizer_json: str, grammar: str, vocab_size: int, eos: int) -> None:
+        self.matcher = llguidance.LLMatcher(llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size,
+                                                                   eos_token=eos), grammar)
+        self.vocab_size, self.prompt_len = vocab_size, None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prompt_len is None:
+            self.prompt_len = input_ids.shape[1]
+        elif input_ids.shape[1] > self.prompt_len:
+            self.matcher.consume_token(int(input_ids[0, -1]))
+        bits = np.frombuffer(self.matcher.compute_bitmask(), np.uint8)
+        allowed = torch.from_numpy(np.unpackbits(bits, bitorder="little", count=self.vocab_size).astype(bool))
+        return scores.masked_fill(~allowed[: scores.shape[1]], float("-inf"))
+
+
+@pytest.mark.parametrize("kind", ["json", "regex", "grammar"])
+def test_greedy_tokens_equal_hf_with_the_same_mask(unseen_model: Path, kind: str) -> None:
+    engine = make_engine(unseen_model)
+    params = SamplingParams.from_dict({"max_tokens": 40, "temperature": 0, **CONSTRAINTS[kind]})
+    prompt = engine.tokenizer.encode("Output:")
+    ours = run_requests(engine, {"r": (prompt, params)})["r"]["choices"][0]["token_ids"]
+    assert engine.grammars is not None
+    grammar = engine.grammars.compile(params.structured_outputs)
+    model = transformers.AutoModelForCausalLM.from_pretrained(unseen_model).eval()
+    eos = sorted(engine.eos_token_ids)[0]
+    mask = _GrammarMask((unseen_model / "tokenizer.json").read_text(), grammar, engine.vocab_size, eos)
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, logits_processor=[mask],
+                             eos_token_id=sorted(engine.eos_token_ids), pad_token_id=0)
+    theirs = out[0, len(prompt):].tolist()
+    # HF generates the EOS the grammar then allows; the engine ends at the grammar's end instead.
+    if len(theirs) == len(ours) + 1 and theirs[-1] in engine.eos_token_ids:
+        theirs = theirs[:-1]
+    assert ours == theirs
+
+
+def test_preemption_chunked_prefill_and_prefix_caching_leave_the_tokens_unchanged(unseen_model: Path) -> None:
+    requests = {f"r{index}": ("Output: " * (index + 1), SamplingParams.from_dict(
+        {"max_tokens": 40, "temperature": 1.0, "seed": index, **CONSTRAINTS["json"]})) for index in range(6)}
+
+    def tokens(**engine_options) -> dict[str, list[int]]:
+        engine = make_engine(unseen_model, **engine_options)
+        results = run_requests(engine, requests)
+        if "num_kv_blocks" in engine_options:
+            assert engine.scheduler.num_preemptions > 0  # the small cache really preempted
+        return {request_id: result["choices"][0]["token_ids"] for request_id, result in results.items()}
+
+    reference = tokens(prefix_caching=False)
+    assert tokens(num_kv_blocks=24, block_size=4) == reference
+    assert tokens(max_num_batched_tokens=8) == reference  # chunked prefill
+    assert tokens(prefix_caching=True) == reference
+
+
+def test_a_resumed_request_continues_its_grammar(unseen_model: Path) -> None:
+    params = SamplingParams.from_dict({"max_tokens": 40, "temperature": 1.0, "seed": 9, "n": 2,
+                                       **CONSTRAINTS["json"]})
+    whole = run_requests(make_engine(unseen_model), {"r": ("Output:", params)})["r"]["choices"]
+    engine = make_engine(unseen_model)
+    request = engine.builder.build("r", params, prompt="Output:")
+    cut = [whole[0]["token_ids"][:5], whole[1]["token_ids"][:9]]
+    request.resume_from(ResumeState(next_seq=1, output_token_ids=cut, finish_reasons=[None, None],
+                                    stop_reasons=[None, None]))
+    engine.add(request)
+    rest: dict[int, list[int]] = {0: [], 1: []}
+    while engine.has_unfinished:
+        for delta in engine.step():
+            for choice in delta.choices:
+                rest[choice.index] += choice.token_ids
+    for index in (0, 1):
+        assert cut[index] + rest[index] == whole[index]["token_ids"]

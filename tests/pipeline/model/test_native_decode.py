@@ -1,0 +1,146 @@
+"""The native decoder layers (native_decode.py): a decode step's layers in one C call give the per-op
+path's tokens and logprobs bit for bit, across dtypes, quantization, batch sizes (below and above
+the kernels' row limit), sliding windows and biases; models it does not serve keep the per-op path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+
+from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
+from pipeline.engine import LLMEngine
+from pipeline.model.cpu_kernel import load_decoder_layers
+from pipeline.model.native_decode import ANY_ROWS, NativeDecoder
+from pipeline.model.quantized_linear import dequantize_min_rows
+from pipeline.request.sampling_params import SamplingParams
+from tests.support.engine_helpers import run_requests
+from tests.support.gguf_files import write_gguf
+from tests.support.hf_models import make_tiny_hf_model
+
+pytestmark = pytest.mark.skipif(load_decoder_layers() is None, reason="no C compiler")
+
+
+def _engine(model_dir: Path, dtype: str, quantization: str = "none", lora: LoRAConfig | None = None) -> LLMEngine:
+    return LLMEngine(EngineConfig(
+        model=ModelConfig(model=str(model_dir), dtype=dtype, quantization=quantization),
+        cache=CacheConfig(block_size=8, num_kv_blocks=256),
+        scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16), lora=lora))
+
+
+def _requests(count: int) -> dict[str, tuple[list[int], SamplingParams]]:
+    """`count` greedy requests with prompts of 3-40 tokens and 12-30 new tokens (so decode batches
+    shrink as they finish), with logprobs."""
+    return {f"r{i}": ([1 + i, *range(5 + i, 5 + i + 3 + (i * 7) % 38)],
+                      SamplingParams(max_tokens=12 + (i * 5) % 19, temperature=0.0, ignore_eos=True, logprobs=2))
+            for i in range(count)}
+
+
+def _outputs(engine: LLMEngine, requests: dict) -> dict[str, tuple[list[int], list[float]]]:
+    results = run_requests(engine, requests)
+    choices = {request_id: result["choices"][0] for request_id, result in results.items()}
+    return {request_id: (choice["token_ids"], [entry.logprob for entry in choice["logprobs"]])
+            for request_id, choice in choices.items()}
+
+
+def _counting(engine: LLMEngine) -> tuple[list[int], NativeDecoder]:
+    """Wrap the engine's native decoder; the list collects the rows of each step it served."""
+    model = engine.runner.model
+    decoder = model.native_decoder
+    assert isinstance(decoder, NativeDecoder)
+    served: list[int] = []
+
+    def counted(hidden: torch.Tensor, *args: object) -> torch.Tensor | None:
+        out = decoder(hidden, *args)
+        if out is not None:
+            served.append(hidden.shape[0])
+        return out
+
+    model.native_decoder = counted
+    return served, decoder
+
+
+def _per_op_outputs(model_dir: Path, dtype: str, quantization: str, requests: dict) -> dict:
+    engine = _engine(model_dir, dtype, quantization)
+    engine.runner.model.native_decoder = None
+    return _outputs(engine, requests)
+
+
+@pytest.mark.parametrize(("arch", "dtype", "quantization"), [
+    ("llama", "bfloat16", "none"),
+    ("llama", "float32", "none"),
+    ("llama", "bfloat16", "int8"),
+    ("qwen2", "bfloat16", "int8"),  # qkv biases, tied embeddings
+    ("mistral", "float32", "none"),  # a 21-token sliding window, shorter than most sequences here
+    ("llama3", "float32", "int8"),
+])
+def test_native_layers_equal_per_op_path(tmp_path: Path, arch: str, dtype: str, quantization: str) -> None:
+    model_dir = make_tiny_hf_model(arch, tmp_path / arch, seed=11)
+    requests = _requests(11)
+    native_engine = _engine(model_dir, dtype, quantization)
+    served, decoder = _counting(native_engine)
+    assert _outputs(native_engine, requests) == _per_op_outputs(model_dir, dtype, quantization, requests)
+    assert served, "the native decoder never ran"
+    # Steps of more decode rows than its kernels take ran per op; smaller ones natively. With the
+    # few-rows kernels (4 or 8 rows) 11 requests start above the limit and end below it; panels
+    # (64 rows: float32 on AVX-512 CPUs, bfloat16 with AVX512-BF16) take every step.
+    assert max(served) <= decoder.max_rows and min(served) == 1
+
+
+def test_gguf_4bit_native_equals_per_op(tmp_path: Path) -> None:
+    """GGUF Q4_0 weights kept 4-bit, and Q8_0 ones as int8."""
+    requests = _requests(9)
+    hf_dir = make_tiny_hf_model("llama", tmp_path / "hf", seed=3)
+    for qtype in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0):
+        path = write_gguf(hf_dir, tmp_path / f"{qtype.name}.gguf", qtype)
+        native_engine = _engine(path, "bfloat16", "gguf")
+        served, decoder = _counting(native_engine)
+        assert _outputs(native_engine, requests) == _per_op_outputs(path, "bfloat16", "gguf", requests)
+        assert max(served) == 9 and min(served) == 1
+        # From dequantize_min_rows rows on, quantized layers multiply by their dequantized weight, per op.
+        bits = 4 if qtype == gguf.GGMLQuantizationType.Q4_0 else 8
+        assert decoder.max_rows == min(ANY_ROWS, dequantize_min_rows(torch.bfloat16, bits) - 1)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma2", "mixtral"])
+def test_other_layer_forms_keep_per_op_path(tmp_path: Path, arch: str) -> None:
+    """q/k norms (Qwen3), Gemma 2's layers, mixture-of-experts MLPs: no native decoder."""
+    engine = _engine(make_tiny_hf_model(arch, tmp_path / arch), "bfloat16")
+    model = getattr(engine.runner.model, "language_model", engine.runner.model)
+    assert getattr(model, "native_decoder", None) is None
+
+
+def test_lora_wrapped_projections_keep_per_op_path(tmp_path: Path) -> None:
+    engine = _engine(make_tiny_hf_model("llama", tmp_path / "llama"), "bfloat16",
+                     lora=LoRAConfig(max_loras=2, max_lora_rank=8))
+    assert engine.runner.model.native_decoder is None
+
+
+def test_switch_turns_it_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AQUEDUCT_NATIVE_DECODE", "0")
+    engine = _engine(make_tiny_hf_model("llama", tmp_path / "llama"), "bfloat16")
+    assert engine.runner.model.native_decoder is None
+
+
+def test_fp8_cache_keeps_per_op_path(tmp_path: Path) -> None:
+    """An fp8 KV cache is written by the quantizing torch path: the native decoder steps aside."""
+    engine = LLMEngine(EngineConfig(
+        model=ModelConfig(model=str(make_tiny_hf_model("llama", tmp_path / "llama")), dtype="bfloat16"),
+        cache=CacheConfig(block_size=8, num_kv_blocks=64, kv_cache_dtype="fp8_e4m3")))
+    served, _ = _counting(engine)
+    outputs = _outputs(engine, _requests(3))
+    assert not served and all(len(tokens) >= 12 for tokens, _ in outputs.values())
+
+
+def test_the_layers_start_hook_runs_once_per_forward_native_or_per_op(tmp_path: Path) -> None:
+    """on_layers_start (the worker's cue to hand the previous step's result over) fires once in every
+    forward: just before the native call, or as the per-op path starts (prefills, large batches)."""
+    engine = _engine(make_tiny_hf_model("llama", tmp_path / "llama"), "float32")
+    served, decoder = _counting(engine)
+    starts: list[int] = []
+    decoder.on_layers_start = lambda: starts.append(1)
+    _outputs(engine, _requests(6))
+    assert 0 < len(served) < engine.stats.num_steps  # native steps, and per-op ones (the prefill)
+    assert len(starts) == engine.stats.num_steps
