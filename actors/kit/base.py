@@ -49,7 +49,7 @@ TEST_CRASH_ENV = "AQUEDUCT_TEST_CRASH_ACTOR"
 def arm_test_crash(actors: Iterable[object]) -> None:
     """Test hook, read when a graph is built: AQUEDUCT_TEST_CRASH_ACTOR=<actor name>:<n> makes that actor
     raise RuntimeError on its n-th message, so tests can see what a dead actor does to its process
-    (tests/test_actor_death.py). Unset, as everywhere but those tests, nothing is wrapped: no cost."""
+    (tests/system/test_actor_death.py). Unset, as everywhere but those tests, nothing is wrapped: no cost."""
     spec = os.environ.get(TEST_CRASH_ENV)
     if not spec:
         return

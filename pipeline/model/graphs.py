@@ -3,7 +3,7 @@
 NOT YET RUN ON A GPU. The padding and static-buffer logic is exercised on CPU with
 `capture=False` (the same code path, called eagerly instead of replayed); the capture itself
 (torch.cuda.graph, shared pool, largest size first) is covered by a CUDA-only test
-(tests/test_cuda_path.py) that has not run yet.
+(tests/pipeline/model/test_cuda_path.py) that has not run yet.
 
 Graphs are captured for batch sizes 1, 2, 4, 8, 16, 24, 32, ... (step 8) up to max_num_seqs,
 largest first so smaller graphs reuse the one memory pool. A real batch of B sequences is padded

@@ -4,7 +4,7 @@ The per-op path makes ~8 kernel calls per layer (norm, qkv, rope + KV write, att
 gate_up, down) with a module call, an output allocation and a few views around each, and two torch
 adds: for SmolLM2's 30 layers ~240 ctypes calls, a few microseconds of Python apiece. Here one call
 runs the same kernels in the same order with the same roundings, so hidden states, tokens and
-logprobs are the per-op path's bit for bit (tests/test_native_decode.py).
+logprobs are the per-op path's bit for bit (tests/pipeline/model/test_native_decode.py).
 
 Applies (NativeDecoder.build) to Llama-form models (Llama, Mistral, Qwen2 and others built from
 llama.py's layers without q/k norms) on the CPU when every projection runs a native kernel (4- or
