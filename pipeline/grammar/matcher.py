@@ -2,7 +2,7 @@
 
 `fill_bitmask` writes the tokens allowed next as a bitmask (bit t of word t // 32 set = token t
 allowed; llguidance's layout), `accept` advances by the sampled token, `is_finished` says the
-grammar can take no further token (the choice then ends with finish_reason "stop"). A matcher is
+grammar can take no further token but EOS. A matcher is
 rebuilt by replaying a choice's output tokens, so preemption and crash resume need no saved state.
 """
 
@@ -39,11 +39,20 @@ class GrammarMatcher:
             return False
         return bool(self._matcher.consume_token(token_id))
 
-    def fill_bitmask(self) -> bytes:
-        """The allowed next tokens, as int32 little-endian words (see the module docstring)."""
+    def fill_bitmask(self, also_allowed: Sequence[int] = ()) -> bytes:
+        """The allowed next tokens, as int32 little-endian words (see the module docstring), with
+        `also_allowed` (e.g. the request's stop tokens where the grammar could end) added."""
         mask = np.empty(bitmask_words(self.vocab_size), np.int32)
         self._matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        for token_id in also_allowed:
+            if 0 <= token_id < self.vocab_size:
+                mask[token_id // 32] |= np.int32(np.uint32(1 << (token_id % 32)).view(np.int32))
         return mask.tobytes()
+
+    @property
+    def is_accepting(self) -> bool:
+        """The text so far is a complete answer (it may still continue)."""
+        return bool(self._matcher.is_accepting())
 
     @property
     def is_finished(self) -> bool:

@@ -1,5 +1,8 @@
-"""The scheduler's side of structured outputs: each choice's matcher, its mask for the next token,
-and the end of a choice whose grammar is complete.
+"""The scheduler's side of structured outputs: each choice's matcher and its mask for the next token.
+
+A complete grammar allows only EOS next (and the request's stop tokens, allowed wherever the
+grammar could end), so such a choice ends as any does, on EOS with finish_reason "stop" (the
+order of docs/sampling.md, stage 0, and what HF's generate does with the same mask).
 
 A choice's matcher is made when it first samples, by replaying its output tokens, which is also how
 a choice resumed after a crash or recomputed after preemption gets its state back. Before a step,
@@ -30,17 +33,18 @@ def token_bitmasks(scheduled: list[Sequence], grammars: GrammarCompiler | None
         except ValueError as error:
             failed.append((seq, str(error)))
             continue
-        masks[seq.seq_id] = matcher.fill_bitmask()
+        masks[seq.seq_id] = matcher.fill_bitmask(seq.params.stop_token_ids if matcher.is_accepting else ())
     return masks, failed
 
 
-def grammar_finished(seq: Sequence, token_id: int) -> bool:
-    """Advance the choice's matcher by its new token; True when its grammar can take no more."""
+def grammar_ends_here(seq: Sequence, token_id: int, can_end_with_eos: bool) -> bool:
+    """Advance the choice's matcher by its new token. True when the choice must end now: its grammar
+    is complete but EOS cannot end it, or the token broke the grammar (which the mask prevents)."""
     matcher = seq.grammar_matcher
     if matcher is None:
         return False
     matcher.accept(token_id)
-    return matcher.is_finished
+    return matcher.error is not None or (matcher.is_finished and not can_end_with_eos)
 
 
 def _matcher(seq: Sequence, grammars: GrammarCompiler | None) -> GrammarMatcher:

@@ -18,7 +18,7 @@ from pipeline.lora.slots import LoRASlots
 from pipeline.request.outputs import PromptLogprobsEvent, StopStringFinish, TokenEvent
 from pipeline.request.request import FinishReason, Request, Sequence, SequenceStatus
 from pipeline.scheduling.beam_scheduling import BeamStep, new_beam_search, on_beam_candidates
-from pipeline.scheduling.grammar_masks import grammar_finished, token_bitmasks
+from pipeline.scheduling.grammar_masks import grammar_ends_here, token_bitmasks
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
 from pipeline.scheduling.lookahead import add_placeholders, drop_placeholder, fill_placeholder
 from pipeline.step.plan import NewSequence, RunningSequence, StepPlan
@@ -332,7 +332,9 @@ class Scheduler:
             if token_id in params.stop_token_ids:
                 self.finish_sequence(seq, FinishReason.STOP, token_id)
                 return
-        if grammar_finished(seq, token_id):  # the structured output is complete
+        # A complete grammar allows only EOS (or a stop token) next; where EOS cannot end the choice
+        # (min_tokens bans it, ignore_eos ignores it) the choice ends here instead.
+        if grammar_ends_here(seq, token_id, can_end_with_eos=not params.ignore_eos and num_output >= params.min_tokens):
             seq.grammar_complete = True
             self.finish_sequence(seq, FinishReason.STOP)
             return

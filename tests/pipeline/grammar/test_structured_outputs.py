@@ -150,7 +150,7 @@ def test_a_request_that_reaches_max_tokens_first_ends_with_length(unseen_model: 
 class _GrammarMask(transformers.LogitsProcessor):
     """HF's side of the oracle: the same grammar through llguidance directly, no engine code."""
 
-    def __init__(self, tokenizer_json: str, grammar: str, vocab_size: int, eos: int) -> None:
+    def __init__(self, tokenizer_json: str, grammar: str, vocab_size: int, eos: list[int]) -> None:
         self.matcher = llguidance.LLMatcher(llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size,
                                                                    eos_token=eos), grammar)
         self.vocab_size, self.prompt_len = vocab_size, None
@@ -174,16 +174,14 @@ def test_greedy_tokens_equal_hf_with_the_same_mask(unseen_model: Path, kind: str
     assert engine.grammars is not None
     grammar = engine.grammars.compile(params.structured_outputs)
     model = transformers.AutoModelForCausalLM.from_pretrained(unseen_model).eval()
-    eos = sorted(engine.eos_token_ids)[0]
+    eos = sorted(engine.eos_token_ids)
     mask = _GrammarMask((unseen_model / "tokenizer.json").read_text(), grammar, engine.vocab_size, eos)
     with torch.inference_mode():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, logits_processor=[mask],
                              eos_token_id=sorted(engine.eos_token_ids), pad_token_id=0)
     theirs = out[0, len(prompt):].tolist()
-    # HF generates the EOS the grammar then allows; the engine ends at the grammar's end instead.
-    if len(theirs) == len(ours) + 1 and theirs[-1] in engine.eos_token_ids:
-        theirs = theirs[:-1]
     assert ours == theirs
+    assert theirs[-1] in engine.eos_token_ids  # the grammar completed and allowed only EOS
 
 
 def test_preemption_chunked_prefill_and_prefix_caching_leave_the_tokens_unchanged(unseen_model: Path) -> None:
@@ -220,3 +218,33 @@ def test_a_resumed_request_continues_its_grammar(unseen_model: Path) -> None:
                 rest[choice.index] += choice.token_ids
     for index in (0, 1):
         assert cut[index] + rest[index] == whole[index]["token_ids"]
+
+
+def test_a_complete_grammar_ends_the_choice_on_eos_or_where_eos_cannot_end_it(unseen_model: Path) -> None:
+    engine = make_engine(unseen_model)
+    choice = {"guided_choice": ["alpha", "beta"], "temperature": 0, "max_tokens": 20}
+    results = run_requests(engine, {
+        "eos": ("Output:", SamplingParams.from_dict(choice)),
+        "min_tokens": ("Output:", SamplingParams.from_dict({**choice, "min_tokens": 15})),
+        "ignore_eos": ("Output:", SamplingParams.from_dict({**choice, "ignore_eos": True})),
+    })
+    ended_on_eos = results["eos"]["choices"][0]
+    assert ended_on_eos["token_ids"][-1] in engine.eos_token_ids and ended_on_eos["text"] in ("alpha", "beta")
+    for request_id in ("min_tokens", "ignore_eos"):  # EOS cannot end these: the grammar's last token does
+        result = results[request_id]["choices"][0]
+        assert result["finish_reason"] == "stop" and result["text"] == ended_on_eos["text"]
+        assert result["token_ids"] == ended_on_eos["token_ids"][:-1]
+
+
+def test_stop_tokens_are_allowed_where_the_grammar_could_end(unseen_model: Path) -> None:
+    engine = make_engine(unseen_model)
+    seven = engine.tokenizer.encode("7", add_special_tokens=False)[0]  # never allowed by [a-z] itself
+    assert not re.fullmatch("[a-z]*", engine.tokenizer.decode([seven]))
+    # The bias makes "7" win wherever it is allowed: only where the grammar could end, as a stop token.
+    params = SamplingParams.from_dict({"guided_regex": "[a-z]{3,30}", "temperature": 0, "max_tokens": 30,
+                                       "stop_token_ids": [seven], "logit_bias": {str(seven): 100}})
+    result = run_requests(engine, {"s": ("Output:", params)})["s"]["choices"][0]
+    assert result["stop_reason"] == seven and result["token_ids"][-1] == seven
+    assert re.fullmatch("[a-z]{3,}", result["text"]), result
+    shorter = engine.tokenizer.decode(result["token_ids"][:-2])
+    assert len(shorter) < 3  # it stopped at the first place the grammar could end
