@@ -3,7 +3,7 @@
 For each model (random HF checkpoints of three families, seeds no test uses; the Llama one carries
 the built-in model's tokenizer so DRY's sequence breakers come from real token texts) the engine
 (float32, `cpu_linear="torch"`) runs every setting below at once, logprobs=20. Each choice is then
-teacher-forced through HF transformers (one forward over prompt + output) and SAMPLING.md's
+teacher-forced through HF transformers (one forward over prompt + output) and docs/sampling.md's
 numpy reference (tests/support/sampling_reference.py) is applied position by position with the same
 history, bans, uniforms and mirostat mu; the returned top-20 processed logprobs, the chosen
 token's logprob and rank, the chosen token and mirostat's next mu must match. A mismatch counts as

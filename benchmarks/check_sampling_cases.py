@@ -65,7 +65,7 @@ def dry_settings(prompts: list[list[int]], breakers: SequenceBreakers, common: d
                  ) -> dict[str, tuple[list[int], SamplingParams]]:
     """Prompts that repeat a phrase, ending inside it, so DRY fires from the first token. With a
     tokenizer, one phrase holds a breaker token in its middle and one ends on a breaker (which
-    would continue the repeat: SAMPLING.md never penalises it)."""
+    would continue the repeat: docs/sampling.md never penalises it)."""
     breaker_ids = np.flatnonzero(breakers.mask(DEFAULT_DRY_SEQUENCE_BREAKERS))
     phrase = prompts[3][:7] if len(prompts[3]) >= 7 else [5, 6, 7, 8, 9, 10, 11]
     dry = {"dry_multiplier": 1.5, "dry_base": 1.6, "dry_allowed_length": 2}

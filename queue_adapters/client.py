@@ -1,4 +1,4 @@
-"""What users call: submit requests, stream or collect their replies, cancel them (DESIGN §3).
+"""What users call: submit requests, stream or collect their replies, cancel them (docs/design.md §3).
 
 Reply order policy. Entries are handed out strictly in `seq` order, each seq once:
 - a seq already handed out (or already buffered) is a duplicate and is dropped: a worker that

@@ -1,4 +1,4 @@
-"""Wire protocol v1 (DESIGN §3): msgpack maps as msgspec Structs that validate on decode.
+"""Wire protocol v1 (docs/design.md §3): msgpack maps as msgspec Structs that validate on decode.
 
 Unknown keys are rejected at every level (a typo never silently does nothing), and every
 decode failure is a CodecError whose message names the field and the rule, e.g.
@@ -88,7 +88,7 @@ class WireChoice(_Wire):
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     # Mirostat requests: the choice's mu after these tokens, so a worker that resumes the request
-    # continues from it (DESIGN §5); nil otherwise.
+    # continues from it (docs/design.md §5); nil otherwise.
     mirostat_mu: float | None = None
 
 

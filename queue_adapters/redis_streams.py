@@ -1,6 +1,6 @@
 """Redis Streams transport: XADD producer, consumer-group consumer, stale-entry claiming, dead letters.
 
-Every entry has one field, `data` (DESIGN §3). Settling follows Redis' model:
+Every entry has one field, `data` (docs/design.md §3). Settling follows Redis' model:
 - ack = XACK. Call it only once the work is durable (for a request: after its final reply entry).
 - nack = nothing: Redis has no "give back". The entry stays in this consumer's pending list, and
   any consumer (this one included) gets it again from `claim_stale` once it has been idle for

@@ -101,7 +101,7 @@ def lora_config_from_args(args: argparse.Namespace) -> LoRAConfig | None:
 
 
 def model_from_args(args: argparse.Namespace) -> str:
-    """--model, or the CLI default (DESIGN §6): the packaged instruct model when installed, else builtin."""
+    """--model, or the CLI default (docs/design.md §6): the packaged instruct model when installed, else builtin."""
     return args.model if args.model is not None else default_cli_model()
 
 

@@ -1,6 +1,6 @@
 """Where the gateway's requests go: the actor graph in this process, or workers behind Redis.
 
-Both speak the wire protocol (DESIGN §3): submit a WireRequest, read its reply entries in seq order,
+Both speak the wire protocol (docs/design.md §3): submit a WireRequest, read its reply entries in seq order,
 cancel by id. Retrying an id that is running or done reads its reply stream from the start instead
 of generating again: the workers' idempotency covers Redis; the embedded backend checks its sink.
 """

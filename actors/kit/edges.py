@@ -1,6 +1,6 @@
 """The streams between a worker's actors: memory by default, Redis Streams where configured.
 
-Only inboxes whose messages are plain data can move onto Redis (DESIGN §2): the scheduler's
+Only inboxes whose messages are plain data can move onto Redis (docs/design.md §2): the scheduler's
 (Admit, StepResult, StopStringFinish, Cancel), tensor prep's (StepPlan) and output's step events.
 GPU and sampling inboxes carry arrays/tensors, and output's routes carry ack handles: memory only.
 """

@@ -32,7 +32,7 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (
     60.0,
 )
 
-# Pre-created so each series shows 0 from the first scrape instead of appearing later (DESIGN.md §3).
+# Pre-created so each series shows 0 from the first scrape instead of appearing later (docs/design.md §3).
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "timeout", "error")
 
 PREFIX = "aqueduct_"

@@ -101,7 +101,7 @@ class RedisReplySink:
 
     async def write(self, batch: list[tuple[str, WireReply]]) -> list[str]:
         """Written once Redis has them; during an outage this waits (and the actor's inbox buffers).
-        A retry after a failed call may repeat entries: readers drop repeated seqs (DESIGN §3).
+        A retry after a failed call may repeat entries: readers drop repeated seqs (docs/design.md §3).
         Returns the ids of the entries skipped because their key is not a stream."""
         if not batch:
             return []

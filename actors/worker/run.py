@@ -1,4 +1,4 @@
-"""Wires one worker: the actor graph of DESIGN §2 over the engine's pipeline objects.
+"""Wires one worker: the actor graph of docs/design.md §2 over the engine's pipeline objects.
 
     requests ─► Intake ─► Scheduler ─► TensorPrep ─► GPU ─► Sampling ─┐
                   │           ▲                                       │

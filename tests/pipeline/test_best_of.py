@@ -1,5 +1,5 @@
 """best_of: best_of choices are generated, the n with the highest cumulative logprob come back,
-best first, once all have ended (SAMPLING.md "Several choices")."""
+best first, once all have ended (docs/sampling.md "Several choices")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Engine-level behaviour on a tiny model: seeded sampling independent of batching and
-preemption (DESIGN §5), stop strings, and no state left behind after a long run."""
+preemption (docs/design.md §5), stop strings, and no state left behind after a long run."""
 
 from __future__ import annotations
 

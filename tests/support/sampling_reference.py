@@ -1,4 +1,4 @@
-"""A plain numpy reference of SAMPLING.md, written from the document alone, one row at a time.
+"""A plain numpy reference of docs/sampling.md, written from the document alone, one row at a time.
 
 Float64 throughout, loops where the document describes loops; no code is shared with
 pipeline/sampling/sampler.py and its stages. `reference_row` returns what the sampler must return for
@@ -18,7 +18,7 @@ NEG_INF = -np.inf
 
 @dataclass
 class Knobs:
-    """The parameters of SAMPLING.md, defaults off."""
+    """The parameters of docs/sampling.md, defaults off."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -247,7 +247,7 @@ def is_greedy(knobs: Knobs) -> bool:
 def reference_row(raw_logits: np.ndarray, knobs: Knobs, *, prompt: list[int], output: list[int],
                   is_breaker: np.ndarray | None = None, min_tokens_bans: list[int] = (),
                   uniform: float = 0.5, xtc_uniform: float = 0.0, mu: float | None = None) -> RowResult:
-    """SAMPLING.md for one row. `mu`: the choice's mu so far (None: 2 tau)."""
+    """docs/sampling.md for one row. `mu`: the choice's mu so far (None: 2 tau)."""
     logits = bans_and_bias(raw_logits.astype(np.float64), knobs, list(min_tokens_bans))
     logits = penalties(logits, knobs, prompt, output)
     if knobs.dry_multiplier > 0:

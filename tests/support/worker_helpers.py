@@ -1,5 +1,5 @@
 """Helpers for tests that run workers in-process on a real Redis and talk to them like a plain
-msgpack client written from DESIGN §3 alone."""
+msgpack client written from docs/design.md §3 alone."""
 
 from __future__ import annotations
 

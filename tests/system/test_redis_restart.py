@@ -57,7 +57,7 @@ async def _final_entries(redis, prefix: str, request_ids: list[str]) -> dict[str
         by_seq = {}
         for _, fields in await redis.xrange(f"{prefix}:out:{request_id}"):
             entry = msgpack.unpackb(fields[b"data"])
-            by_seq.setdefault(entry["seq"], entry)  # a reader drops repeated seqs (DESIGN §3)
+            by_seq.setdefault(entry["seq"], entry)  # a reader drops repeated seqs (docs/design.md §3)
         replies[request_id] = [by_seq[seq] for seq in sorted(by_seq)]
     return replies
 

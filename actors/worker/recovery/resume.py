@@ -1,4 +1,4 @@
-"""Reads a reply stream to learn how far a request got before its worker died (DESIGN §3)."""
+"""Reads a reply stream to learn how far a request got before its worker died (docs/design.md §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Workers on a real Redis, driven by a plain msgpack client written from DESIGN §3 alone."""
+"""Workers on a real Redis, driven by a plain msgpack client written from docs/design.md §3 alone."""
 
 from __future__ import annotations
 

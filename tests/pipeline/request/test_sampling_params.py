@@ -67,7 +67,7 @@ def test_best_of_equal_to_n_is_accepted() -> None:
     ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0"),
     ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
     ({"top_k": -2}, "top_k must be -1 \\(off\\) or >= 1, got -2"),
-    ({"top_k": 0}, "top_k must be -1 \\(off\\) or >= 1, got 0"),  # SAMPLING.md: 0 is an error, not "off"
+    ({"top_k": 0}, "top_k must be -1 \\(off\\) or >= 1, got 0"),  # docs/sampling.md: 0 is an error, not "off"
     ({"min_p": 1.1}, r"min_p must be in \[0, 1\], got 1.1"),
     ({"presence_penalty": 2.5}, r"presence_penalty must be in \[-2, 2\], got 2.5"),
     ({"frequency_penalty": -3}, r"frequency_penalty must be in \[-2, 2\], got -3"),

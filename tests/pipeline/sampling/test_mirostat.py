@@ -1,5 +1,5 @@
 """Mirostat's mu belongs to the choice: it follows the reference replay step by step, and it
-survives recompute preemption and a resume from the reply stream (DESIGN §4, §5)."""
+survives recompute preemption and a resume from the reply stream (docs/design.md §4, §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Counter-based RNG (DESIGN §5): stateless, deterministic, uniform, different per counter."""
+"""Counter-based RNG (docs/design.md §5): stateless, deterministic, uniform, different per counter."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The sampler against the numpy reference of SAMPLING.md: each stage alone and in combination,
+"""The sampler against the numpy reference of docs/sampling.md: each stage alone and in combination,
 batch independence, and sampled frequencies (chi-square) for a few stages."""
 
 from __future__ import annotations

@@ -243,7 +243,7 @@ def test_beam_search_params_are_accepted_with_temperature_0_and_a_width() -> Non
 
 
 def test_dry_never_penalises_a_breaker_that_would_continue_a_repeat() -> None:
-    """SAMPLING.md: repeats do not cross a breaker, so a breaker token that would extend one (a
+    """docs/sampling.md: repeats do not cross a breaker, so a breaker token that would extend one (a
     newline after a repeated line, say) is not penalised; the same token as a non-breaker is."""
     context = np.array([5, 6, 7, 9, 5, 6, 7, 4, 5, 6, 7])  # 5 6 7 was followed by 9 and by 4
     knobs = (np.array([1.0]), np.array([2.0]), np.array([2]))
