@@ -1,4 +1,5 @@
-"""A plain numpy reference of docs/sampling.md, written from the document alone, one row at a time.
+"""A plain numpy reference of the sampler specification (SAMPLING.md, summarised in docs/sampling.md),
+written from the document alone, one row at a time.
 
 Float64 throughout, loops where the document describes loops; no code is shared with
 pipeline/sampling/sampler.py and its stages. `reference_row` returns what the sampler must return for
