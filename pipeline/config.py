@@ -147,8 +147,32 @@ class LoRAConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Per-request bounds a deployment may lower (--max-stop-strings ...; docs/safety.md). Each is at
+    most SamplingParams' own ceiling (LIST_LIMITS), which every path checks, flags or not."""
+
+    max_stop_strings: int = 64
+    max_dry_breakers: int = 64
+    max_logit_bias: int = 1024
+    max_token_bans: int = 4096  # custom_token_bans
+    max_prompt_chars_per_token: int = 64  # a prompt longer than max_model_len x this is refused untokenized
+
+    def __post_init__(self) -> None:
+        from pipeline.request.sampling_params import LIST_LIMITS
+
+        ceilings = {name: most for name, most, _ in LIST_LIMITS}
+        for flag, field_name in (("max_stop_strings", "stop"), ("max_dry_breakers", "dry_sequence_breakers"),
+                                 ("max_logit_bias", "logit_bias"), ("max_token_bans", "custom_token_bans")):
+            value, ceiling = getattr(self, flag), ceilings[field_name]
+            _require(0 <= value <= ceiling, f"{flag} must be in [0, {ceiling}], got {value}")
+        _require(self.max_prompt_chars_per_token >= 1,
+                 f"max_prompt_chars_per_token must be >= 1, got {self.max_prompt_chars_per_token}")
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     lora: LoRAConfig | None = None  # None: LoRA disabled (no slots, no wrappers)
+    limits: RequestLimits = field(default_factory=RequestLimits)

@@ -15,6 +15,7 @@ from pipeline.config import (
     EngineConfig,
     LoRAConfig,
     ModelConfig,
+    RequestLimits,
     SchedulerConfig,
     parse_size,
 )
@@ -63,6 +64,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="returned logprobs: of the distribution after the sampler chain, or the model's own")
     group.add_argument("--max-logprobs", type=int, default=20,
                        help="the largest logprobs / prompt_logprobs a request may ask for")
+    limits = RequestLimits()
+    group.add_argument("--max-stop-strings", type=int, default=limits.max_stop_strings,
+                       help="the most stop strings a request may give (at most 64)")
+    group.add_argument("--max-dry-breakers", type=int, default=limits.max_dry_breakers,
+                       help="the most dry_sequence_breakers a request may give (at most 64)")
+    group.add_argument("--max-logit-bias", type=int, default=limits.max_logit_bias,
+                       help="the most logit_bias entries a request may give (at most 1024)")
+    group.add_argument("--max-token-bans", type=int, default=limits.max_token_bans,
+                       help="the most custom_token_bans a request may give (at most 4096)")
+    group.add_argument("--max-prompt-chars-per-token", type=int, default=limits.max_prompt_chars_per_token,
+                       help="a prompt longer than max_model_len x this many characters is refused before tokenizing")
     group.add_argument("--max-image-bytes", default="20MiB",
                        help="vision models: the largest encoded image a request may send, e.g. 20MiB")
     group.add_argument("--max-image-pixels", type=int, default=6000 * 6000,
@@ -123,4 +135,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_num_seqs=args.max_num_seqs),
         lora=lora_config_from_args(args),
+        limits=RequestLimits(max_stop_strings=args.max_stop_strings, max_dry_breakers=args.max_dry_breakers,
+                             max_logit_bias=args.max_logit_bias, max_token_bans=args.max_token_bans,
+                             max_prompt_chars_per_token=args.max_prompt_chars_per_token),
     )

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.config import RequestLimits
 from pipeline.grammar.compiler import GrammarCompiler
 from pipeline.intake.chat_content import ChatContentGuard
 from pipeline.intake.image_processor import ImageProcessor
@@ -22,7 +23,6 @@ from pipeline.sampling.dry import SequenceBreakers
 from pipeline.sampling.rng import request_seed
 
 # No tokenizer we know has tokens longer than this: a longer prompt has more tokens than fit.
-MAX_CHARS_PER_TOKEN = 64
 
 
 class RequestBuilder:
@@ -31,7 +31,8 @@ class RequestBuilder:
                  image_processor: ImageProcessor | None = None, loras: LoRARegistry | None = None,
                  base_model_names: frozenset[str] = frozenset(),
                  breakers: SequenceBreakers | None = None, content_guard: ChatContentGuard | None = None,
-                 grammars: GrammarCompiler | None = None) -> None:
+                 grammars: GrammarCompiler | None = None, limits: RequestLimits | None = None) -> None:
+        self.limits = limits or RequestLimits()
         self.tokenizer = tokenizer
         self.grammars = grammars  # the scheduler's: a grammar compiled here is one it finds cached
         self.content_guard = content_guard  # None: special-token text in messages is read as special tokens
@@ -89,6 +90,17 @@ class RequestBuilder:
                        prompt=prompt, images=tuple(image_inputs), lora_name=lora if lora_id is not None else None,
                        lora_id=lora_id)
 
+    def _check_limits(self, params: SamplingParams) -> None:
+        limits = self.limits
+        for name, flag, most, given in (
+                ("stop", "--max-stop-strings", limits.max_stop_strings, len(params.stop)),
+                ("dry_sequence_breakers", "--max-dry-breakers", limits.max_dry_breakers,
+                 len(params.dry_sequence_breakers) if params.dry_multiplier > 0 else 0),
+                ("logit_bias", "--max-logit-bias", limits.max_logit_bias, len(params.logit_bias)),
+                ("custom_token_bans", "--max-token-bans", limits.max_token_bans, len(params.custom_token_bans))):
+            if given > most:
+                raise ValueError(f"{name} may hold at most {most} items on this server ({flag}), got {given}")
+
     def _compile_grammar(self, params: SamplingParams) -> None:
         """Compiled here (the intake actor runs this in a worker thread), so the scheduler only makes
         matchers from a cached grammar; a constraint that does not compile is this request's error."""
@@ -119,7 +131,9 @@ class RequestBuilder:
         return template_messages(messages, vision=self.vision is not None)
 
     def _check_params(self, params: SamplingParams, num_prompt_tokens: int) -> None:
-        """The rules that need the model: context left for the output, vocabulary, --max-logprobs."""
+        """The rules that need the model or the deployment: context left for the output, vocabulary,
+        --max-logprobs, the request limits."""
+        self._check_limits(params)
         room = self.max_model_len - num_prompt_tokens
         if params.max_tokens is not None and params.max_tokens > room:
             raise ValueError(f"max_tokens must be <= {room} (max_model_len {self.max_model_len} minus the "
@@ -158,10 +172,11 @@ class RequestBuilder:
 
     def _check_prompt_chars(self, prompt: str) -> None:
         """Refused before tokenizing: a 20 MB prompt takes the tokenizer seconds, to learn it cannot fit."""
-        most_chars = self.max_model_len * MAX_CHARS_PER_TOKEN
+        most_chars = self.max_model_len * self.limits.max_prompt_chars_per_token
         if len(prompt) > most_chars:
             raise ValueError(f"prompt has {len(prompt)} characters; at most {most_chars} are accepted "
-                             f"(max_model_len {self.max_model_len} x {MAX_CHARS_PER_TOKEN})")
+                             f"(max_model_len {self.max_model_len} x {self.limits.max_prompt_chars_per_token}, "
+                             "--max-prompt-chars-per-token)")
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:
         ids = list(ids)

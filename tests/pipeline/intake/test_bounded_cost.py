@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.intake.request_builder import MAX_CHARS_PER_TOKEN, RequestBuilder
+from pipeline.config import RequestLimits
+from pipeline.intake.request_builder import RequestBuilder
 from pipeline.request.sampling_params import LIST_LIMITS, SamplingParams
 from pipeline.sampling.dry import SequenceBreakers
 
@@ -48,5 +49,29 @@ def test_the_breaker_mask_is_built_at_intake_and_a_long_prompt_is_refused_untoke
     assert breakers._masks[frozenset([":", "\n", "zz"])].tolist() == [False, True, True, False]
     tokenizer.calls = 0
     with pytest.raises(ValueError, match="characters; at most"):
-        builder.build("r2", SamplingParams(max_tokens=4), prompt="x" * (32 * MAX_CHARS_PER_TOKEN + 1))
+        builder.build("r2", SamplingParams(max_tokens=4), prompt="x" * (32 * 64 + 1))
     assert tokenizer.calls == 0
+
+
+def test_a_deployment_lowers_the_request_limits_with_flags() -> None:
+    from actors.cli.engine_args import engine_config_from_args
+    from actors.cli.main import build_parser
+
+    args = build_parser().parse_args(["worker", "--max-stop-strings", "2", "--max-dry-breakers", "1",
+                                      "--max-logit-bias", "3", "--max-token-bans", "0",
+                                      "--max-prompt-chars-per-token", "2"])
+    limits = engine_config_from_args(args).limits
+    assert limits == RequestLimits(2, 1, 3, 0, 2)
+    builder = RequestBuilder(_CountingTokenizer(), 4, frozenset({0}), max_model_len=32, limits=limits)
+    builder.build("ok", SamplingParams(max_tokens=4, stop=["a", "b"], logit_bias={1: 1.0}), prompt="hi")
+    for params, message in (
+            (SamplingParams(max_tokens=4, stop=["a", "b", "c"]), r"stop may hold at most 2 .*--max-stop-strings"),
+            (SamplingParams(max_tokens=4, dry_multiplier=0.8), r"dry_sequence_breakers .*--max-dry-breakers"),
+            (SamplingParams(max_tokens=4, logit_bias={1: 1.0, 2: 1.0, 3: 1.0, 0: 1.0}), "--max-logit-bias"),
+            (SamplingParams(max_tokens=4, custom_token_bans=[1]), "--max-token-bans")):
+        with pytest.raises(ValueError, match=message):
+            builder.build("r", params, prompt="hi")
+    with pytest.raises(ValueError, match="--max-prompt-chars-per-token"):
+        builder.build("long", SamplingParams(max_tokens=4), prompt="x" * 65)
+    with pytest.raises(ValueError, match="max_stop_strings must be in"):
+        RequestLimits(max_stop_strings=65)
