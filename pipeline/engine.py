@@ -19,7 +19,7 @@ from pipeline.intake.chat_content import ChatContentGuard
 from pipeline.intake.image_processor import ImageLimits, ImageProcessor
 from pipeline.intake.request_builder import RequestBuilder
 from pipeline.loading.model_source import resolve_model
-from pipeline.loading.tokenizer import load_tokenizer
+from pipeline.loading.tokenizer import load_served_tokenizer
 from pipeline.lora.slots import LoRASlots
 from pipeline.model.loader import resolve_device, resolve_dtype
 from pipeline.model.runner import ModelRunner
@@ -58,7 +58,7 @@ class LLMEngine:
         if config.lora is not None and self.lora_registry is not None:
             for name, path in config.lora.modules:
                 self.lora_registry.load(name, path)
-        self.tokenizer = load_tokenizer(self.model_dir)
+        self.tokenizer = load_served_tokenizer(self.model_dir, config.model.tokenizer, config.model.chat_template)
         self.vocab_size = self.runner.vocab_size
         self.eos_token_ids = frozenset(self.runner.eos_token_ids)
         kv_cache = KVCacheManager(self.runner.num_kv_blocks, config.cache.block_size,
@@ -78,7 +78,7 @@ class LLMEngine:
                                       base_model_names=frozenset(
                                           name for name in (self.model_name, config.model.model) if name),
                                       breakers=breakers, content_guard=self._content_guard(config.model),
-                                      grammars=self.grammars, limits=config.limits)
+                                      grammars=self.grammars, limits=config.limits, seed=config.model.seed)
         self.outputs = OutputProcessor(self.tokenizer)
         self.stats = EngineStats()
         log.info("engine ready", model=str(self.model_dir), num_kv_blocks=self.runner.num_kv_blocks,

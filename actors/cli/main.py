@@ -155,8 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aqueduct", description="Aqueduct LLM inference service")
     parser.add_argument("--log-level", default="INFO")
     commands = parser.add_subparsers(dest="command", required=True)
+    # `aqueduct serve --log-level DEBUG` (vLLM's place for it) as well as `aqueduct --log-level DEBUG serve`
+    log_level = argparse.ArgumentParser(add_help=False)
+    log_level.add_argument("--log-level", default=argparse.SUPPRESS)
 
-    batch = commands.add_parser("batch", help="run an OpenAI batch file (/v1/completions) offline")
+    batch = commands.add_parser("batch", parents=[log_level],
+                                 help="run an OpenAI batch file (/v1/completions) offline")
     batch.add_argument("-i", "--input", required=True, help="input .jsonl")
     batch.add_argument("-o", "--output", required=True, help="output .jsonl")
     batch.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -168,14 +172,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(batch)
     batch.set_defaults(handler=_batch)
 
-    serve = commands.add_parser("serve", help="OpenAI-compatible HTTP server (embedded, or a gateway to Redis)")
+    serve = commands.add_parser("serve", parents=[log_level],
+                                 help="OpenAI-compatible HTTP server (embedded, or a gateway to Redis)")
     from actors.http.serve_args import add_serve_args
 
     add_serve_args(serve, _env)
     add_engine_args(serve)
     serve.set_defaults(handler=_serve)
 
-    bench = commands.add_parser("bench", help="synthetic throughput: this engine vs HF transformers generate")
+    bench = commands.add_parser("bench", parents=[log_level],
+                                 help="synthetic throughput: this engine vs HF transformers generate")
     bench.add_argument("--num-requests", type=int, default=128)
     bench.add_argument("--prompt-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
     bench.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
@@ -187,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(bench)
     bench.set_defaults(handler=_bench)
 
-    bench_redis = commands.add_parser("bench-redis", help="added latency and throughput of the Redis path")
+    bench_redis = commands.add_parser("bench-redis", parents=[log_level],
+                                 help="added latency and throughput of the Redis path")
     bench_redis.add_argument("--redis-url", default=_env("AQUEDUCT_REDIS_URL", "redis://127.0.0.1:6379"))
     bench_redis.add_argument("--num-ttft", type=int, default=50, help="single requests for the latency figure")
     bench_redis.add_argument("--num-requests", type=int, default=64)
@@ -196,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(bench_redis)
     bench_redis.set_defaults(handler=_bench_redis)
 
-    worker = commands.add_parser("worker", help="serve requests from a Redis stream (consumer group 'workers')")
+    worker = commands.add_parser("worker", parents=[log_level],
+                                 help="serve requests from a Redis stream (consumer group 'workers')")
     worker.add_argument("--redis-url", default=_env("AQUEDUCT_REDIS_URL"), help="env AQUEDUCT_REDIS_URL")
     worker.add_argument("--prefix", default=_env("AQUEDUCT_PREFIX", "aqueduct"), help="key prefix")
     worker.add_argument("--name", default=_env("AQUEDUCT_WORKER_NAME"),
@@ -225,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(worker)
     worker.set_defaults(handler=_worker)
 
-    loadtest = commands.add_parser("loadtest", help="fixed-rate load against a deployment; counts lost requests")
+    loadtest = commands.add_parser("loadtest", parents=[log_level],
+                                 help="fixed-rate load against a deployment; counts lost requests")
     loadtest.add_argument("--redis-url", default=_env("AQUEDUCT_REDIS_URL", "redis://127.0.0.1:6379"))
     loadtest.add_argument("--prefix", default=_env("AQUEDUCT_PREFIX", "aqueduct"))
     loadtest.add_argument("--rate", type=float, required=True, help="requests per second")
@@ -238,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="this share of the entries hostile (malformed, oversized, forged); reported apart")
     loadtest.set_defaults(handler=_loadtest)
 
-    submit = commands.add_parser("submit", help="send one request to a deployment and print the result")
+    submit = commands.add_parser("submit", parents=[log_level],
+                                 help="send one request to a deployment and print the result")
     submit.add_argument("--redis-url", default=_env("AQUEDUCT_REDIS_URL", "redis://127.0.0.1:6379"))
     submit.add_argument("--prefix", default=_env("AQUEDUCT_PREFIX", "aqueduct"))
     submit.add_argument("--prompt", required=True)

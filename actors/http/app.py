@@ -10,6 +10,7 @@ from typing import Any
 
 import structlog
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
@@ -46,6 +47,11 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
 
     app = FastAPI(title="Aqueduct", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.backend, app.state.generation = backend, generation
+    if options.served_model_names:  # --served-model-name: responses report the first
+        backend.model_name = options.served_model_names[0]
+    if options.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["X-Request-Id"])
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> Response:

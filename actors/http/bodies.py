@@ -33,10 +33,11 @@ class GatewayRequest:
 
 
 def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
-               timeout_s: float | None, adapters: list[str] | None = None) -> GatewayRequest:
+               timeout_s: float | None, adapters: list[str] | None = None,
+               aliases: tuple[str, ...] = ()) -> GatewayRequest:
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
-    lora = _check_model(body.get("model"), model_name, adapters or [])
+    lora = _check_model(body.get("model"), aliases or (model_name,), adapters or [])
     body = dict(body)
     stream = _pop_bool(body, "stream")
     include_usage = _pop_stream_options(body, stream)
@@ -64,13 +65,13 @@ def _parse(body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], dict[str, 
     return {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt}, params
 
 
-def _check_model(model: Any, model_name: str, adapters: list[str]) -> str | None:
-    """The LoRA adapter `model` names (None: the base model); 404 for a model not served."""
-    if model is None or model == model_name:
+def _check_model(model: Any, model_names: tuple[str, ...], adapters: list[str]) -> str | None:
+    """The LoRA adapter `model` names (None: the base model, by any of its names); 404 for a model not served."""
+    if model is None or model in model_names:
         return None
     if model in adapters:
         return str(model)
-    served = ", ".join(repr(name) for name in [model_name, *adapters])
+    served = ", ".join(repr(name) for name in [*model_names, *adapters])
     raise ApiError(404, f"the model {model!r} does not exist; this server serves {served}",
                    param="model", code="model_not_found")
 

@@ -70,7 +70,8 @@ class Generation:
         raw = await read_body_limited(request, self.options.max_request_bytes)
         body = parse_json_body(raw)
         gateway_request = parse_body(body, chat, self.backend.model_name, request.headers.get("x-request-id"),
-                                     self.options.request_timeout_s, self.backend.adapter_names())
+                                     self.options.request_timeout_s, self.backend.adapter_names(),
+                                     aliases=self.options.served_model_names)
         if "x-request-id" in request.headers:
             await self._check_id_owner(gateway_request.wire.id, request.headers.get("authorization"), body)
         self.pending.acquire()

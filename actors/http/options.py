@@ -13,3 +13,5 @@ class GatewayOptions:
     request_timeout_s: float | None = None  # becomes the wire deadline_ms
     max_request_bytes: int = 4 * 1024 * 1024
     metrics_open: bool = False  # /metrics without the API key (it names adapters and shows load)
+    served_model_names: tuple[str, ...] = ()  # --served-model-name: the first is reported, all are accepted
+    allowed_origins: tuple[str, ...] = ()  # CORS (--allowed-origins); none: no CORS headers

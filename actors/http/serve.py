@@ -43,7 +43,8 @@ def run_serve(args: argparse.Namespace, engine_config: Any, options: GatewayOpti
     app = create_app(backend, options)
     log.info("serving", host=args.host, port=args.port, model=backend.model_name,
              mode="gateway" if args.redis_url else "embedded")
-    config = server_config(app, args.host, args.port, timeout_graceful_shutdown=10)
+    config = server_config(app, args.host, args.port, timeout_graceful_shutdown=10,
+                           root_path=getattr(args, "root_path", ""))
     server = uvicorn.Server(config)
     if isinstance(backend, EmbeddedBackend):
         backend.on_death = lambda: _exit_after_death(server)

@@ -9,6 +9,14 @@ from actors.http.options import GatewayOptions
 
 
 def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., str | None]) -> None:
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="the model, as vLLM's `serve MODEL` takes it (the same as --model)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="the model's names in the API: the first is what responses report, every one is "
+                             "accepted as `model` (default: the model's own name)")
+    parser.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
+                        help="browser origins allowed by CORS, e.g. https://example.com or * (default: none)")
+    parser.add_argument("--root-path", default="", help="the path prefix a proxy serves this API under")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: this host only; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=8000)
@@ -31,4 +39,6 @@ def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., s
 def options_from_args(args: argparse.Namespace) -> GatewayOptions:
     return GatewayOptions(api_key=args.api_key or None, max_pending=args.max_pending,
                           worker_timeout_s=args.worker_timeout, request_timeout_s=args.request_timeout,
-                          max_request_bytes=args.max_request_bytes, metrics_open=args.metrics_open)
+                          max_request_bytes=args.max_request_bytes, metrics_open=args.metrics_open,
+                          served_model_names=tuple(args.served_model_name or ()),
+                          allowed_origins=tuple(args.allowed_origins or ()))

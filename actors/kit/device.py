@@ -30,8 +30,8 @@ def load_model_tokenizer(model: ModelConfig) -> tuple[Any, str]:
     gateway or a batch client in front of workers needs for token strings (the text comes from the
     workers, which must serve this model)."""
     from pipeline.loading.model_source import resolve_model
-    from pipeline.loading.tokenizer import load_tokenizer
+    from pipeline.loading.tokenizer import load_served_tokenizer
     from pipeline.model.loader import resolve_device, resolve_dtype
 
     resolved = resolve_model(model.model, resolve_dtype(model.dtype, resolve_device(model.device)))
-    return load_tokenizer(resolved.path), resolved.name
+    return load_served_tokenizer(resolved.path, model.tokenizer, model.chat_template), resolved.name

@@ -31,8 +31,10 @@ class RequestBuilder:
                  image_processor: ImageProcessor | None = None, loras: LoRARegistry | None = None,
                  base_model_names: frozenset[str] = frozenset(),
                  breakers: SequenceBreakers | None = None, content_guard: ChatContentGuard | None = None,
-                 grammars: GrammarCompiler | None = None, limits: RequestLimits | None = None) -> None:
+                 grammars: GrammarCompiler | None = None, limits: RequestLimits | None = None,
+                 seed: int | None = None) -> None:
         self.limits = limits or RequestLimits()
+        self.seed = seed  # --seed: mixed into the seed a request without one derives from its id
         self.tokenizer = tokenizer
         self.grammars = grammars  # the scheduler's: a grammar compiled here is one it finds cached
         self.content_guard = content_guard  # None: special-token text in messages is read as special tokens
@@ -86,9 +88,14 @@ class RequestBuilder:
         self._check_params(params, len(ids))
         lora_id = self._lora_id(lora)
         return Request(request_id=request_id, prompt_token_ids=ids, params=params,
-                       seed=request_seed(params.seed, request_id), eos_token_ids=self.eos_token_ids,
+                       seed=self._seed(params, request_id), eos_token_ids=self.eos_token_ids,
                        prompt=prompt, images=tuple(image_inputs), lora_name=lora if lora_id is not None else None,
                        lora_id=lora_id)
+
+    def _seed(self, params: SamplingParams, request_id: str) -> int:
+        if params.seed is not None or self.seed is None:
+            return request_seed(params.seed, request_id)
+        return request_seed(None, f"{request_id}\x00{self.seed}")  # every worker of a deployment: the same
 
     def _check_limits(self, params: SamplingParams) -> None:
         limits = self.limits

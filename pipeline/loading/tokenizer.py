@@ -76,7 +76,18 @@ class SnapshotTokenizer:
         if self._hf is None:
             log.info("loading the transformers tokenizer for chat templates", model=str(self._model_dir))
             self._hf = load_hf_tokenizer(self._model_dir)
+        if isinstance(self.chat_template, str):  # the snapshot's, or one set over it (--chat-template)
+            kwargs.setdefault("chat_template", self.chat_template)
         return self._hf.apply_chat_template(messages, **kwargs)
+
+
+def load_served_tokenizer(model_dir: str | Path, tokenizer_dir: str | None, chat_template: str | None) -> Any:
+    """The tokenizer a deployment serves with: the model's, or `tokenizer_dir`'s (--tokenizer), with
+    `chat_template` (--chat-template's text) in place of its own when given."""
+    tokenizer = load_tokenizer(tokenizer_dir or model_dir)
+    if tokenizer is not None and chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
 
 
 def tokenizer_vocab_size(tokenizer: Any) -> int:
