@@ -43,7 +43,7 @@ class ModelConfig:
     model: str | None = None
     tokenizer: str | None = None  # a tokenizer directory other than the model's
     chat_template: str | None = None  # a Jinja chat template overriding the tokenizer's
-    seed: int | None = None  # mixed into the derived seed of requests that give none
+    request_seed: int | None = None  # --seed: mixed into the derived seed of requests that give none
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     device: str = "auto"  # auto: cuda when available, else cpu
     max_model_len: int | None = None  # None: the model's max_position_embeddings

@@ -78,7 +78,7 @@ class LLMEngine:
                                       base_model_names=frozenset(
                                           name for name in (self.model_name, config.model.model) if name),
                                       breakers=breakers, content_guard=self._content_guard(config.model),
-                                      grammars=self.grammars, limits=config.limits, seed=config.model.seed)
+                                      grammars=self.grammars, limits=config.limits, seed=config.model.request_seed)
         self.outputs = OutputProcessor(self.tokenizer)
         self.stats = EngineStats()
         log.info("engine ready", model=str(self.model_dir), num_kv_blocks=self.runner.num_kv_blocks,

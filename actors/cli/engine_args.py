@@ -151,7 +151,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model=model_from_args(args), dtype=DTYPE_ALIASES.get(args.dtype, args.dtype),
                           device=args.device, tokenizer=args.tokenizer, chat_template=_chat_template(args),
-                          seed=args.seed,
+                          request_seed=args.seed,
                           max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                           cpu_linear=args.cpu_linear, quantization=args.quantization,
                           logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,

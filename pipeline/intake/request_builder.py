@@ -22,8 +22,6 @@ from pipeline.request.sampling_params import SamplingParams
 from pipeline.sampling.dry import SequenceBreakers
 from pipeline.sampling.rng import request_seed
 
-# No tokenizer we know has tokens longer than this: a longer prompt has more tokens than fit.
-
 
 class RequestBuilder:
     def __init__(self, tokenizer: Any | None, vocab_size: int, eos_token_ids: frozenset[int],

@@ -32,7 +32,7 @@ def test_vllm_flags_map_onto_the_engine_config(default_model_path: Path) -> None
     config = engine_config_from_args(args)
     assert config.model.model == str(default_model_path) and config.model.dtype == "float32"
     assert config.cache.kv_cache_dtype == "fp8_e4m3" and config.cache.enable_prefix_caching
-    assert config.model.seed == 7 and args.log_level == "DEBUG" and args.root_path == "/llm"
+    assert config.model.request_seed == 7 and args.log_level == "DEBUG" and args.root_path == "/llm"
     assert not engine_config_from_args(build_parser().parse_args(
         ["worker", "--no-enable-prefix-caching"])).cache.enable_prefix_caching
     assert engine_config_from_args(build_parser().parse_args(["batch", "-i", "x", "-o", "y", "--dtype", "half"])

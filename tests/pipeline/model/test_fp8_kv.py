@@ -172,7 +172,9 @@ def test_bad_flag_values_are_clear_errors() -> None:
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     with pytest.raises(SystemExit):
-        parser.parse_args(["--kv-cache-dtype", "fp8"])
+        parser.parse_args(["--kv-cache-dtype", "fp16"])
+    assert engine_config_from_args(parser.parse_args(["--kv-cache-dtype", "fp8", "--model", "builtin"])
+                                   ).cache.kv_cache_dtype == "fp8_e4m3"  # vLLM's name
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
         CacheConfig(kv_cache_dtype="int8")
     with pytest.raises(ValueError, match="calculate_kv_scales needs kv_cache_dtype fp8_e4m3 or fp8_e5m2"):
