@@ -26,6 +26,9 @@ BODIES = {
     "too-long": {"prompt": list(range(1, 3000)), "max_tokens": 3},
     "bad-token": {"prompt": [1, 99999], "max_tokens": 3},
     "long-prompt": {"prompt": [(i * 37) % 4000 + 3 for i in range(300)], "max_tokens": 8, "ignore_eos": True},
+    "guided-choice": {"prompt": "Pick", "max_tokens": 8, "n": 2, "temperature": 1.0, "seed": 4,
+                      "guided_choice": ["north", "south"]},
+    "guided-regex": {"prompt": "Code", "max_tokens": 12, "temperature": 0, "structured_outputs": {"regex": "[a-f]{4}"}},
 }
 
 
@@ -77,6 +80,9 @@ async def test_offline_loop_answers_as_the_actor_graph(default_model_path, batch
     assert len(errors) == 2 and any("limit is" in m for m in errors.values())
     assert any("prompt_token_ids[1] must be an int" in m for m in errors.values())
     assert not engine.has_unfinished and engine.scheduler.kv_cache.pool.num_free_blocks == 64
+    by_body = dict(zip(BODIES, (ours[request.id] for request in batch_requests), strict=True))
+    assert {choice["text"] for choice in by_body["guided-choice"]["choices"]} <= {"north", "south"}
+    assert len(by_body["guided-regex"]["choices"][0]["text"]) == 4
 
 
 def test_offline_loop_fails_loudly_when_the_engine_schedules_nothing(default_model_path, batch_requests):
