@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -14,28 +13,10 @@ from tqdm import tqdm
 
 from actors.cli.batch import read_batch_file, run_offline, write_results
 from actors.http.backends import EmbeddedBackend
-from actors.http.options import GatewayOptions
 from tests.support.engine_helpers import make_engine
-from tests.support.gateway_helpers import API_KEY, serving
+from tests.support.gateway_helpers import API_KEY
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "1, 2, 3,"]
-
-
-@pytest.fixture(scope="module")
-def embedded(default_model_path: Path) -> Iterator[tuple[str, EmbeddedBackend]]:
-    backend = EmbeddedBackend(make_engine(default_model_path))
-    with serving(backend, GatewayOptions(api_key=API_KEY)) as base_url:
-        yield base_url, backend
-
-
-@pytest.fixture(scope="module")
-def model(embedded: tuple[str, EmbeddedBackend]) -> str:
-    return embedded[1].model_name  # the model directory's name: the tests build it into a temporary cache
-
-
-@pytest.fixture(scope="module")
-def client(embedded: tuple[str, EmbeddedBackend]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=embedded[0], api_key=API_KEY, max_retries=0)
 
 
 def test_models_lists_the_served_model(client: openai.OpenAI, model: str) -> None:

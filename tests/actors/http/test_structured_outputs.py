@@ -6,40 +6,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Literal
 
 import openai
 import pydantic
 import pytest
 
-from actors.http.backends import EmbeddedBackend
-from actors.http.options import GatewayOptions
-from tests.support.engine_helpers import make_engine
-from tests.support.gateway_helpers import API_KEY, serving
-
 
 class Pet(pydantic.BaseModel):
     kind: Literal["cat", "dog", "fish"]
     legs: int = pydantic.Field(ge=0, le=8)
-
-
-@pytest.fixture(scope="module")
-def embedded(default_model_path: Path) -> Iterator[tuple[str, EmbeddedBackend]]:
-    backend = EmbeddedBackend(make_engine(default_model_path))
-    with serving(backend, GatewayOptions(api_key=API_KEY)) as base_url:
-        yield base_url, backend
-
-
-@pytest.fixture(scope="module")
-def client(embedded: tuple[str, EmbeddedBackend]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=embedded[0], api_key=API_KEY, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(embedded: tuple[str, EmbeddedBackend]) -> str:
-    return embedded[1].model_name
 
 
 def test_the_sdk_parse_helper_returns_the_pydantic_object(client: openai.OpenAI, model: str) -> None:
