@@ -53,16 +53,18 @@ class ImagePart(_Wire, tag_field="type", tag="image"):
     """Where one of the request's `images` goes (in order); the gateway turns image_url parts into these."""
 
 
-class ChatMessage(_Wire):
+class ChatMessage(_Wire, omit_defaults=True):
     role: Annotated[str, Meta(min_length=1)]
     content: str | list[TextPart | ImagePart]
+    name: Annotated[str, Meta(min_length=1)] | None = None  # the participant's name (OpenAI's `name`)
 
     def as_dict(self) -> dict[str, Any]:
         """The message as chat templates take it: content a string, or a list of {type, text} parts."""
+        named = {"name": self.name} if self.name is not None else {}
         if isinstance(self.content, str):
-            return {"role": self.role, "content": self.content}
+            return {"role": self.role, "content": self.content, **named}
         return {"role": self.role, "content": [{"type": "text", "text": part.text} if isinstance(part, TextPart)
-                                               else {"type": "image"} for part in self.content]}
+                                               else {"type": "image"} for part in self.content], **named}
 
 
 class WireRequest(_Wire, omit_defaults=True):

@@ -74,12 +74,12 @@ def _parse_line(text: bytes, number: int, seen: set[str]) -> BatchLine:
             messages, params, images = parse_chat_body(item["body"])  # validates the sampling fields
             prompt_fields: dict[str, Any] = {"messages": messages, "images": images or None}
         else:
-            prompt, _ = parse_completion_body(item["body"])  # validates the sampling fields
-            params = {k: v for k, v in item["body"].items() if k not in ("prompt", "model", "user", "stream")}
+            prompt, params = parse_completion_body(item["body"])  # validates the sampling fields
             prompt_fields = {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt}
         # Unseeded sampling is seeded from the custom_id (not the line's wire id), so a line's
         # output does not depend on where it sits in the file.
-        params.setdefault("seed", seed_from_request_id(custom_id))
+        if params.get("seed") is None:
+            params["seed"] = seed_from_request_id(custom_id)
         # Wire ids are restricted to [A-Za-z0-9._:-]; custom_ids are free text.
         # As vLLM: the body's `model` names a LoRA adapter; the base model's name means none.
         model = item["body"].get("model")

@@ -58,10 +58,9 @@ def _parse(body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], dict[str, 
             # A chat answer runs to the end of its turn unless the client caps it (OpenAI's default).
             params.setdefault("max_tokens", None)
             return {"messages": messages, "images": images or None}, params
-        prompt, _ = parse_completion_body(body)
+        prompt, params = parse_completion_body(body)
     except (ValueError, CodecError) as error:
         raise invalid(str(error), _field_named_in(str(error), body)) from error
-    params = {key: value for key, value in body.items() if key not in ("prompt", "model", "user")}
     return {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt}, params
 
 

@@ -38,13 +38,16 @@ def parse_messages(messages: Any, images: list[bytes]) -> list[ChatMessage]:
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise ValueError(f"messages[{index}] must be an object with role and content")
-        unknown = sorted(set(message) - {"role", "content"})
+        unknown = sorted(set(message) - {"role", "content", "name"})
         if unknown:
-            raise ValueError(f"messages[{index}]: only role and content are supported, got {', '.join(unknown)}")
-        role, content = message.get("role"), message.get("content")
+            raise ValueError(f"messages[{index}]: only role, content and name are supported, got {', '.join(unknown)}")
+        role, content, name = message.get("role"), message.get("content"), message.get("name")
         if not isinstance(role, str) or not role:
             raise ValueError(f"messages[{index}].role must be a non-empty string")
-        parsed.append(ChatMessage(role=role, content=parse_content(content, f"messages[{index}].content", images)))
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"messages[{index}].name must be a non-empty string")
+        parsed.append(ChatMessage(role=role, content=parse_content(content, f"messages[{index}].content", images),
+                                  name=name))
     return parsed
 
 
@@ -59,7 +62,7 @@ def _completion_names(params: dict[str, Any]) -> dict[str, Any]:
         if "max_tokens" in params:
             raise ValueError("give max_tokens or max_completion_tokens, not both")
         params["max_tokens"] = params.pop("max_completion_tokens")
-    wants_logprobs = params.pop("logprobs", False)
+    wants_logprobs = params.pop("logprobs", None) or False  # null: not asked
     top_logprobs = params.pop("top_logprobs", None)
     if not isinstance(wants_logprobs, bool):
         raise ValueError(f"logprobs must be true or false in a chat request, got {wants_logprobs!r}")

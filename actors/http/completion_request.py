@@ -10,13 +10,20 @@ from typing import Any
 
 from pipeline.request.sampling_params import SamplingParams
 
-_IGNORED = {"model", "user"}  # accepted and not used: one model per worker; user is metadata
+# Accepted and not used: one model per worker; the rest are the client's metadata or OpenAI's billing.
+_IGNORED = {"model", "user", "metadata", "store", "service_tier"}
 _UNSUPPORTED = {"echo", "suffix", "stream_options"}
+# Values of unsupported fields that ask for nothing (SDKs and frameworks send them for unset fields).
+_ABSENT = {"echo": (None, False), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
+           "functions": (None, []), "function_call": (None, "none"), "parallel_tool_calls": (None, True, False)}
 
 
-def parse_completion_body(body: Any) -> tuple[str | list[int], SamplingParams]:
+def parse_completion_body(body: Any) -> tuple[str | list[int], dict[str, Any]]:
+    """(prompt, the sampling fields as wire params), every field checked; ValueError naming the field."""
     params = sampling_fields(body, "prompt", _UNSUPPORTED)
-    return _parse_prompt(body["prompt"]), SamplingParams.from_dict(params)
+    prompt = _parse_prompt(body["prompt"])
+    SamplingParams.from_dict(params)  # validates every remaining field, naming it
+    return prompt, params
 
 
 def sampling_fields(body: Any, required: str, unsupported: set[str]) -> dict[str, Any]:
@@ -28,10 +35,16 @@ def sampling_fields(body: Any, required: str, unsupported: set[str]) -> dict[str
         raise ValueError(f"body.{required} is required")
     if body.get("stream"):
         raise ValueError("stream must be false in a batch file")
-    named = sorted(unsupported & body.keys())
+    named = sorted(key for key in unsupported & body.keys() if not _asks_nothing(key, body[key]))
     if named:
         raise ValueError(f"not supported yet: {', '.join(named)}")
-    return {key: value for key, value in body.items() if key not in _IGNORED and key not in (required, "stream")}
+    return {key: value for key, value in body.items()
+            if key not in _IGNORED and key not in unsupported and key not in (required, "stream")}
+
+
+def _asks_nothing(key: str, value: Any) -> bool:
+    return any(value is absent or (value == absent and type(value) is type(absent))
+               for absent in _ABSENT.get(key, (None,)))
 
 
 def _parse_prompt(prompt: Any) -> str | list[int]:

@@ -106,8 +106,24 @@ def sampling_properties() -> dict[str, Schema]:
             _limit_size(schema, *sizes[field.name])
         if field.default is not MISSING:
             schema["default"] = list(field.default) if isinstance(field.default, tuple) else field.default
-        properties[field.name] = schema
+        properties[field.name] = _nullable(schema)  # null: not given (max_tokens: until the context is full)
     return properties
+
+
+def _nullable(schema: Schema) -> Schema:
+    """`schema` also accepting null (SDKs send nulls for the fields they leave unset)."""
+    if "anyOf" in schema:
+        if {"type": "null"} not in schema["anyOf"]:
+            schema["anyOf"].append({"type": "null"})
+        return schema
+    if "enum" in schema and None not in schema["enum"]:
+        schema["enum"] = [*schema["enum"], None]
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        schema["type"] = [kind, "null"]
+    elif isinstance(kind, list) and "null" not in kind:
+        schema["type"] = [*kind, "null"]
+    return schema
 
 
 def _typed(name: str) -> Schema:
@@ -152,6 +168,9 @@ def _gateway_fields() -> dict[str, Schema]:
         "model": {"type": ["string", "null"],
                   "description": "the served model (GET /v1/models) or a loaded LoRA adapter; another name is a 404"},
         "user": {"description": "accepted and not used (any JSON value)"},
+        "metadata": {"description": "accepted and not used (any JSON value)"},
+        "store": {"description": "accepted and not used (any JSON value)"},
+        "service_tier": {"description": "accepted and not used (any JSON value)"},
         "stream": {"type": ["boolean", "null"], "default": False, "description": "server-sent events"},
         "stream_options": {
             "type": ["object", "null"], "description": "needs stream: true; include_usage is read as a truth value",
@@ -163,18 +182,30 @@ def completion_body() -> Schema:
     prompt = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": _TOKEN_ID, "minItems": 1}],
               "description": "one prompt: text (at most max_model_len x 64 characters), or token ids in the "
                              "model's vocabulary"}
-    properties = {"prompt": prompt, **_gateway_fields(), **sampling_properties()}
+    not_yet = {"echo": {"enum": [False, None], "description": "echo: true is not supported yet"},
+               "suffix": {"enum": ["", None], "description": "a suffix is not supported yet"}}
+    properties = {"prompt": prompt, **_gateway_fields(), **sampling_properties(), **not_yet}
     return {"type": "object", "required": ["prompt"], "properties": properties, "additionalProperties": False}
+
+
+_NO_LIST: Schema = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
 
 
 def chat_body() -> Schema:
     sampling = sampling_properties()
     sampling["max_tokens"]["default"] = None  # a chat answer runs to the end of its turn unless capped
-    sampling["logprobs"] = {"type": "boolean", "default": False, "description": "per-token logprobs of the answer"}
+    sampling["logprobs"] = {"type": ["boolean", "null"], "default": False,
+                            "description": "per-token logprobs of the answer"}
     chat_only = {
         "top_logprobs": {**_INT64, "type": ["integer", "null"], "minimum": 0,
                          "description": "alternatives per token; needs logprobs: true"},
         "max_completion_tokens": {**sampling["max_tokens"], "description": "max_tokens' other name; not both"},
+        # Tool calling is not supported yet: only the values that ask for none of it.
+        "tools": {**_NO_LIST, "description": "not supported yet"},
+        "functions": {**_NO_LIST, "description": "not supported yet"},
+        "tool_choice": {"enum": [None, "none"], "description": "not supported yet"},
+        "function_call": {"enum": [None, "none"], "description": "not supported yet"},
+        "parallel_tool_calls": {"type": ["boolean", "null"], "description": "accepted; no tools yet"},
     }
     properties = {"messages": {"type": "array", "minItems": 1, "items": _message()},
                   **_gateway_fields(), **sampling, **chat_only}
@@ -194,7 +225,8 @@ def _message() -> Schema:
     content = {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"oneOf": [text_part,
                                                                                                    image_part]}}]}
     return {"type": "object", "required": ["role", "content"], "additionalProperties": False,
-            "properties": {"role": {"type": "string", "minLength": 1}, "content": content}}
+            "properties": {"role": {"type": "string", "minLength": 1}, "content": content,
+                           "name": {"type": ["string", "null"], "minLength": 1, "description": "the participant"}}}
 
 
 def tokenize_body() -> Schema:

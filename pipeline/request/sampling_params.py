@@ -28,6 +28,7 @@ from pipeline.request.structured_output import ALIASES, canonical_structured_out
 __all__ = ["GREEDY_TEMPERATURE", "MAX_N", "SamplingParams", "SamplingType"]
 
 MAX_N = 128  # choices per request: each is a sequence with its own KV blocks
+NULL_IS_A_VALUE = frozenset({"max_tokens"})  # the fields whose null is not their default
 # Below this temperature logits / T overflows float32 for ordinary logits; such requests are
 # greedy (as in vLLM), which is also what the user meant.
 GREEDY_TEMPERATURE = 1e-5
@@ -245,14 +246,15 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
-        """Build from a wire/JSON map; unknown keys are an error that lists them."""
+        """Build from a wire/JSON map; unknown keys are an error that lists them; null is absent."""
         if not isinstance(data, dict):
             fail(f"params must be a map, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(str(key) for key in data if key not in known)
         if unknown:
             fail(f"unknown sampling parameter(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-        return cls(**data)
+        # null means "not given" (SDKs send nulls for unset fields), except max_tokens: null = until the context
+        return cls(**{key: value for key, value in data.items() if value is not None or key in NULL_IS_A_VALUE})
 
     @property
     def ranks_choices(self) -> bool:

@@ -100,7 +100,8 @@ def test_chat_lines_render_the_chat_template_and_get_chat_completion_bodies(tmp_
                        "logprobs": True, "top_logprobs": 2}, **chat_url),
         # The same prompt as text: the builtin tokenizer adds no special tokens, so the tokens are equal.
         _line("as-text", {"prompt": rendered, "max_tokens": 6, "temperature": 0, "ignore_eos": True}),
-        _line("tools", {"messages": messages, "tools": []}, **chat_url),
+        _line("tools", {"messages": messages, "tools": [{"type": "function", "function": {"name": "f"}}]},
+              **chat_url),
         # An image part for a text-only model (text parts alone are joined into one string).
         _line("parts", {"messages": [{"role": "user", "content": [
             {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}],

@@ -63,7 +63,8 @@ async def test_unknown_model_is_404_and_bad_fields_are_400_naming_the_field() ->
         error = _assert_openai_error(await client.post("/v1/completions", json={**BODY, "temperatur": 1}), 400)
         assert "temperatur" in error["message"]
         error = _assert_openai_error(await client.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "hi"}], "tools": []}), 400)
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}]}), 400)
         assert "tools" in error["message"]
         error = _assert_openai_error(await client.post("/v1/completions", json=BODY,
                                                        headers={"X-Request-Id": "bad id!"}), 400)
@@ -171,3 +172,38 @@ async def test_a_queue_failure_mid_stream_is_an_error_event_then_done() -> None:
     assert events[2:] == ["[DONE]"]
     await asyncio.sleep(0.05)
     assert backend.cancelled == []  # the worker finishes it, for a retry with the same id
+
+
+async def test_nulls_and_the_fields_sdks_send_for_unset_options_are_absent(default_model_path) -> None:
+    import httpx
+
+    from actors.http.app import create_app
+    from actors.http.backends import EmbeddedBackend
+    from actors.http.options import GatewayOptions
+    from tests.support.engine_helpers import make_engine
+
+    backend = EmbeddedBackend(make_engine(default_model_path))
+    await backend.start()
+    try:
+        transport = httpx.ASGITransport(app=create_app(backend, GatewayOptions()))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            plain = {"max_tokens": 4, "temperature": 0}
+            nulls = {"top_p": None, "seed": None, "stop": None, "logit_bias": None, "response_format": None,
+                     "user": None, "metadata": {"run": 1}, "store": False, "service_tier": "auto"}
+            base = await client.post("/v1/completions", json={"prompt": "Hi", **plain})
+            same = await client.post("/v1/completions", json={"prompt": "Hi", **plain, **nulls, "echo": False,
+                                                              "suffix": None})
+            assert base.status_code == same.status_code == 200, same.text
+            assert same.json()["choices"][0]["text"] == base.json()["choices"][0]["text"]
+            chat = {"messages": [{"role": "user", "content": "Hi", "name": "ann"}], **plain}
+            answered = await client.post("/v1/chat/completions", json={
+                **chat, **nulls, "tools": None, "tool_choice": None, "functions": None, "parallel_tool_calls": True,
+                "logprobs": None})
+            assert answered.status_code == 200, answered.text
+            refused = await client.post("/v1/completions", json={"prompt": "Hi", **plain, "echo": True})
+            assert refused.status_code == 400 and "echo" in refused.json()["error"]["message"]
+            tools = [{"type": "function", "function": {"name": "f"}}]
+            refused = await client.post("/v1/chat/completions", json={**chat, "tools": tools})
+            assert refused.status_code == 400 and "tools" in refused.json()["error"]["message"]
+    finally:
+        await backend.close()

@@ -13,7 +13,7 @@ from actors.http.openapi import chat_body, completion_body, openapi_document, sa
 from pipeline.request.param_checks import FLOAT32_MAX, INT64_MAX, INT64_MIN
 from pipeline.request.sampling_params import LIST_LIMITS, SamplingParams
 
-GATEWAY_FIELDS = {"model", "user", "stream", "stream_options"}
+GATEWAY_FIELDS = {"model", "user", "stream", "stream_options", "metadata", "store", "service_tier"}
 SAMPLING_FIELDS = {field.name for field in fields(SamplingParams)}
 # Values that make a field's cross-field rules hold, so a verdict is about the field alone.
 CONTEXT: dict[str, dict[str, Any]] = {
@@ -33,11 +33,12 @@ for _, most, longest in LIST_LIMITS:  # lists at and past each size limit, strin
 
 
 def test_completion_bodies_have_exactly_the_sampling_params_fields() -> None:
-    assert set(completion_body()["properties"]) - GATEWAY_FIELDS - {"prompt"} == SAMPLING_FIELDS
+    assert set(completion_body()["properties"]) - GATEWAY_FIELDS - {"prompt", "echo", "suffix"} == SAMPLING_FIELDS
 
 
 def test_chat_bodies_have_the_sampling_params_fields_and_chat_s_own() -> None:
-    chat_only = {"top_logprobs", "max_completion_tokens"}
+    chat_only = {"top_logprobs", "max_completion_tokens", "tools", "functions", "tool_choice", "function_call",
+                 "parallel_tool_calls"}
     assert set(chat_body()["properties"]) - GATEWAY_FIELDS - {"messages"} == SAMPLING_FIELDS | chat_only
 
 
