@@ -56,11 +56,20 @@ def completion_logprobs(entries: list[dict], tokenizer: Any | None, text_offset:
     return {
         "tokens": tokens,
         "token_logprobs": [entry["logprob"] for entry in entries],
-        "top_logprobs": [{token_text(tokenizer, t): lp for t, lp in entry["top"]} for entry in entries],
+        "top_logprobs": [_top_with_chosen(entry, tokenizer) for entry in entries],
         "text_offset": offsets,
         "token_ids": [entry["token_id"] for entry in entries],
         "ranks": [entry["rank"] for entry in entries],
     }
+
+
+def _top_with_chosen(entry: dict, tokenizer: Any | None) -> dict[str, float]:
+    """OpenAI's top_logprobs of a position: the chosen token and the top alternatives (up to
+    logprobs + 1 entries, so `logprobs: 0` still names the chosen token)."""
+    top = {token_text(tokenizer, entry["token_id"]): entry["logprob"]}
+    for token_id, logprob in entry["top"]:
+        top.setdefault(token_text(tokenizer, token_id), logprob)
+    return top
 
 
 def token_text(tokenizer: Any | None, token_id: int) -> str:

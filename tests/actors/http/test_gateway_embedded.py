@@ -153,3 +153,14 @@ def test_metrics_show_the_gateway_and_the_embedded_engine(embedded: tuple[str, E
     assert "aqueduct_gateway_requests_total" in text
     assert "aqueduct_gateway_time_to_first_token_seconds_bucket" in text
     assert "aqueduct_" in text.replace("aqueduct_gateway_", "")  # the worker's own series
+
+
+def test_completion_top_logprobs_always_hold_the_chosen_token(model: str, client: openai.OpenAI) -> None:
+    none_asked = client.completions.create(model=model, prompt="The river", max_tokens=6, logprobs=0, temperature=0)
+    logprobs = none_asked.choices[0].logprobs
+    assert [list(top) for top in logprobs.top_logprobs] == [[token] for token in logprobs.tokens]
+    hot = client.completions.create(model=model, prompt="The river", max_tokens=12, logprobs=2, temperature=1.5,
+                                    seed=3)
+    logprobs = hot.choices[0].logprobs
+    for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        assert top[token] == logprob and 1 <= len(top) <= 3
