@@ -135,12 +135,17 @@ async def _json_body(request: Request, options: GatewayOptions) -> dict[str, Any
     return body
 
 
+_TOKENIZE_FIELDS = ("model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
+                    "continue_final_message")
+
+
 def _tokenize(tokenizer: Any, body: dict[str, Any], content_guard: ChatContentGuard | None) -> list[int]:
     if tokenizer is None:
         raise ApiError(400, "this model has no tokenizer", code="no_tokenizer")
-    add_special_tokens = body.get("add_special_tokens", True)
-    if not isinstance(add_special_tokens, bool):
-        raise invalid(f"add_special_tokens must be true or false, got {add_special_tokens!r}", "add_special_tokens")
+    unknown = sorted(str(key) for key in body if key not in _TOKENIZE_FIELDS)
+    if unknown:
+        raise invalid(f"unknown field(s) {', '.join(unknown)} (known: {', '.join(_TOKENIZE_FIELDS)})", unknown[0])
+    add_special_tokens = _flag(body, "add_special_tokens", True)
     if isinstance(body.get("prompt"), str):
         return list(tokenizer.encode(body["prompt"], add_special_tokens=add_special_tokens))
     messages = body.get("messages")
@@ -151,7 +156,8 @@ def _tokenize(tokenizer: Any, body: dict[str, Any], content_guard: ChatContentGu
         literals: list[str] = []
         if content_guard is not None:
             chat, literals = content_guard.protect(chat)
-        text = _chat_text(tokenizer, chat)
+        text = _chat_text(tokenizer, chat, _flag(body, "add_generation_prompt", True),
+                          _flag(body, "continue_final_message", False))
         if literals:
             return _guarded_ids(content_guard, text, literals)
         return list(tokenizer.encode(text, add_special_tokens=False))  # the template wrote BOS already
@@ -177,11 +183,25 @@ def _guarded_ids(content_guard: ChatContentGuard, text: str, literals: list[str]
         raise invalid(str(error), "messages") from None
 
 
-def _chat_text(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(f"{name} must be true or false, got {value!r}", name)
+    return value
+
+
+def _chat_text(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               continue_final_message: bool = False) -> str:
     """The prompt the chat template makes of `messages` (a message the template cannot render is a
-    400 naming it, not a 500)."""
+    400 naming it, not a 500). `continue_final_message`: the last message left open, to be continued."""
+    if add_generation_prompt and continue_final_message:
+        raise invalid("add_generation_prompt and continue_final_message cannot both be true "
+                      "(set add_generation_prompt: false to continue the last message)", "continue_final_message")
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             continue_final_message=continue_final_message)
     except ValueError as error:  # jinja2's TemplateError is an Exception, not a ValueError
         raise invalid(str(error), "messages") from None
     except Exception as error:

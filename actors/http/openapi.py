@@ -230,9 +230,16 @@ def _message() -> Schema:
 
 
 def tokenize_body() -> Schema:
-    """A string prompt is tokenized as it is, and then messages is not read; other fields are ignored."""
+    """A string prompt is tokenized as it is, and then messages is not read; unknown fields are a 400."""
+    flag = {"type": ["boolean", "null"]}
     return {"type": "object", "description": "prompt (a string), or else messages (rendered by the chat template)",
-            "properties": {"add_special_tokens": {"type": "boolean", "default": True}},
+            "additionalProperties": False,
+            "properties": {"model": {}, "prompt": {}, "messages": {},
+                           "add_special_tokens": {**flag, "default": True},
+                           "add_generation_prompt": {**flag, "default": True, "description": "messages only"},
+                           "continue_final_message": {**flag, "default": False,
+                                                      "description": "messages only; leaves the last message open "
+                                                                     "(needs add_generation_prompt: false)"}},
             "if": {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
             "else": {"required": ["messages"],
                      "properties": {"messages": {"type": "array", "minItems": 1, "items": _message()}}}}

@@ -106,3 +106,29 @@ async def test_tokenize_joins_text_parts_as_a_text_model_worker_does(tokenizer) 
         response = await client.post("/tokenize", json={"messages": messages})
     assert response.status_code == 200, response.text
     assert response.json()["tokens"] == _ids(_builder(tokenizer), messages)
+
+
+async def test_tokenize_takes_the_chat_template_options_and_refuses_unknown_fields(tokenizer,
+                                                                                   default_model_path: Path) -> None:
+    import httpx
+
+    from actors.http.app import create_app
+    from actors.http.options import GatewayOptions
+    from tests.support.gateway_helpers import SilentBackend
+
+    backend = SilentBackend()
+    backend.tokenizer = tokenizer
+    hf = load_hf_tokenizer(default_model_path)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello th"}]
+    transport = httpx.ASGITransport(app=create_app(backend, GatewayOptions()))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        for options in ({"add_generation_prompt": False}, {"add_generation_prompt": False,
+                                                           "continue_final_message": True}):
+            response = await client.post("/tokenize", json={"messages": messages, **options})
+            assert response.status_code == 200, response.text
+            expected = hf.apply_chat_template(messages, tokenize=False, **options)
+            assert response.json()["tokens"] == hf.encode(expected, add_special_tokens=False), options
+        both = await client.post("/tokenize", json={"messages": messages, "continue_final_message": True})
+        assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+        unknown = await client.post("/tokenize", json={"prompt": "Hi", "add_bos": True})
+        assert unknown.status_code == 400 and "add_bos" in unknown.json()["error"]["message"]
