@@ -1,0 +1,27 @@
+"""Llama 3.1+ JSON tool calls: the message is `{"name": ..., "parameters": {...}}` (several separated
+by ';'), optionally after the `<|python_tag|>` marker.
+
+Example: '<|python_tag|>{"name": "weather", "parameters": {"city": "Oslo"}}' -> one call, no content.
+"""
+
+from __future__ import annotations
+
+from actors.http.tool_parsers.base import ParsedToolCalls, call_from_json, content_or_none, json_values
+
+_PYTHON_TAG = "<|python_tag|>"
+
+
+def parse_llama3_json(text: str) -> ParsedToolCalls:
+    body = text.strip()
+    prefix = ""
+    if _PYTHON_TAG in body:
+        prefix, _, body = body.partition(_PYTHON_TAG)
+        body = body.strip()
+    found = json_values(body)
+    if found is None:
+        return ParsedToolCalls(content_or_none(text), [])
+    values, rest = found
+    calls = [call_from_json(value, "parameters") for value in values]
+    if any(call is None for call in calls) or rest.strip():
+        return ParsedToolCalls(content_or_none(text), [])  # JSON, but not (only) calls: plain content
+    return ParsedToolCalls(content_or_none(prefix), [call for call in calls if call is not None])

@@ -1,0 +1,107 @@
+"""`tools` and `tool_choice` checked, and `required` / a named function turned into a structured-output
+constraint, so the model's answer always parses as the call(s) asked for.
+
+- `required`: a JSON list of at least one {"name": <one of the tools>, "parameters": <its schema>}
+  (at most one with `parallel_tool_calls: false`); each item becomes a call.
+- `{"type": "function", "function": {"name": F}}`: the answer is F's arguments object itself.
+- `auto` needs a tool-call parser (`--enable-auto-tool-choice --tool-call-parser NAME`), which reads
+  the calls out of the model's own format; `none` leaves the text as content.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from actors.http.tool_parsers.base import ParsedToolCalls, ToolCall
+
+MAX_TOOLS = 128
+
+
+@dataclass(slots=True, frozen=True)
+class ToolChoice:
+    mode: str  # none, auto, required, named
+    function: str | None = None  # the named function
+
+
+def check_tools(tools: Any) -> list[dict[str, Any]]:
+    """OpenAI's `tools`: a list of {"type": "function", "function": {"name", "description"?, "parameters"?}}."""
+    if not isinstance(tools, list) or not tools:
+        raise ValueError("tools must be a non-empty list of {type: function, function: {...}} objects")
+    if len(tools) > MAX_TOOLS:
+        raise ValueError(f"tools may hold at most {MAX_TOOLS} functions, got {len(tools)}")
+    names = set()
+    for index, tool in enumerate(tools):
+        where = f"tools[{index}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise ValueError(f"{where} must be {{type: function, function: {{name, parameters}}}}")
+        function = tool["function"]
+        unknown = sorted(set(function) - {"name", "description", "parameters", "strict"})
+        if unknown:
+            raise ValueError(f"{where}.function has unknown field(s) {', '.join(unknown)}")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}.function.name must be a non-empty string")
+        if name in names:
+            raise ValueError(f"{where}.function.name {name!r} is given twice")
+        names.add(name)
+        if not isinstance(function.get("parameters", {}), dict):
+            raise ValueError(f"{where}.function.parameters must be a JSON schema object")
+    return tools
+
+
+def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -> ToolChoice:
+    if tool_choice is None:
+        return ToolChoice("auto" if tools else "none")
+    if tool_choice in ("none", "auto", "required"):
+        if tool_choice != "none" and not tools:
+            raise ValueError(f"tool_choice {tool_choice!r} needs tools")
+        return ToolChoice(tool_choice)
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function" \
+            and isinstance(tool_choice.get("function"), dict) and isinstance(tool_choice["function"].get("name"), str):
+        name = tool_choice["function"]["name"]
+        if name not in _names(tools or []):
+            raise ValueError(f"tool_choice names the function {name!r}, which is not among the tools")
+        return ToolChoice("named", name)
+    raise ValueError('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name"}}')
+
+
+def constraint_for(choice: ToolChoice, tools: list[dict[str, Any]], parallel_tool_calls: bool) -> dict | None:
+    """The JSON schema (a `guided_json` value) that makes the answer the call(s); None for none/auto."""
+    if choice.mode == "named":
+        return _parameters(_function(tools, choice.function))
+    if choice.mode != "required":
+        return None
+    items = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
+              "properties": {"name": {"const": tool["function"]["name"]},
+                             "parameters": _parameters(tool["function"])}} for tool in tools]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
+    if not parallel_tool_calls:
+        schema["maxItems"] = 1
+    return schema
+
+
+def calls_from_constrained(choice: ToolChoice, text: str) -> ParsedToolCalls:
+    """The calls in an answer generated under `constraint_for` (it parses unless cut by max_tokens)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return ParsedToolCalls(text or None, [])  # cut short (finish_reason "length"): left as text
+    if choice.mode == "named":
+        assert choice.function is not None
+        return ParsedToolCalls(None, [ToolCall(choice.function, json.dumps(value, ensure_ascii=False))])
+    return ParsedToolCalls(None, [ToolCall(item["name"], json.dumps(item["parameters"], ensure_ascii=False))
+                                  for item in value])
+
+
+def _names(tools: list[dict[str, Any]]) -> list[str]:
+    return [tool["function"]["name"] for tool in tools]
+
+
+def _function(tools: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
+    return next(tool["function"] for tool in tools if tool["function"]["name"] == name)
+
+
+def _parameters(function: dict[str, Any]) -> dict[str, Any]:
+    return function.get("parameters") or {"type": "object", "properties": {}}

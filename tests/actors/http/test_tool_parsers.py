@@ -1,0 +1,82 @@
+"""Tool-call parsers (not wired into the gateway yet): each family's format becomes OpenAI tool calls,
+text that only looks like a call stays content, and `required` / a named function become a JSON
+schema whose answers parse back into the calls."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema_rs
+import pytest
+
+from actors.http.tool_parsers import PARSERS
+from actors.http.tool_parsers.tool_choice import (
+    calls_from_constrained,
+    check_tool_choice,
+    check_tools,
+    constraint_for,
+)
+
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "time"}}
+
+
+@pytest.mark.parametrize("parser, text, content", [
+    ("hermes", 'Let me check.<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
+     "Let me check."),
+    ("llama3_json", '<|python_tag|>{"name": "weather", "parameters": {"city": "Oslo"}}', None),
+    ("llama3_json", '{"name": "weather", "parameters": {"city": "Oslo"}}', None),
+    ("mistral", 'Sure.[TOOL_CALLS][{"name": "weather", "arguments": {"city": "Oslo"}}]', "Sure."),
+])
+def test_each_format_becomes_one_call(parser: str, text: str, content: str | None) -> None:
+    parsed = PARSERS[parser](text)
+    assert parsed.content == content
+    [call] = parsed.calls
+    assert call.name == "weather" and json.loads(call.arguments) == {"city": "Oslo"}
+    assert call.as_openai(0)["function"] == {"name": "weather", "arguments": call.arguments}
+
+
+def test_several_calls_and_text_that_only_looks_like_one() -> None:
+    two = PARSERS["hermes"]('<tool_call>{"name": "a", "arguments": {}}</tool_call>'
+                            '<tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>')
+    assert [call.name for call in two.calls] == ["a", "b"] and two.content is None
+    both = PARSERS["llama3_json"]('{"name": "a", "parameters": {}}; {"name": "b", "parameters": {}}')
+    assert [call.name for call in both.calls] == ["a", "b"]
+    for parser, text in (("hermes", "<tool_call>{not json</tool_call>"), ("llama3_json", '{"answer": 42}'),
+                         ("mistral", "[TOOL_CALLS] nothing"), ("hermes", "plain text")):
+        parsed = PARSERS[parser](text)
+        assert parsed.calls == [] and parsed.content == text
+
+
+def test_tools_and_tool_choice_are_checked() -> None:
+    tools = check_tools([WEATHER, TIME])
+    assert check_tool_choice(None, tools).mode == "auto" and check_tool_choice(None, None).mode == "none"
+    assert check_tool_choice({"type": "function", "function": {"name": "time"}}, tools).function == "time"
+    for tools_value in ([], [{"type": "function", "function": {}}], [WEATHER, WEATHER]):
+        with pytest.raises(ValueError):
+            check_tools(tools_value)
+    with pytest.raises(ValueError, match="not among the tools"):
+        check_tool_choice({"type": "function", "function": {"name": "nope"}}, tools)
+    with pytest.raises(ValueError, match="needs tools"):
+        check_tool_choice("required", None)
+
+
+def test_required_and_named_choices_become_schemas_whose_answers_are_the_calls() -> None:
+    tools = check_tools([WEATHER, TIME])
+    required = check_tool_choice("required", tools)
+    schema = constraint_for(required, tools, parallel_tool_calls=True)
+    answer = '[{"name": "weather", "parameters": {"city": "Oslo"}}, {"name": "time", "parameters": {}}]'
+    validator = jsonschema_rs.Draft202012Validator(schema)
+    assert validator.is_valid(json.loads(answer))
+    assert not validator.is_valid([{"name": "weather", "parameters": {}}])  # city is required
+    assert not validator.is_valid([])
+    assert [call.name for call in calls_from_constrained(required, answer).calls] == ["weather", "time"]
+    single = jsonschema_rs.Draft202012Validator(constraint_for(required, tools, parallel_tool_calls=False))
+    assert not single.is_valid(json.loads(answer))
+    named = check_tool_choice({"type": "function", "function": {"name": "weather"}}, tools)
+    assert constraint_for(named, tools, True) == WEATHER["function"]["parameters"]
+    [call] = calls_from_constrained(named, '{"city": "Rome"}').calls
+    assert call.name == "weather" and json.loads(call.arguments) == {"city": "Rome"}
+    assert calls_from_constrained(named, '{"city": "Ro').calls == []  # cut by max_tokens: left as text
+    assert constraint_for(check_tool_choice("auto", tools), tools, True) is None
