@@ -226,7 +226,12 @@ def skip_unless_runnable_here(name: str) -> None:
             pytest.skip(f"{name} runs with --device {device} and this machine has no CUDA device")
 
 
-@pytest.fixture(params=OUR_SERVICES)
+def on_cuda(name: str) -> bool:
+    argv = argv_of(SERVICES[name]["command"])
+    return "--device" in argv and flag_value(argv, "--device").startswith("cuda")
+
+
+@pytest.fixture(params=[pytest.param(name, marks=pytest.mark.gpu) if on_cuda(name) else name for name in OUR_SERVICES])
 def local_service(request: pytest.FixtureRequest, local_redis_url: str, aqueduct_cache_dir: Path,
                   tmp_path: Path) -> Iterator[LocalService]:
     """One of our services, started from its compose command as a local process."""

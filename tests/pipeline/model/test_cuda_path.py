@@ -20,7 +20,6 @@ from pipeline.request.sampling_params import SamplingParams
 from pipeline.step.inputs import StepInputs
 from tests.support.hf_models import make_tiny_hf_model
 
-pytestmark = pytest.mark.gpu
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 GiB = 2**30
 
@@ -59,6 +58,7 @@ def _cuda_engine(path: Path, **model: object) -> LLMEngine:
                                   scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=16)))
 
 
+@pytest.mark.gpu
 @cuda_only
 def test_profiled_cache_stays_within_the_utilization_share(tmp_path: Path) -> None:
     path = make_tiny_hf_model("qwen3", tmp_path / "m")
@@ -69,6 +69,7 @@ def test_profiled_cache_stays_within_the_utilization_share(tmp_path: Path) -> No
     assert total - free <= 0.3 * total + 256 * 2**20  # the share, plus what other tests' processes left
 
 
+@pytest.mark.gpu
 @cuda_only
 def test_graph_decode_steps_sync_with_the_host_once(tmp_path: Path) -> None:
     path = make_tiny_hf_model("llama", tmp_path / "m")
