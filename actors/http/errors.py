@@ -9,7 +9,9 @@ from starlette.responses import JSONResponse
 from pipeline.request.untrusted import UntrustedValueError, loads_json
 
 # Engine error codes (wire `error.code`) -> HTTP status; anything else is a bug or an outage.
-_STATUS_OF_ENGINE_CODE = {"invalid_request": 400, "queue_timeout": 503, "poison": 500, "worker_died": 503}
+# lora_unavailable: the adapter named as the model was unloaded or failed to load while the request waited.
+_STATUS_OF_ENGINE_CODE = {"invalid_request": 400, "lora_unavailable": 404, "queue_timeout": 503, "poison": 500,
+                          "worker_died": 503}
 _TYPE_OF_STATUS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 409: "conflict",
                    413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable",
                    500: "internal_error"}

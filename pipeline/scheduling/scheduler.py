@@ -33,7 +33,9 @@ class Scheduler:
         self.grammars = grammars
         self.lora_registry = lora_registry
         self.lora_slots = lora_slots
-        self.lora_failures: list[tuple[str, str]] = []  # (request id, message): adapter gone while waiting
+        # (request id, error code, message) of requests ended here: an adapter gone or failed to load while
+        # waiting (lora_unavailable), a grammar that failed to compile in this process (invalid_request).
+        self.failures: list[tuple[str, str, str]] = []
         self.lora_token_counts: dict[str, int] = {}  # adapter name -> output tokens generated (metrics)
         self.kv_cache = kv_cache
         # A sequence must fit in the whole cache, or it could only preempt itself forever; under a
@@ -138,7 +140,7 @@ class Scheduler:
         for seq, message in failed:  # only where the grammar was not compiled at intake (another process)
             request = seq.request
             self.abort_request(request.request_id, FinishReason.ERROR)
-            self.lora_failures.append((request.request_id, message))
+            self.failures.append((request.request_id, "invalid_request", message))
             plan.num_scheduled_tokens.pop(seq.seq_id, None)
 
     def schedule_ahead(self) -> StepPlan | None:
@@ -218,7 +220,8 @@ class Scheduler:
             return True
         request = seq.request
         self.abort_request(request.request_id, FinishReason.ERROR)
-        self.lora_failures.append((request.request_id, f"lora: adapter {request.lora_name!r} failed to load"))
+        self.failures.append((request.request_id, "lora_unavailable",
+                              f"lora: adapter {request.lora_name!r} failed to load"))
         return False
 
     def _adapter_can_run(self, seq: Sequence) -> bool:
@@ -234,8 +237,8 @@ class Scheduler:
             self.lora_slots.release(seq.request.lora_id)
         seq.lora_slot = None
 
-    def take_lora_failures(self) -> list[tuple[str, str]]:
-        failures, self.lora_failures = self.lora_failures, []
+    def take_failures(self) -> list[tuple[str, str, str]]:
+        failures, self.failures = self.failures, []
         return failures
 
     def _commit(self, seq: Sequence, num_new: int, plan: StepPlan) -> None:

@@ -119,7 +119,7 @@ def test_requests_wait_for_an_adapter_still_loading_and_fail_if_its_load_fails(e
         engine.step()
     assert waiting.sequences[0].num_output_tokens == 3
     assert failing.sequences[0].finish_reason == "error"
-    assert engine.scheduler.take_lora_failures() == [("fails", "lora: adapter 'doomed' failed to load")]
+    assert engine.scheduler.take_failures() == [("fails", "lora_unavailable", "lora: adapter 'doomed' failed to load")]
 
 
 def _corrupt(path, variant: str) -> None:
