@@ -61,12 +61,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="accepted for vLLM's command lines: long prompts are always chunked")
     group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     group.add_argument("--cpu-linear", choices=CPU_LINEARS, default="auto",
-                       help="CPU matmuls: oneDNN with packed weights; auto = that, with single rows through MKL on "
-                            "CPUs without AVX-512 (float32, twice the weight memory); torch = nn.Linear (HF's kernels)")
+                       help="CPU matmuls: auto = oneDNN with packed weights, plus native kernels for decode-sized "
+                            "inputs (few-rows, or panels on AVX-512 CPUs) and quantized weights; onednn = oneDNN "
+                            "alone; torch = nn.Linear (HF's kernels, for bit-level comparisons)")
     group.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
                        help="CPU weight-only quantization: gguf = keep a GGUF file's Q4_0/Q4_1 weights as they "
                             "are (other quantized types as int8), int8 = quantize every linear per channel at "
-                            "load; both compute in bfloat16 (pair with --dtype bfloat16)")
+                            "load; with --cpu-linear auto both run the native quantized kernel in any dtype, "
+                            "otherwise torch's kernels in bfloat16 (pair with --dtype bfloat16)")
     group.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                        help="auto = flex (torch FlexAttention over the paged cache) on CUDA, torch (SDPA + the "
                             "native decode kernel) on CPU")
