@@ -148,14 +148,18 @@ void pool_run(pool_task task, void *context, int64_t total, int64_t grain, int t
         return;
     }
     pthread_mutex_lock(&call_lock);
+    /* The cursor moves to the new generation before the description changes: a worker still holding
+     * the last call's generation may have read a mix of the old and new fields (say the new task with
+     * the old context, or the new total), and must not be able to claim anything with it. While the
+     * cursor held the old generation (every task claimed), a larger new total used to reopen it. */
+    const uint32_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE) + 1;
+    __atomic_store_n(&cursor, (uint64_t)gen << 32, __ATOMIC_SEQ_CST);
     __atomic_store_n(&finished, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&current.task, task, __ATOMIC_RELEASE);
     __atomic_store_n(&current.context, context, __ATOMIC_RELEASE);
     __atomic_store_n(&current.total, total, __ATOMIC_RELEASE);
     __atomic_store_n(&current.grain, grain, __ATOMIC_RELEASE);
-    /* The cursor first: a worker that sees the new generation finds its tasks open. */
-    const uint32_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE) + 1;
-    __atomic_store_n(&cursor, (uint64_t)gen << 32, __ATOMIC_SEQ_CST);
+    /* Then the generation: a worker that sees it reads this call's description whole, and its tasks open. */
     __atomic_store_n(&generation, gen, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0)
         syscall(SYS_futex, &generation, FUTEX_WAKE_PRIVATE, MAX_WORKERS, NULL, NULL, 0);
