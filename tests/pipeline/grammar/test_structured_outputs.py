@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import jsonschema_rs
-import llguidance
 import numpy as np
 import pytest
 import torch
@@ -20,6 +19,7 @@ from pipeline.request.request import ResumeState
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.sampling.grammar_mask import apply_token_bitmasks
 from tests.support.engine_helpers import make_engine, run_requests
+from tests.support.grammar_oracle import GrammarMask
 from tests.support.hf_models import make_tiny_hf_model
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
@@ -147,24 +147,6 @@ def test_a_request_that_reaches_max_tokens_first_ends_with_length(unseen_model: 
     assert result["finish_reason"] == "length" and len(result["token_ids"]) == 3
 
 
-class _GrammarMask(transformers.LogitsProcessor):
-    """HF's side of the oracle: the same grammar through llguidance directly, no engine code."""
-
-    def __init__(self, tokenizer_json: str, grammar: str, vocab_size: int, eos: list[int]) -> None:
-        self.matcher = llguidance.LLMatcher(llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size,
-                                                                   eos_token=eos), grammar)
-        self.vocab_size, self.prompt_len = vocab_size, None
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.prompt_len is None:
-            self.prompt_len = input_ids.shape[1]
-        elif input_ids.shape[1] > self.prompt_len:
-            self.matcher.consume_token(int(input_ids[0, -1]))
-        bits = np.frombuffer(self.matcher.compute_bitmask(), np.uint8)
-        allowed = torch.from_numpy(np.unpackbits(bits, bitorder="little", count=self.vocab_size).astype(bool))
-        return scores.masked_fill(~allowed[: scores.shape[1]], float("-inf"))
-
-
 @pytest.mark.parametrize("kind", ["json", "regex", "grammar"])
 def test_greedy_tokens_equal_hf_with_the_same_mask(unseen_model: Path, kind: str) -> None:
     engine = make_engine(unseen_model)
@@ -175,7 +157,7 @@ def test_greedy_tokens_equal_hf_with_the_same_mask(unseen_model: Path, kind: str
     grammar = engine.grammars.compile(params.structured_outputs)
     model = transformers.AutoModelForCausalLM.from_pretrained(unseen_model).eval()
     eos = sorted(engine.eos_token_ids)
-    mask = _GrammarMask((unseen_model / "tokenizer.json").read_text(), grammar, engine.vocab_size, eos)
+    mask = GrammarMask((unseen_model / "tokenizer.json").read_text(), grammar, engine.vocab_size, eos)
     with torch.inference_mode():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, logits_processor=[mask],
                              eos_token_id=sorted(engine.eos_token_ids), pad_token_id=0)

@@ -4,6 +4,8 @@ by side must give each request the tokens `PeftModel.from_pretrained(base, dir)`
 from __future__ import annotations
 
 import random
+import re
+import shutil
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, 
 from pipeline.engine import LLMEngine
 from pipeline.request.sampling_params import SamplingParams
 from tests.support.engine_helpers import assert_greedy_equal, hf_greedy
+from tests.support.grammar_oracle import GrammarMask
 from tests.support.hf_models import make_tiny_hf_model
 from tests.support.lora_adapters import ADAPTER_SPECS, make_adapters, peft_model, run_with_adapters
 
@@ -125,3 +128,30 @@ def test_gemma2_adapter_matches_peft(tmp_path):
     requests = mixed_workload(seed=3, names=[None, "all16rs", "attn8"], count=6)
     results = run_with_adapters(lora_engine(base, adapters, max_num_batched_tokens=32), requests)
     check_against_peft(base, adapters, requests, results, "gemma2")
+
+
+def test_adapter_with_a_grammar_constraint_matches_peft_with_the_same_mask(tmp_path, default_model_path):
+    """A LoRA request under a regex constraint: PEFT's model with the same grammar mask is the oracle, and a
+    base-model request with the same constraint in the same batch keeps to its own weights."""
+    base = make_tiny_hf_model("llama", tmp_path / "base", seed=13, vocab_size=4096)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_path / name, base / name)
+    adapters = make_adapters(base, tmp_path, ["attn8"])
+    engine = lora_engine(base, adapters)
+    params = SamplingParams.from_dict({"max_tokens": 24, "temperature": 0, "guided_regex": r"[0-9]{2,5}-[a-z]{3,9}"})
+    prompt = engine.tokenizer.encode("Code:")
+    results = run_with_adapters(engine, {"lora": (prompt, params, "attn8"), "base": (prompt, params, None)})
+    grammar = engine.grammars.compile(params.structured_outputs)
+    eos = sorted(engine.eos_token_ids)
+    models = {"lora": peft_model(base, adapters["attn8"]),
+              "base": AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()}
+    for request_id, model in models.items():
+        mask = GrammarMask((base / "tokenizer.json").read_text(), grammar, engine.vocab_size, eos)
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, logits_processor=[mask],
+                                 eos_token_id=eos, pad_token_id=0)
+        theirs = out[0, len(prompt):].tolist()
+        assert results[request_id]["tokens"] == theirs, request_id
+        text = engine.tokenizer.decode([t for t in theirs if t not in engine.eos_token_ids])
+        assert re.fullmatch(r"[0-9]{2,5}-[a-z]{3,9}", text), (request_id, text)
+    assert results["lora"]["tokens"] != results["base"]["tokens"]  # the adapter really changed the answer
