@@ -6,11 +6,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import jsonschema_rs
 import pytest
 
 from actors.http.kobold.fields import KNOWN, KoboldFieldError, parse_generate_body
 from actors.http.kobold.genkeys import Genkeys
 from actors.http.kobold.sampler_order import OUR_ORDER, check_sampler_order
+from actors.http.openapi import openapi_document
 from pipeline.request.sampling_params import SamplingParams
 
 MODEL_LEN = 2048
@@ -171,3 +173,15 @@ def test_genkeys_belong_to_the_client_that_sent_them() -> None:
     assert genkeys.request_id(None, "KCPP1") is None
     genkeys.bind("Bearer a", "KCPP2", "req-3")  # the oldest binding is forgotten
     assert genkeys.request_id("Bearer a", "KCPP1") is None
+
+
+def test_the_openapi_document_describes_the_kobold_body_field_by_field() -> None:
+    paths = openapi_document()["paths"]
+    assert {"/api/v1/generate", "/api/extra/generate/stream", "/api/extra/abort", "/api/extra/tokencount",
+            "/api/v1/model", "/api/v1/config/max_context_length"} <= set(paths)
+    schema = paths["/api/v1/generate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert set(schema["properties"]) == KNOWN
+    validator = jsonschema_rs.Draft202012Validator(schema)
+    assert validator.is_valid(SILLYTAVERN_DEFAULTS) and validator.is_valid(KOBOLD_LITE)
+    for bad in ({"temprature": 1}, {"use_story": True}, {"top_p": 1.5}, {"sampler_order": [0, 1]}):
+        assert not validator.is_valid({**SILLYTAVERN_DEFAULTS, **bad}), bad
