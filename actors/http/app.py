@@ -1,4 +1,5 @@
-"""The FastAPI application: OpenAI's routes plus /health, /metrics, /tokenize, /detokenize."""
+"""The FastAPI application: OpenAI's routes, KoboldAI's (actors/http/kobold/), /health, /metrics, /tokenize,
+/detokenize."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from actors.http.chat_request import parse_messages
 from actors.http.errors import ApiError, invalid, parse_json_body
 from actors.http.gateway_metrics import GatewayMetrics
 from actors.http.generation import Generation
+from actors.http.kobold.routes import add_kobold_routes
 from actors.http.limits import check_api_key, read_body_limited
 from actors.http.options import GatewayOptions
 from actors.worker.metrics import METRICS_CONTENT_TYPE
@@ -76,6 +78,7 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
     # solving would be work on every request's path to its first token for nothing.
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    add_kobold_routes(app, generation, backend, options)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
 
 import structlog
 from redis.exceptions import RedisError
@@ -34,6 +34,55 @@ from queue_adapters.codec import WireReply
 log = structlog.get_logger(__name__)
 
 
+class EventWriter(Protocol):
+    """A request's reply entries as server-sent events, in one API's shapes."""
+
+    def opening(self, first: WireReply) -> str: ...
+
+    def rest(self, replies: AsyncIterator[WireReply]) -> AsyncIterator[str]: ...
+
+    def failure(self, error: ApiError) -> str:
+        """The events that end a stream whose request queue failed after the status was sent."""
+        ...
+
+
+class ResponseShape(Protocol):
+    """How one API answers: its errors, its whole answer, its stream (OpenAI's below; Kobold's in
+    actors/http/kobold/). The flow between them (submit, first entry, cancel) is Generation's."""
+
+    endpoint: str  # the metrics' and logs' label
+
+    def error(self, error: ApiError) -> Response: ...
+
+    def answer(self, request: GatewayRequest, result: dict[str, Any]) -> Response: ...
+
+    def writer(self, request: GatewayRequest) -> EventWriter: ...
+
+
+class _OpenAIEvents(ChunkWriter):
+    def failure(self, error: ApiError) -> str:
+        return event(error.body()) + DONE_EVENT
+
+
+class _OpenAIShape:
+    def __init__(self, backend: Backend, chat: bool) -> None:
+        self.backend, self.chat = backend, chat
+        self.endpoint = "chat" if chat else "completions"
+
+    def error(self, error: ApiError) -> Response:
+        return error.response()
+
+    def answer(self, request: GatewayRequest, result: dict[str, Any]) -> Response:
+        return JSONResponse(completion_body(request.wire.id, result, self.backend.model_name,
+                                            self.backend.tokenizer, request.chat))
+
+    def writer(self, request: GatewayRequest) -> EventWriter:
+        return _OpenAIEvents(request, self.backend.model_name, self.backend.tokenizer)
+
+
+Parse = Callable[[Request], Awaitable[GatewayRequest]]
+
+
 class Generation:
     def __init__(self, backend: Backend, options: GatewayOptions, metrics: GatewayMetrics) -> None:
         self.backend, self.options, self.metrics = backend, options, metrics
@@ -42,15 +91,22 @@ class Generation:
         self._local_ids = MemoryRequestIds()  # for a backend that keeps no bindings of its own
 
     async def handle(self, request: Request, chat: bool) -> Response:
-        endpoint = "chat" if chat else "completions"
+        async def parse(request: Request) -> GatewayRequest:
+            return await self._parse_openai(request, chat)
+
+        return await self.serve(request, parse, _OpenAIShape(self.backend, chat))
+
+    async def serve(self, request: Request, parse: Parse, shape: ResponseShape) -> Response:
+        """One generation request of any API: `parse` reads and checks it, `shape` writes the answer."""
+        endpoint = shape.endpoint
         started = time.monotonic()
         try:
             try:
-                response = await self._handle(request, chat)
+                response = await self._handle(request, parse, shape)
             except (RedisError, OSError) as error:  # Redis went away mid-request; workers go on without us
                 raise ApiError(503, f"the request queue is unreachable: {error}", code="unavailable") from error
         except ApiError as error:
-            response = error.response()
+            response = shape.error(error)
             log.info("request refused", endpoint=endpoint, status=error.status, code=error.code, error=error.message)
         self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
         request_id = request.headers.get("x-request-id")
@@ -65,7 +121,7 @@ class Generation:
             log_line()
         return response
 
-    async def _handle(self, request: Request, chat: bool) -> Response:
+    async def _parse_openai(self, request: Request, chat: bool) -> GatewayRequest:
         check_api_key(request, self.options.api_key)
         raw = await read_body_limited(request, self.options.max_request_bytes)
         body = parse_json_body(raw)
@@ -74,6 +130,10 @@ class Generation:
                                      aliases=self.options.served_model_names)
         if "x-request-id" in request.headers:
             await self._check_id_owner(gateway_request.wire.id, request.headers.get("authorization"), body)
+        return gateway_request
+
+    async def _handle(self, request: Request, parse: Parse, shape: ResponseShape) -> Response:
+        gateway_request = await parse(request)
         self.pending.acquire()
         self.metrics.in_flight.inc()
         handed_over = False
@@ -84,10 +144,11 @@ class Generation:
                 replies, first = await self._start(gateway_request, interrupter)
             if gateway_request.stream:
                 handed_over = True  # from here the stream owns the slot and the watch
-                return self._stream(gateway_request, replies, first, interrupter, watch)
+                return self._stream(shape.writer(gateway_request), gateway_request, replies, first, interrupter,
+                                    watch)
             with interrupter:
                 replies_so_far = await _collect(first, replies)
-            return self._answer(gateway_request, replies_so_far)
+            return self._answer(shape, gateway_request, replies_so_far)
         except ClientGone:
             self._client_gone(gateway_request.wire.id)
             return Response(status_code=499)  # nobody reads it; the request is cancelled
@@ -137,16 +198,14 @@ class Generation:
         finally:
             watchdog.stop()
 
-    def _answer(self, request: GatewayRequest, replies: list[WireReply]) -> Response:
+    def _answer(self, shape: ResponseShape, request: GatewayRequest, replies: list[WireReply]) -> Response:
         result = assemble(request.wire.id, replies)
         if result["error"] is not None:
             raise from_engine_error(result["error"])
-        return JSONResponse(completion_body(request.wire.id, result, self.backend.model_name,
-                                            self.backend.tokenizer, request.chat))
+        return shape.answer(request, result)
 
-    def _stream(self, request: GatewayRequest, replies: AsyncIterator[WireReply], first: WireReply,
-                interrupter: Interrupter, watch: DisconnectWatch) -> Response:
-        writer = ChunkWriter(request, self.backend.model_name, self.backend.tokenizer)
+    def _stream(self, writer: EventWriter, request: GatewayRequest, replies: AsyncIterator[WireReply],
+                first: WireReply, interrupter: Interrupter, watch: DisconnectWatch) -> Response:
         finished = False
 
         async def rest() -> AsyncIterator[str]:
@@ -156,8 +215,7 @@ class Generation:
                     yield event_text
             except (RedisError, OSError) as error:  # the status is sent already: report in-band, end cleanly
                 log.warning("request queue failed mid-stream", request_id=request.wire.id, error=str(error))
-                yield event(ApiError(503, f"the request queue is unreachable: {error}", code="unavailable").body())
-                yield DONE_EVENT
+                yield writer.failure(ApiError(503, f"the request queue is unreachable: {error}", code="unavailable"))
             # Not cancelled after a queue failure either: the worker goes on, so a retry with the same
             # X-Request-Id gets the whole answer.
             finished = True

@@ -17,6 +17,7 @@ from functools import cache
 from typing import Any
 
 from actors.http.bodies import _REQUEST_ID
+from actors.http.kobold.openapi_paths import kobold_paths
 from pipeline.request import sampling_params as sp
 from pipeline.request.param_checks import FLOAT32_MAX, INT64_MAX, INT64_MIN
 from pipeline.request.structured_output import MAX_CHOICES, MAX_SPEC_CHARS
@@ -303,6 +304,7 @@ def _document() -> Schema:
                                                         generation=True)},
             "/tokenize": {"post": _operation("Tokenize a prompt or chat", tokenize_body(), tokens)},
             "/detokenize": {"post": _operation("Decode token ids", detokenize_body(), text)},
+            **kobold_paths(sampling_properties()),
         },
         "components": {"schemas": {"Error": _ERROR},
                        "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer",
