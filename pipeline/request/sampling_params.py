@@ -48,8 +48,10 @@ LIST_LIMITS: tuple[tuple[str, int, int | None], ...] = (
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
                  "top_a", "tfs", "eta_cutoff", "epsilon_cutoff", "typical_p", "smoothing_factor", "smoothing_curve",
                  "dynatemp_min", "dynatemp_max", "dynatemp_exponent", "mirostat_tau", "mirostat_eta",
-                 "dry_multiplier", "dry_base", "xtc_threshold", "xtc_probability", "length_penalty")
-_INT_FIELDS = ("n", "min_tokens", "top_k", "mirostat_mode", "dry_allowed_length", "dry_range")
+                 "dry_multiplier", "dry_base", "xtc_threshold", "xtc_probability", "length_penalty",
+                 "repetition_penalty_slope")
+_INT_FIELDS = ("n", "min_tokens", "top_k", "mirostat_mode", "dry_allowed_length", "dry_range",
+               "repetition_penalty_range")
 _OPTIONAL_INT_FIELDS = ("best_of", "max_tokens", "seed", "logprobs", "prompt_logprobs", "truncate_prompt_tokens")
 _BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
                 "use_beam_search")
@@ -61,6 +63,8 @@ _RANGES: tuple[tuple[str, float | None, float | None, bool, bool], ...] = (
     ("presence_penalty", -2, 2, False, False),
     ("frequency_penalty", -2, 2, False, False),
     ("repetition_penalty", 0, None, True, False),
+    ("repetition_penalty_range", 0, None, False, False),
+    ("repetition_penalty_slope", 0, 1, True, False),
     ("top_a", 0, None, False, False),
     ("tfs", 0, 1, True, False),
     ("eta_cutoff", 0, None, False, False),
@@ -101,6 +105,11 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # KoboldAI's rep_pen_range and rep_pen_slope (docs/sampling.md stage 2): the penalty covers the last
+    # `range` tokens of prompt + output (0 = all of them); the older half of that window gets the
+    # penalty 1 + (r - 1) * slope when r > 1.
+    repetition_penalty_range: int = 0
+    repetition_penalty_slope: float = 1.0
     seed: int | None = None  # None = derived from the request id (pipeline.sampling.rng.request_seed)
     # Annotated with the normalized types; construction also accepts a str, a list or None.
     stop: tuple[str, ...] = ()

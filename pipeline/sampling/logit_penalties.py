@@ -57,7 +57,10 @@ def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         raise ValueError("SamplingBatch asks for penalties but prompt/output_token_ids are None")
     device, vocab_size = logits.device, logits.shape[1]
     output_counts = token_counts(batch.output_token_ids, vocab_size, device)
-    if (batch.repetition_penalty != 1).any():
+    windowed = batch.advanced is not None and bool((batch.advanced.repetition_penalty_range > 0).any())
+    if windowed:
+        logits = _windowed_repetition(logits, batch)
+    elif (batch.repetition_penalty != 1).any():
         seen = (token_counts(batch.prompt_token_ids, vocab_size, device) > 0) | (output_counts > 0)
         repetition = column(batch.repetition_penalty, device, torch.float32)
         penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
@@ -67,3 +70,32 @@ def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         presence = column(batch.presence_penalty, device, torch.float32)
         logits = logits - frequency * output_counts - presence * (output_counts > 0).float()
     return logits
+
+
+def _windowed_repetition(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Repetition penalty where some row has a window (KoboldAI's rep_pen_range / rep_pen_slope).
+
+    A row's window is the last `range` tokens of prompt + output (0: all, and no slope). Its newer
+    half takes the full penalty r, a token seen only in its older half 1 + (r - 1) * slope (r > 1).
+    Worked example: prompt + output [4, 7, 4, 9, 2], range 4 -> window [7, 4, 9, 2]; older half
+    [7, 4], newer [9, 2]: tokens 9 and 2 get r, 7 and 4 the reduced penalty (4 was seen earlier
+    too, outside the window, which does not count)."""
+    assert batch.advanced is not None and batch.prompt_token_ids is not None and batch.output_token_ids is not None
+    device, vocab_size = logits.device, logits.shape[1]
+    newer, older = [], []
+    for prompt, output, window in zip(batch.prompt_token_ids, batch.output_token_ids,
+                                      batch.advanced.repetition_penalty_range, strict=True):
+        context = np.concatenate([prompt, output])
+        if window > 0:
+            context = context[-int(window):]
+        split = (len(context) + 1) // 2 if window > 0 else 0  # the older half rounds up
+        older.append(context[:split])
+        newer.append(context[split:])
+    seen_newer = token_counts(newer, vocab_size, device) > 0
+    seen_older = token_counts(older, vocab_size, device) > 0
+    repetition = column(batch.repetition_penalty, device, torch.float32)
+    slope = column(batch.advanced.repetition_penalty_slope, device, torch.float32)
+    reduced = torch.where(repetition > 1, 1 + (repetition - 1) * slope, repetition)
+    factor = torch.where(seen_newer, repetition, torch.where(seen_older, reduced, torch.ones_like(repetition)))
+    penalized = torch.where(logits > 0, logits / factor, logits * factor)
+    return torch.where(seen_newer | seen_older, penalized, logits)

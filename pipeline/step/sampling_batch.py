@@ -77,6 +77,8 @@ class AdvancedColumns:
     bias_rows: np.ndarray  # [B] int64
     bias_tokens: np.ndarray  # [B] int64
     bias_values: np.ndarray  # [B] float32
+    repetition_penalty_range: np.ndarray  # [R] int64; 0 = the whole context (stage 2)
+    repetition_penalty_slope: np.ndarray  # [R] float32; 1 = the whole window at full penalty
 
 
 @dataclass(slots=True)

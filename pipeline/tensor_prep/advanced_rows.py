@@ -14,7 +14,7 @@ from pipeline.tensor_prep.sampling_rows import NEUTRAL_ADVANCED, AdvancedRowValu
 _EMPTY = np.zeros(0, np.int64)
 _RAGGED = ("dry_sequence_breakers", "logit_bias", "dry_range")
 _DTYPES = {"mirostat": np.bool_, "mirostat_tau": np.float64, "mirostat_eta": np.float64, "dry_base": np.float64,
-           "dry_allowed_length": np.int64}
+           "dry_allowed_length": np.int64, "repetition_penalty_range": np.int64}
 _NUMERIC = tuple(name for name in AdvancedRowValues._fields if name not in _RAGGED)
 
 

@@ -49,6 +49,8 @@ class AdvancedRowValues(NamedTuple):
     dry_range: int = 0
     dry_sequence_breakers: tuple[str, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
+    repetition_penalty_range: int = 0  # 0 = the whole context
+    repetition_penalty_slope: float = 1.0
 
 
 NEUTRAL_ADVANCED = AdvancedRowValues()
@@ -79,10 +81,19 @@ def advanced_row_values(params: SamplingParams) -> AdvancedRowValues | None:
         dry_range=params.dry_range if dry else 0,
         dry_sequence_breakers=params.dry_sequence_breakers if dry else (),
         logit_bias=params.logit_bias,
+        **_repetition_window(params),
     )
     if not params.is_greedy:
         values = values._replace(**_random_row_values(params))
     return None if values == NEUTRAL_ADVANCED else values
+
+
+def _repetition_window(params: SamplingParams) -> dict[str, float]:
+    """A repetition window (stage 2) only matters where the penalty is on; off, it stays neutral."""
+    if params.repetition_penalty == 1 or params.repetition_penalty_range == 0:
+        return {}
+    return {"repetition_penalty_range": params.repetition_penalty_range,
+            "repetition_penalty_slope": params.repetition_penalty_slope}
 
 
 def _random_row_values(params: SamplingParams) -> dict[str, float | bool]:

@@ -41,6 +41,8 @@ class Knobs:
     mirostat_tau: float = 0.0
     mirostat_eta: float = 0.0
     repetition_penalty: float = 1.0
+    repetition_penalty_range: int = 0
+    repetition_penalty_slope: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     custom_token_bans: list[int] = field(default_factory=list)
@@ -110,13 +112,27 @@ def bans_and_bias(logits: np.ndarray, knobs: Knobs, min_tokens_bans: list[int]) 
 
 def penalties(logits: np.ndarray, knobs: Knobs, prompt: list[int], output: list[int]) -> np.ndarray:
     logits = logits.copy()
-    for token in set(prompt) | set(output):
+    for token, penalty in repetition_penalties(knobs, prompt + output).items():
         value = logits[token]
-        logits[token] = value / knobs.repetition_penalty if value > 0 else value * knobs.repetition_penalty
+        logits[token] = value / penalty if value > 0 else value * penalty
     for token in set(output):
         count = output.count(token)
         logits[token] -= knobs.frequency_penalty * count + knobs.presence_penalty
     return logits
+
+
+def repetition_penalties(knobs: Knobs, context: list[int]) -> dict[int, float]:
+    """token -> its repetition penalty: r over the whole context, or over the last `range` tokens, whose
+    older half (rounded up) gets 1 + (r - 1) * slope when r > 1; a token in the newer half gets r."""
+    r = np.float32(knobs.repetition_penalty)
+    if knobs.repetition_penalty_range == 0:
+        return {token: r for token in context}
+    window = context[-knobs.repetition_penalty_range:]
+    split = (len(window) + 1) // 2
+    reduced = np.float32(1) + (r - np.float32(1)) * np.float32(knobs.repetition_penalty_slope) if r > 1 else r
+    penalties = {token: reduced for token in window[:split]}
+    penalties.update({token: r for token in window[split:]})
+    return penalties
 
 
 def dry(logits: np.ndarray, knobs: Knobs, context: list[int], is_breaker: np.ndarray) -> np.ndarray:

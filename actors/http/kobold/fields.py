@@ -68,7 +68,7 @@ def parse_generate_body(body: Any, max_model_len: int | None) -> KoboldRequest:
     params.update({name: body[name] for name in SAME_NAME if name in body})
     _kobold_off_values(params)
     params["truncate_prompt_tokens"] = _prompt_budget(body, max_model_len)
-    _repetition_range(body, params, params["truncate_prompt_tokens"] + body["max_length"])
+    _repetition_range(body, params)
     _dynatemp(body, params)
     _seed(body, params)
     _stops(body, params)
@@ -122,23 +122,18 @@ def _prompt_budget(body: dict[str, Any], max_model_len: int | None) -> int:
     return context - max_length
 
 
-def _repetition_range(body: dict[str, Any], params: dict[str, Any], context: int) -> None:
-    """Our repetition penalty covers the whole context; a shorter rep_pen_range cannot be honoured."""
-    penalty = params.get("repetition_penalty", 1)
-    penalized = isinstance(penalty, int | float) and not isinstance(penalty, bool) and penalty != 1
+def _repetition_range(body: dict[str, Any], params: dict[str, Any]) -> None:
+    """rep_pen_range and rep_pen_slope, as KoboldCpp reads them (docs/sampling.md stage 2): rep_pen covers
+    the last rep_pen_range tokens (0: the whole context), and tokens seen only in the older half of that
+    window get 1 + (rep_pen - 1) * slope; a slope outside (0, 1] means 1 (flat), as KoboldCpp clamps it."""
     window = _int(body, "rep_pen_range", minimum=0)
     slope = body.get("rep_pen_slope")
-    if slope is not None and (not isinstance(slope, int | float) or isinstance(slope, bool) or slope < 0):
-        raise KoboldFieldError("rep_pen_slope", f"rep_pen_slope must be a number >= 0, got {slope!r}")
-    if not penalized or not window:  # 0 (or absent): the whole context, where no slope applies
-        return
-    if window < context:
-        raise KoboldFieldError("rep_pen_range", f"rep_pen_range {window} is shorter than this request's context "
-                                                f"({context} tokens): this server applies rep_pen over the whole "
-                                                "context; send 0, or at least max_context_length")
-    if slope not in (None, 1):
-        raise KoboldFieldError("rep_pen_slope", f"rep_pen_slope must be 1 (flat) with a rep_pen_range: this "
-                                                f"server applies rep_pen evenly, got {slope!r}")
+    if slope is not None and (not isinstance(slope, int | float) or isinstance(slope, bool)):
+        raise KoboldFieldError("rep_pen_slope", f"rep_pen_slope must be a number, got {slope!r}")
+    if window:
+        params["repetition_penalty_range"] = window
+        if slope is not None and 0 < slope <= 1:
+            params["repetition_penalty_slope"] = float(slope)
 
 
 def _dynatemp(body: dict[str, Any], params: dict[str, Any]) -> None:

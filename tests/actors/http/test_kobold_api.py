@@ -69,13 +69,15 @@ def test_a_kobold_request_and_its_openai_equivalent_give_the_same_text(model: st
                                                                        client: openai.OpenAI) -> None:
     body = kobold(temperature=0.8, top_k=20, top_p=0.9, top_a=0.1, min_p=0.02, rep_pen=1.15, tfs=0.95,
                   typical=0.97, sampler_seed=42, sampler_order=[6, 0, 1, 2, 3, 4, 5], max_length=16,
-                  dynatemp_range=0.3, xtc_probability=0.5, xtc_threshold=0.05, dry_multiplier=0.5)
+                  dynatemp_range=0.3, xtc_probability=0.5, xtc_threshold=0.05, dry_multiplier=0.5,
+                  rep_pen_range=8, rep_pen_slope=0.7)
     text = api.post("/api/v1/generate", json=body).json()["results"][0]["text"]
     same = client.completions.create(
         model=model, prompt=body["prompt"], max_tokens=16, seed=42, top_p=0.9,
         extra_body={"top_k": 20, "min_p": 0.02, "top_a": 0.1, "repetition_penalty": 1.15, "tfs": 0.95,
                     "typical_p": 0.97, "dynatemp_min": 0.5, "dynatemp_max": 1.1, "xtc_probability": 0.5,
-                    "xtc_threshold": 0.05, "dry_multiplier": 0.5, "truncate_prompt_tokens": 512 - 16})
+                    "xtc_threshold": 0.05, "dry_multiplier": 0.5, "truncate_prompt_tokens": 512 - 16,
+                    "repetition_penalty_range": 8, "repetition_penalty_slope": 0.7})
     assert text == same.choices[0].text
 
 
@@ -150,7 +152,7 @@ def test_info_routes(embedded: tuple[str, EmbeddedBackend], api: httpx.Client) -
 
 @pytest.mark.parametrize(("fields", "param"), [
     ({"temprature": 0.7}, "temprature"),
-    ({"rep_pen": 1.1, "rep_pen_range": 320}, "rep_pen_range"),
+    ({"rep_pen": 1.1, "rep_pen_range": -5}, "rep_pen_range"),
     ({"top_p": 0.9, "tfs": 0.9, "sampler_order": [6, 0, 1, 3, 4, 2, 5]}, "sampler_order"),
     ({"mirostat": 1}, "mirostat"),
     ({"typical": 1.5}, "typical"),

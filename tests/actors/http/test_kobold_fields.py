@@ -103,13 +103,15 @@ def test_grammar_becomes_a_structured_output_and_an_empty_one_asks_for_none() ->
     assert "guided_grammar" not in parse(grammar="")
 
 
-def test_a_repetition_range_shorter_than_the_context_is_refused_unless_rep_pen_is_off() -> None:
-    message = refused("rep_pen_range", rep_pen=1.1, rep_pen_range=256, max_context_length=1024)
-    assert "whole context" in message
-    assert parse(rep_pen=1.1, rep_pen_range=1024, rep_pen_slope=1, max_context_length=1024)
-    assert parse(rep_pen=1.0, rep_pen_range=256, rep_pen_slope=0.3)  # no penalty: no range to honour
-    assert parse(rep_pen=1.1, rep_pen_range=0, rep_pen_slope=0.9)["repetition_penalty"] == 1.1
-    refused("rep_pen_slope", rep_pen=1.1, rep_pen_range=4096, rep_pen_slope=0.7, max_context_length=1024)
+def test_a_repetition_range_and_slope_become_the_window_as_koboldcpp_reads_them() -> None:
+    windowed = parse(rep_pen=1.1, rep_pen_range=256, rep_pen_slope=0.7, max_context_length=1024)
+    assert (windowed["repetition_penalty_range"], windowed["repetition_penalty_slope"]) == (256, 0.7)
+    flat = parse(rep_pen=1.1, rep_pen_range=256, rep_pen_slope=0)  # outside (0, 1]: flat, as KoboldCpp clamps
+    assert flat["repetition_penalty_range"] == 256 and "repetition_penalty_slope" not in flat
+    whole = parse(rep_pen=1.1, rep_pen_range=0, rep_pen_slope=0.9)
+    assert whole["repetition_penalty"] == 1.1 and "repetition_penalty_range" not in whole
+    refused("rep_pen_slope", rep_pen=1.1, rep_pen_range=64, rep_pen_slope="steep")
+    refused("rep_pen_range", rep_pen=1.1, rep_pen_range=-1)
 
 
 @pytest.mark.parametrize(("field", "value"), [
