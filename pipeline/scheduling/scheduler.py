@@ -186,6 +186,7 @@ class Scheduler:
                 mirostat_mu=seq.mirostat_mu,
                 token_start=seq.num_sent_tokens,
                 draft_token_ids=draft,
+                block_start=num_blocks_before,
             ))
             self._commit(seq, num_new, plan)
             seq.draft_token_ids = draft

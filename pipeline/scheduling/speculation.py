@@ -38,7 +38,7 @@ class Speculator:
 
     def wants_draft(self, seq: Sequence) -> bool:
         """Whether the sequence's next decode would carry a draft (so it should not be planned ahead)."""
-        return can_speculate(seq.params) and self._length(seq).k > 0
+        return can_speculate(seq.params) and self._length(seq).drafting
 
     def draft(self, seq: Sequence, budget: int, max_model_len: int) -> list[int]:
         """Draft tokens for a sequence about to decode, within the step's token budget, its
@@ -46,7 +46,7 @@ class Speculator:
         if not can_speculate(seq.params) or seq.num_computed_tokens != seq.num_tokens - 1:
             return []  # not decoding (a prefill chunk, a beam waiting) or not speculating at all
         length = self._length(seq)
-        if length.k == 0:
+        if not length.drafting:
             length.on_plain_step()
             return []
         k = min(length.k, budget - 1, max_model_len - seq.num_tokens)
@@ -57,7 +57,7 @@ class Speculator:
         draft = propose_draft(np.asarray(seq.token_ids, np.int64), k, self.config.prompt_lookup_min,
                               self.config.prompt_lookup_max)
         if not draft:
-            length.on_verified(0, 0)
+            length.on_miss()
         return draft
 
     def on_verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:

@@ -42,6 +42,9 @@ class RunningSequence:
     # Speculative decoding: tokens drafted after the last one, computed (and sampled at) in this step
     # too; num_scheduled_tokens counts them. They are not part of the sequence until accepted.
     draft_token_ids: list[int] = field(default_factory=list)
+    # index of new_block_ids[0] in the block table; None = after the blocks sent so far. (A verified
+    # draft gives back the blocks only its rejected tokens used, so the table can shrink.)
+    block_start: int | None = None
 
 
 @dataclass(slots=True)

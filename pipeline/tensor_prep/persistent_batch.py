@@ -64,7 +64,7 @@ class PersistentBatch:
             if running.draft_token_ids:  # past the row's tokens: inputs of this step only
                 end = self.num_tokens[row]
                 self.token_ids[row, end:end + len(running.draft_token_ids)] = running.draft_token_ids
-            self._append_blocks(row, running.new_block_ids)
+            self._append_blocks(row, running.new_block_ids, running.block_start)
             self.num_computed[row] = running.num_computed_tokens
             self.advanced.set_mirostat_mu(row, running.mirostat_mu)
 
@@ -109,8 +109,8 @@ class PersistentBatch:
         self.token_ids[row, start:start + len(token_ids)] = token_ids
         self.num_tokens[row] = start + len(token_ids)
 
-    def _append_blocks(self, row: int, block_ids: list[int]) -> None:
-        start = self.num_blocks[row]
+    def _append_blocks(self, row: int, block_ids: list[int], start: int | None = None) -> None:
+        start = self.num_blocks[row] if start is None else start
         self.block_table[row, start:start + len(block_ids)] = block_ids
         self.num_blocks[row] = start + len(block_ids)
 

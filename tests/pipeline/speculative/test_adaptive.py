@@ -36,6 +36,18 @@ def test_falling_to_zero_cools_down_then_retries_with_one_and_backs_off():
     assert steps == FIRST_COOLDOWN_STEPS
 
 
+def test_lookups_that_keep_finding_nothing_pause_drafting_but_keep_the_length():
+    length = DraftLength.start(4)
+    length.on_miss()
+    length.on_miss()
+    assert length.drafting
+    length.on_miss()
+    assert not length.drafting
+    for _ in range(FIRST_COOLDOWN_STEPS):
+        length.on_plain_step()
+    assert length.drafting and length.k == 4
+
+
 def test_plain_steps_do_nothing_while_drafting():
     length = DraftLength.start(4)
     length.on_plain_step()

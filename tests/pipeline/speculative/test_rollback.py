@@ -10,6 +10,7 @@ from pipeline.request.request import Request
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
 from pipeline.scheduling.scheduler import Scheduler
+from pipeline.scheduling.speculation import can_speculate
 from pipeline.step.result import StepResult
 
 PROMPT = [3, 4, 5, 6, 7] * 3  # 15 tokens: after a sampled 3, the draft copies 4 5 6 7
@@ -88,13 +89,15 @@ def test_the_draft_fits_the_token_budget_and_max_tokens():
 
 def test_speculative_false_and_excluded_samplers_never_draft():
     for params in (SamplingParams(max_tokens=20, temperature=0, speculative=False),
-                   SamplingParams(max_tokens=20, temperature=1.0, mirostat_mode=2, mirostat_tau=3.0),
-                   SamplingParams(max_tokens=20, guided_regex="[0-9]+")):
+                   SamplingParams(max_tokens=20, temperature=1.0, mirostat_mode=2, mirostat_tau=3.0)):
         scheduler = _scheduler(SpeculativeConfig(num_speculative_tokens=4))
         scheduler.add_request(Request("r", list(PROMPT), params, seed=0))
         _step(scheduler, [3])
         plan, count = _step(scheduler, [4])
         assert count == 1 and plan.running_sequences[0].draft_token_ids == []
+    assert not can_speculate(SamplingParams(guided_regex="[0-9]+"))
+    assert not can_speculate(SamplingParams(temperature=0, use_beam_search=True, best_of=2))
+    assert can_speculate(SamplingParams(temperature=0.7, repetition_penalty=1.2, dry_multiplier=0.8, logprobs=3))
 
 
 def test_no_step_is_planned_ahead_while_a_draft_is_verified():
