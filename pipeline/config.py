@@ -185,6 +185,9 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
+    # No drafting while more sequences than this run: on a busy batch the extra query rows cost more
+    # compute than the saved steps give back (vLLM's key; None = always draft).
+    disable_by_batch_size: int | None = 16
 
     def __post_init__(self) -> None:
         _require(self.method in SPECULATIVE_METHODS,
@@ -196,6 +199,10 @@ class SpeculativeConfig:
                  f"speculative_config.num_speculative_tokens must be in [1, 64], got {self.num_speculative_tokens}")
         _require(self.prompt_lookup_min >= 1,
                  f"speculative_config.prompt_lookup_min must be >= 1, got {self.prompt_lookup_min}")
+        _require(self.disable_by_batch_size is None
+                 or (type(self.disable_by_batch_size) is int and self.disable_by_batch_size >= 1),
+                 f"speculative_config.disable_by_batch_size must be an integer >= 1 or null, "
+                 f"got {self.disable_by_batch_size!r}")
         _require(self.prompt_lookup_min <= self.prompt_lookup_max <= 1024,
                  f"speculative_config.prompt_lookup_max must be in [prompt_lookup_min ({self.prompt_lookup_min}), "
                  f"1024], got {self.prompt_lookup_max}")
@@ -208,7 +215,7 @@ class SpeculativeConfig:
         if "model" in data and data["model"] not in (None, "ngram", "[ngram]"):
             raise ValueError(f"speculative_config.model: draft-model speculation is not supported yet "
                              f"(got {data['model']!r}); use {{\"method\": \"ngram\"}}")
-        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"}
         unknown = sorted(str(key) for key in data if key not in known | {"model"})
         if unknown:
             raise ValueError(f"speculative_config: unknown key(s) {', '.join(unknown)} "

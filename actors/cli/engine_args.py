@@ -115,10 +115,13 @@ def add_speculative_args(parser: argparse.ArgumentParser) -> None:
                        help="with --speculative-model: the longest suffix looked up (default 4)")
     group.add_argument("--ngram-prompt-lookup-min", type=int, default=None,
                        help="with --speculative-model: the shortest suffix looked up (default 1)")
+    group.add_argument("--speculative-disable-by-batch-size", type=int, default=None,
+                       help="with --speculative-model: no drafting while more sequences than this run (default 16)")
 
 
 _SPECULATIVE_ALIASES = {"num_speculative_tokens": "num_speculative_tokens",
-                        "ngram_prompt_lookup_max": "prompt_lookup_max", "ngram_prompt_lookup_min": "prompt_lookup_min"}
+                        "ngram_prompt_lookup_max": "prompt_lookup_max", "ngram_prompt_lookup_min": "prompt_lookup_min",
+                        "speculative_disable_by_batch_size": "disable_by_batch_size"}
 
 
 def speculative_config_from_args(args: argparse.Namespace) -> SpeculativeConfig | None:

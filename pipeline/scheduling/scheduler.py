@@ -157,9 +157,12 @@ class Scheduler:
         """A draft is being verified, or a sequence sampling now will draft next: such a step is
         planned once the tokens are known (a draft continues the last token)."""
         speculator = self.speculator
-        return speculator is not None and any(
-            seq.draft_token_ids or (seq.num_computed_tokens == seq.num_tokens and speculator.wants_draft(seq))
-            for seq in self.running)
+        if speculator is None:
+            return False
+        active = speculator.active(len(self.running))
+        return any(seq.draft_token_ids or (active and seq.num_computed_tokens == seq.num_tokens
+                                           and speculator.wants_draft(seq))
+                   for seq in self.running)
 
     def _schedule_running(self, plan: StepPlan, budget: int) -> tuple[int, bool]:
         preempted = False
@@ -198,7 +201,7 @@ class Scheduler:
     def _draft(self, seq: Sequence, budget: int) -> list[int]:
         """A decoding sequence's draft, with blocks allocated for its last token and the draft;
         [] (nothing allocated) when it has none or the blocks for it are not free."""
-        if self.speculator is None:
+        if self.speculator is None or not self.speculator.active(len(self.running)):
             return []
         draft = self.speculator.draft(seq, budget, self.max_model_len)
         if draft and self.kv_cache.allocate(seq, 1 + len(draft)):

@@ -36,6 +36,11 @@ class Speculator:
         self.num_draft_tokens = 0  # drafted and verified
         self.num_accepted_tokens = 0
 
+    def active(self, num_running: int) -> bool:
+        """Whether a batch of this many running sequences drafts at all (disable_by_batch_size)."""
+        limit = self.config.disable_by_batch_size
+        return limit is None or num_running <= limit
+
     def wants_draft(self, seq: Sequence) -> bool:
         """Whether the sequence's next decode would carry a draft (so it should not be planned ahead)."""
         return can_speculate(seq.params) and self._length(seq).drafting

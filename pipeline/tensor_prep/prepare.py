@@ -49,6 +49,8 @@ class TensorPrep:
         sampling = batch.sampling_batch(sample_rows, contexts)
         if plan.token_bitmasks:
             sampling.bitmask_rows, sampling.bitmasks = _bitmasks(plan.token_bitmasks, sample_seq_ids)
+        if (num_samples > 1).any():
+            _split_verifying_queries(inputs, num_scheduled, num_samples)
         return PreparedStep(
             plan=plan,
             inputs=inputs,
@@ -132,6 +134,26 @@ class TensorPrep:
             inputs.logits_indices = np.concatenate([inputs.logits_indices, *extra_indices]).astype(np.int64)
             return segments, np.concatenate(targets)
         return segments, np.zeros(0, np.int64)
+
+
+def _split_verifying_queries(inputs: StepInputs, num_scheduled: np.ndarray, num_samples: np.ndarray) -> None:
+    """Attention sees a sequence verifying a draft (1 + k query tokens, each sampled) as 1 + k
+    one-token queries over the same block table, query j seeing the keys up to its own position:
+    the same causal attention, but decode-shaped, so the step keeps the decode kernels (and CUDA
+    graphs) instead of the prefill path. Every layer writes all of a step's keys before attending.
+    Done last: the rest of tensor prep indexes these arrays by scheduled sequence.
+    Example: num_scheduled [1, 3], seq_lens [9, 12] -> query_start_loc [0, 1, 2, 3, 4], seq_lens [9, 10, 11, 12]."""
+    split = (num_samples > 1) & (num_samples == num_scheduled)
+    pieces = np.where(split, num_scheduled, 1)
+    owner = np.repeat(np.arange(len(num_scheduled)), pieces)
+    offsets = _offsets_within(pieces)
+    query_lens = np.where(split[owner], 1, num_scheduled[owner])
+    first_len = inputs.seq_lens[owner] - num_scheduled[owner] + 1
+    inputs.seq_lens = np.where(split[owner], first_len + offsets, inputs.seq_lens[owner]).astype(np.int32)
+    inputs.block_tables = inputs.block_tables[owner]
+    inputs.query_start_loc = np.zeros(len(owner) + 1, np.int32)
+    np.cumsum(query_lens, out=inputs.query_start_loc[1:])
+    inputs.max_query_len = int(query_lens.max())
 
 
 def _offsets_within(counts: np.ndarray) -> np.ndarray:

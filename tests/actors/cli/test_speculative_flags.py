@@ -17,11 +17,12 @@ def _parse(*flags: str, command: str = "worker"):
 @pytest.mark.parametrize("command", ["worker", "serve", "batch"])
 def test_both_forms_give_the_same_config(command):
     vllm = _parse("--speculative-config",
-                  '{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 5, "prompt_lookup_min": 2}',
-                  command=command)
+                  '{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 5, "prompt_lookup_min": 2, '
+                  '"disable_by_batch_size": 3}', command=command)
     aphrodite = _parse("--speculative-model", "[ngram]", "--num-speculative-tokens", "6",
-                       "--ngram-prompt-lookup-max", "5", "--ngram-prompt-lookup-min", "2", command=command)
-    assert vllm == aphrodite == SpeculativeConfig("ngram", 6, 5, 2)
+                       "--ngram-prompt-lookup-max", "5", "--ngram-prompt-lookup-min", "2",
+                       "--speculative-disable-by-batch-size", "3", command=command)
+    assert vllm == aphrodite == SpeculativeConfig("ngram", 6, 5, 2, 3)
     assert _parse(command=command) is None
 
 

@@ -18,6 +18,7 @@ def test_vllm_form_parses():
     ({"prompt_lookup_min": 0}, "speculative_config.prompt_lookup_min must be >= 1"),
     ({"prompt_lookup_min": 4, "prompt_lookup_max": 2}, "speculative_config.prompt_lookup_max must be in"),
     ({"num_tokens": 3}, "speculative_config: unknown key"),
+    ({"disable_by_batch_size": 0}, "speculative_config.disable_by_batch_size must be an integer >= 1 or null"),
     ([1, 2], "speculative_config must be a JSON object"),
 ])
 def test_errors_name_the_field(data, message):

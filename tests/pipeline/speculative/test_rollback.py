@@ -105,3 +105,17 @@ def test_no_step_is_planned_ahead_while_a_draft_is_verified():
     plan = scheduler.schedule()
     assert plan.running_sequences[0].draft_token_ids
     assert scheduler.schedule_ahead() is None
+
+
+def test_no_drafts_while_more_sequences_run_than_disable_by_batch_size():
+    scheduler = _scheduler(SpeculativeConfig(num_speculative_tokens=4, disable_by_batch_size=2))
+    for name in ("a", "b", "c"):
+        scheduler.add_request(Request(name, list(PROMPT), SamplingParams(max_tokens=20, temperature=0,
+                                                                         ignore_eos=True), seed=0))
+    plan = scheduler.schedule()
+    scheduler.apply_step_result(StepResult(plan.step_id, list(plan.num_scheduled_tokens), [3, 3, 3], [None] * 3))
+    plan = scheduler.schedule()
+    assert all(not running.draft_token_ids for running in plan.running_sequences)
+    assert list(plan.num_scheduled_tokens.values()) == [1, 1, 1]
+    scheduler.apply_step_result(StepResult(plan.step_id, list(plan.num_scheduled_tokens), [4, 4, 4], [None] * 3))
+    assert scheduler.schedule_ahead() is not None  # nothing would draft: planning ahead goes on

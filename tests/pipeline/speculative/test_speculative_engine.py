@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pipeline.config import SpeculativeConfig
+from pipeline.request.request import ResumeState
 from pipeline.request.sampling_params import SamplingParams
 from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
 from tests.support.hf_models import make_tiny_hf_model
@@ -128,3 +129,23 @@ def test_stop_strings_with_a_tokenizer(default_model_path):
     for i, stop in enumerate(stops):
         assert outputs[f"stop{i}"]["choices"][0]["finish_reason"] == "stop"
         assert outputs[f"stop{i}"]["choices"][0]["text"].endswith(stop) == bool(i)
+
+
+def test_a_resumed_request_continues_as_without_speculation(model_dir):
+    """Crash resume: the new worker starts from the tokens the client has (accepted ones only)."""
+    params = SamplingParams(max_tokens=40, temperature=0.3, seed=2, n=2, ignore_eos=True)
+    whole = run_requests(make_engine(model_dir), {"r": (PROMPT, params)})["r"]["choices"]
+    engine = make_engine(model_dir, speculative=NGRAM)
+    request = engine.builder.build("r", params, prompt_token_ids=PROMPT)
+    cut = [whole[0]["token_ids"][:7], whole[1]["token_ids"][:13]]
+    request.resume_from(ResumeState(next_seq=1, output_token_ids=cut, finish_reasons=[None, None],
+                                    stop_reasons=[None, None]))
+    engine.add(request)
+    rest: dict[int, list[int]] = {0: [], 1: []}
+    while engine.has_unfinished:
+        for delta in engine.step():
+            for choice in delta.choices:
+                rest[choice.index] += choice.token_ids
+    assert engine.stats.num_accepted_tokens > 0
+    for index in (0, 1):
+        assert cut[index] + rest[index] == whole[index]["token_ids"]
