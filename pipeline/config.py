@@ -172,6 +172,57 @@ class RequestLimits:
                  f"max_prompt_chars_per_token must be >= 1, got {self.max_prompt_chars_per_token}")
 
 
+SPECULATIVE_METHODS = ("ngram",)  # draft-model speculation is not supported yet
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """Prompt-lookup speculative decoding (docs/speculative.md): each decoding sequence drafts up to
+    `num_speculative_tokens` tokens by copying what followed the longest earlier occurrence (between
+    `prompt_lookup_min` and `prompt_lookup_max` tokens) of its own suffix, and the model verifies them."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+    # No drafting while more sequences than this run: on a busy batch the extra query rows cost more
+    # compute than the saved steps give back (vLLM's key; None = always draft).
+    disable_by_batch_size: int | None = 16
+
+    def __post_init__(self) -> None:
+        _require(self.method in SPECULATIVE_METHODS,
+                 f"speculative_config.method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            value = getattr(self, name)
+            _require(type(value) is int, f"speculative_config.{name} must be an integer, got {value!r}")
+        _require(1 <= self.num_speculative_tokens <= 64,
+                 f"speculative_config.num_speculative_tokens must be in [1, 64], got {self.num_speculative_tokens}")
+        _require(self.prompt_lookup_min >= 1,
+                 f"speculative_config.prompt_lookup_min must be >= 1, got {self.prompt_lookup_min}")
+        _require(self.disable_by_batch_size is None
+                 or (type(self.disable_by_batch_size) is int and self.disable_by_batch_size >= 1),
+                 f"speculative_config.disable_by_batch_size must be an integer >= 1 or null, "
+                 f"got {self.disable_by_batch_size!r}")
+        _require(self.prompt_lookup_min <= self.prompt_lookup_max <= 1024,
+                 f"speculative_config.prompt_lookup_max must be in [prompt_lookup_min ({self.prompt_lookup_min}), "
+                 f"1024], got {self.prompt_lookup_max}")
+
+    @classmethod
+    def from_dict(cls, data: object) -> SpeculativeConfig:
+        """vLLM's --speculative-config map; unknown keys and a draft `model` are errors that name them."""
+        if not isinstance(data, dict):
+            raise ValueError(f"speculative_config must be a JSON object, got {type(data).__name__}")
+        if "model" in data and data["model"] not in (None, "ngram", "[ngram]"):
+            raise ValueError(f"speculative_config.model: draft-model speculation is not supported yet "
+                             f"(got {data['model']!r}); use {{\"method\": \"ngram\"}}")
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"}
+        unknown = sorted(str(key) for key in data if key not in known | {"model"})
+        if unknown:
+            raise ValueError(f"speculative_config: unknown key(s) {', '.join(unknown)} "
+                             f"(known: {', '.join(sorted(known))})")
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -179,3 +230,4 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     lora: LoRAConfig | None = None  # None: LoRA disabled (no slots, no wrappers)
     limits: RequestLimits = field(default_factory=RequestLimits)
+    speculative: SpeculativeConfig | None = None  # None: no speculative decoding

@@ -43,6 +43,8 @@ class EngineStats:
     step_seconds: float = 0.0
     forward_seconds: float = 0.0  # inside the model runner (forward + logits)
     sample_seconds: float = 0.0
+    num_draft_tokens: int = 0  # speculative decoding: tokens drafted and verified
+    num_accepted_tokens: int = 0  # of those, accepted
 
 
 class LLMEngine:
@@ -67,7 +69,7 @@ class LLMEngine:
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids) \
             if self.tokenizer is not None else None
         self.scheduler = Scheduler(config.scheduler, kv_cache, self.runner.max_model_len, self.lora_registry,
-                                   self.lora_slots, self.grammars)
+                                   self.lora_slots, self.grammars, config.speculative)
         self.max_model_len = self.scheduler.max_model_len
         self.tensor_prep = TensorPrep(config.scheduler.max_num_seqs, self.max_model_len, config.cache.block_size)
         breakers = SequenceBreakers(token_decoder(self.tokenizer), self.vocab_size)
@@ -150,5 +152,8 @@ class LLMEngine:
         for finish in stop_finishes:
             self.scheduler.finish_by_stop_string(finish)
         self.stats.num_steps += 1
+        if self.scheduler.speculator is not None:
+            self.stats.num_draft_tokens = self.scheduler.speculator.num_draft_tokens
+            self.stats.num_accepted_tokens = self.scheduler.speculator.num_accepted_tokens
         self.stats.step_seconds += time.perf_counter() - started
         return deltas

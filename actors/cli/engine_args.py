@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from pipeline.config import (
@@ -18,6 +19,7 @@ from pipeline.config import (
     ModelConfig,
     RequestLimits,
     SchedulerConfig,
+    SpeculativeConfig,
     parse_size,
 )
 from pipeline.loading.model_source import default_cli_model
@@ -98,6 +100,52 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="read special-token text inside chat messages (e.g. <|im_start|>) as special tokens; "
                             "by default it stays text, so a client cannot forge role markers (trusted clients only)")
     add_lora_args(parser)
+    add_speculative_args(parser)
+
+
+def add_speculative_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("speculative decoding (docs/speculative.md)")
+    group.add_argument("--speculative-config", default=None, metavar="JSON",
+                       help='prompt-lookup speculation, vLLM\'s form: {"method": "ngram", "num_speculative_tokens": '
+                            'K, "prompt_lookup_max": N, "prompt_lookup_min": M} (off by default)')
+    group.add_argument("--speculative-model", default=None,
+                       help="Aphrodite's form: [ngram] turns prompt-lookup speculation on (draft models are not "
+                            "supported yet)")
+    group.add_argument("--num-speculative-tokens", type=int, default=None,
+                       help="with --speculative-model: the most tokens drafted per step (default 4)")
+    group.add_argument("--ngram-prompt-lookup-max", type=int, default=None,
+                       help="with --speculative-model: the longest suffix looked up (default 4)")
+    group.add_argument("--ngram-prompt-lookup-min", type=int, default=None,
+                       help="with --speculative-model: the shortest suffix looked up (default 1)")
+    group.add_argument("--speculative-disable-by-batch-size", type=int, default=None,
+                       help="with --speculative-model: no drafting while more sequences than this run (default 16)")
+
+
+_SPECULATIVE_ALIASES = {"num_speculative_tokens": "num_speculative_tokens",
+                        "ngram_prompt_lookup_max": "prompt_lookup_max", "ngram_prompt_lookup_min": "prompt_lookup_min",
+                        "speculative_disable_by_batch_size": "disable_by_batch_size"}
+
+
+def speculative_config_from_args(args: argparse.Namespace) -> SpeculativeConfig | None:
+    """--speculative-config, or Aphrodite's --speculative-model [ngram] with its companion flags; None = off."""
+    given = {field: getattr(args, flag) for flag, field in _SPECULATIVE_ALIASES.items()
+             if getattr(args, flag, None) is not None}
+    text, model = getattr(args, "speculative_config", None), getattr(args, "speculative_model", None)
+    if text is not None:
+        if model is not None or given:
+            raise ValueError("--speculative-config: give it alone, not with --speculative-model or "
+                             "--num-speculative-tokens / --ngram-prompt-lookup-max / --ngram-prompt-lookup-min")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--speculative-config: not valid JSON: {error}") from None
+        return SpeculativeConfig.from_dict(data)
+    if model is None:
+        if given:
+            flag = "--" + next(flag for flag, field in _SPECULATIVE_ALIASES.items() if field in given).replace("_", "-")
+            raise ValueError(f"{flag} needs --speculative-model [ngram] (or use --speculative-config)")
+        return None
+    return SpeculativeConfig.from_dict({"model": model, **given})
 
 
 def add_lora_args(parser: argparse.ArgumentParser) -> None:
@@ -170,6 +218,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_num_seqs=args.max_num_seqs),
         lora=lora_config_from_args(args),
+        speculative=speculative_config_from_args(args),
         limits=RequestLimits(max_stop_strings=args.max_stop_strings, max_dry_breakers=args.max_dry_breakers,
                              max_logit_bias=args.max_logit_bias, max_token_bans=args.max_token_bans,
                              max_prompt_chars_per_token=args.max_prompt_chars_per_token),

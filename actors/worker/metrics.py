@@ -64,6 +64,10 @@ class WorkerMetrics:
         self.lora_requests = self._counter("lora_requests", "Requests admitted per LoRA adapter.", ("adapter",))
         self.lora_generated_tokens = self._counter("lora_generated_tokens", "Output tokens per LoRA adapter.",
                                                    ("adapter",))
+        self.speculative_draft_tokens = self._counter(
+            "speculative_draft_tokens", "Speculative decoding: tokens drafted by prompt lookup and verified.")
+        self.speculative_accepted_tokens = self._counter(
+            "speculative_accepted_tokens", "Speculative decoding: drafted tokens the model accepted.")
 
     def _create_histograms(self) -> None:
         self.step_seconds = self._histogram("step_seconds", "Wall time of one engine step.")
@@ -114,6 +118,10 @@ class WorkerMetrics:
 
     def record_lora_tokens(self, adapter: str, count: int) -> None:
         self.lora_generated_tokens.labels(adapter=adapter).inc(count)
+
+    def record_speculation(self, num_drafted: int, num_accepted: int) -> None:
+        self.speculative_draft_tokens.inc(num_drafted)
+        self.speculative_accepted_tokens.inc(num_accepted)
 
     def record_dead_letter(self) -> None:
         self.requests_dead_lettered.inc()

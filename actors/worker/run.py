@@ -202,6 +202,7 @@ class StatsReporter:
         pool = scheduler.kv_cache.pool
         last_log, last_tokens = time.monotonic(), scheduler.num_generated_tokens
         lora_tokens_seen: dict[str, int] = {}
+        speculation_seen = (0, 0)  # (drafted, accepted) already counted
         while True:
             await asyncio.sleep(1.0)
             self.metrics.set_queue_state(len(scheduler.waiting), len(scheduler.running), pool.num_used_blocks,
@@ -209,6 +210,11 @@ class StatsReporter:
             for adapter, count in list(scheduler.lora_token_counts.items()):
                 self.metrics.record_lora_tokens(adapter, count - lora_tokens_seen.get(adapter, 0))
                 lora_tokens_seen[adapter] = count
+            if scheduler.speculator is not None:
+                speculation = (scheduler.speculator.num_draft_tokens, scheduler.speculator.num_accepted_tokens)
+                self.metrics.record_speculation(speculation[0] - speculation_seen[0],
+                                                speculation[1] - speculation_seen[1])
+                speculation_seen = speculation
             now = time.monotonic()
             if now - last_log >= self.interval_s:
                 tokens = scheduler.num_generated_tokens

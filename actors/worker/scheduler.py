@@ -51,9 +51,11 @@ class SchedulerActor(Actor):
                 self.deadlines_ms[message.request_id] = message.deadline_ms
         elif isinstance(message, StepResult):
             started = self.steps_started.popleft()
-            if self.metrics is not None:
-                self.metrics.observe_step(time.perf_counter() - started, len(message.token_ids))
+            generated_before = self.scheduler.num_generated_tokens
             self._emit(self.scheduler.apply_step_result(message))
+            if self.metrics is not None:  # tokens emitted, not rows sampled (a verified draft samples extra rows)
+                self.metrics.observe_step(time.perf_counter() - started,
+                                          self.scheduler.num_generated_tokens - generated_before)
         elif isinstance(message, StopStringFinish):
             self.scheduler.finish_by_stop_string(message)
         elif isinstance(message, Cancel):

@@ -54,7 +54,7 @@ _INT_FIELDS = ("n", "min_tokens", "top_k", "mirostat_mode", "dry_allowed_length"
                "repetition_penalty_range")
 _OPTIONAL_INT_FIELDS = ("best_of", "max_tokens", "seed", "logprobs", "prompt_logprobs", "truncate_prompt_tokens")
 _BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
-                "use_beam_search")
+                "use_beam_search", "speculative")
 # (field, low, high, low_open, high_open); None = unbounded on that side.
 _RANGES: tuple[tuple[str, float | None, float | None, bool, bool], ...] = (
     ("temperature", 0, None, False, False),
@@ -158,6 +158,8 @@ class SamplingParams:
     guided_choice: Any = None
     guided_grammar: Any = None
     guided_whitespace_pattern: Any = None
+    # False: never draft tokens for this request, even when the engine speculates (docs/speculative.md).
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         self._fold_structured_output()

@@ -111,6 +111,19 @@ class KVCacheManager:
         seq.num_published_blocks = 0
         seq.num_released_blocks = 0
 
+    def settle_draft(self, seq: Sequence) -> None:
+        """After a draft's verification (num_computed_tokens counts the accepted draft tokens): give
+        back the blocks past the computed tokens, which only rejected draft tokens used, and publish
+        the blocks the accepted ones filled. The sequence then holds what plain decoding would, and
+        the prefix cache only ever names accepted tokens (publishing stops at the known tokens)."""
+        keep = cdiv(seq.num_computed_tokens, self.block_size)
+        tail = seq.block_ids[keep:]
+        if tail:
+            self.pool.free([block_id for block_id in reversed(tail) if block_id != NULL_BLOCK])
+            del seq.block_ids[keep:]
+        if self._uses_prefix_cache(seq):
+            self._cache_full_blocks(seq, seq.num_computed_tokens)
+
     @property
     def num_used_blocks(self) -> int:
         return self.pool.num_used_blocks

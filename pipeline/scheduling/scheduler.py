@@ -11,16 +11,17 @@ from __future__ import annotations
 
 from collections import deque
 
-from pipeline.config import SchedulerConfig
+from pipeline.config import SchedulerConfig, SpeculativeConfig
 from pipeline.grammar.compiler import GrammarCompiler
 from pipeline.lora.registry import LoRARegistry
 from pipeline.lora.slots import LoRASlots
-from pipeline.request.outputs import PromptLogprobsEvent, StopStringFinish, TokenEvent
+from pipeline.request.outputs import PromptLogprobsEvent, StopStringFinish, TokenEvent, TokenLogprob
 from pipeline.request.request import FinishReason, Request, Sequence, SequenceStatus
 from pipeline.scheduling.beam_scheduling import BeamStep, new_beam_search, on_beam_candidates
 from pipeline.scheduling.grammar_masks import grammar_ends_here, token_bitmasks
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
 from pipeline.scheduling.lookahead import add_placeholders, drop_placeholder, fill_placeholder
+from pipeline.scheduling.speculation import Speculator
 from pipeline.step.plan import NewSequence, RunningSequence, StepPlan
 from pipeline.step.result import StepResult
 
@@ -28,8 +29,9 @@ from pipeline.step.result import StepResult
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
                  lora_registry: LoRARegistry | None = None, lora_slots: LoRASlots | None = None,
-                 grammars: GrammarCompiler | None = None) -> None:
+                 grammars: GrammarCompiler | None = None, speculative: SpeculativeConfig | None = None) -> None:
         self.config = config
+        self.speculator = Speculator(speculative) if speculative is not None else None
         self.grammars = grammars
         self.lora_registry = lora_registry
         self.lora_slots = lora_slots
@@ -80,6 +82,9 @@ class Scheduler:
             self.waiting.remove(seq)
         self.kv_cache.free(seq)
         drop_placeholder(seq)
+        seq.draft_token_ids = []
+        if self.speculator is not None:
+            self.speculator.forget(seq.seq_id)
         seq.finish(reason, stop_reason)
         del self.sequences[seq.seq_id]
         if seq.request.is_finished:
@@ -146,9 +151,20 @@ class Scheduler:
     def schedule_ahead(self) -> StepPlan | None:
         """The next plan while a step is still running (pipeline/scheduling/lookahead.py); None when a
         sequence of the running step needs its result before it can be planned."""
-        if not add_placeholders(self.running, self.max_model_len):
+        if self._speculates_next() or not add_placeholders(self.running, self.max_model_len):
             return None
         return self.schedule()
+
+    def _speculates_next(self) -> bool:
+        """A draft is being verified, or a sequence sampling now will draft next: such a step is
+        planned once the tokens are known (a draft continues the last token)."""
+        speculator = self.speculator
+        if speculator is None:
+            return False
+        active = speculator.active(len(self.running))
+        return any(seq.draft_token_ids or (active and seq.num_computed_tokens == seq.num_tokens
+                                           and speculator.wants_draft(seq))
+                   for seq in self.running)
 
     def _schedule_running(self, plan: StepPlan, budget: int) -> tuple[int, bool]:
         preempted = False
@@ -160,7 +176,8 @@ class Scheduler:
                 index += 1
                 continue
             num_blocks_before = len(seq.block_ids)
-            while not self.kv_cache.allocate(seq, num_new):
+            draft = self._draft(seq, budget)
+            while not draft and not self.kv_cache.allocate(seq, num_new):
                 preempted = True
                 victim = self.running[-1]
                 self._preempt(victim, plan)
@@ -173,11 +190,25 @@ class Scheduler:
                 num_computed_tokens=seq.num_computed_tokens,
                 mirostat_mu=seq.mirostat_mu,
                 token_start=seq.num_sent_tokens,
+                draft_token_ids=draft,
+                block_start=num_blocks_before,
             ))
             self._commit(seq, num_new, plan)
-            budget -= num_new
+            seq.draft_token_ids = draft
+            plan.num_scheduled_tokens[seq.seq_id] += len(draft)
+            budget -= num_new + len(draft)
             index += 1
         return budget, preempted
+
+    def _draft(self, seq: Sequence, budget: int) -> list[int]:
+        """A decoding sequence's draft, with blocks allocated for its last token and the draft;
+        [] (nothing allocated) when it has none or the blocks for it are not free."""
+        if self.speculator is None or not self.speculator.active(len(self.running)):
+            return []
+        draft = self.speculator.draft(seq, budget, self.max_model_len)
+        if draft and self.kv_cache.allocate(seq, 1 + len(draft)):
+            return draft
+        return []
 
     def _schedule_waiting(self, plan: StepPlan, budget: int) -> None:
         skipped: list[Sequence] = []  # their adapter has no slot now: later ones may still start
@@ -252,6 +283,7 @@ class Scheduler:
         self.kv_cache.free(seq)
         seq.status = SequenceStatus.PREEMPTED
         seq.num_computed_tokens = 0
+        seq.draft_token_ids = []
         seq.num_preemptions += 1
         self.num_preemptions += 1
         plan.removed_seq_ids.append(seq.seq_id)
@@ -288,25 +320,46 @@ class Scheduler:
             seq = self.sequences.get(seq_id)
             if seq is not None and seq.choice_index == 0:  # every choice scores the same prompt
                 events.append(PromptLogprobsEvent(seq.request.request_id, entries))
-        for seq_id, token_id, logprob in zip(result.seq_ids, result.token_ids, result.logprobs, strict=True):
+        for seq_id, rows in _rows_by_sequence(result):
             seq = self.sequences.get(seq_id)
             if seq is None:
                 continue  # ended (aborted, stop string) while the step was running
-            if seq.request.beam_search is not None and logprob is not None:
-                events.extend(self._apply_beam_step(on_beam_candidates(seq, logprob)))
+            if seq.request.beam_search is not None and rows[0][1] is not None:
+                events.extend(self._apply_beam_step(on_beam_candidates(seq, rows[0][1])))
                 continue
             if seq_id in result.mirostat_mu:  # mu belongs to the choice: it survives preemption
                 seq.mirostat_mu = result.mirostat_mu[seq_id]
-            if logprob is not None:
-                seq.cumulative_logprob += logprob.logprob
-            self.append_token(seq, token_id)
-            events.append(TokenEvent(
-                seq.request.request_id, seq.choice_index, token_id, logprob,
-                finish_reason=str(seq.finish_reason) if seq.finish_reason is not None else None,
-                stop_reason=seq.stop_reason, num_cached_tokens=seq.num_cached_tokens,
-                mirostat_mu=seq.mirostat_mu, grammar_complete=seq.grammar_complete,
-            ))
+            events.extend(self._apply_sampled_rows(seq, rows))
         return events
+
+    def _apply_sampled_rows(self, seq: Sequence, rows: list[tuple[int, TokenLogprob | None]]) -> list[TokenEvent]:
+        """Emit the token of each row while the one before it confirmed the draft (a sequence
+        without a draft has one row); then give back the KV of the rejected draft tokens."""
+        draft, seq.draft_token_ids = seq.draft_token_ids, []
+        events = []
+        num_accepted = 0
+        for token_id, logprob in rows:
+            events.append(self._apply_token(seq, token_id, logprob))
+            if seq.is_finished or num_accepted >= len(draft) or token_id != draft[num_accepted]:
+                break
+            num_accepted += 1
+        if draft and self.speculator is not None:
+            self.speculator.on_verified(seq, len(draft), num_accepted)
+            if not seq.is_finished:  # (a finished sequence freed all its blocks)
+                seq.num_computed_tokens += num_accepted
+                self.kv_cache.settle_draft(seq)
+        return events
+
+    def _apply_token(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> TokenEvent:
+        if logprob is not None:
+            seq.cumulative_logprob += logprob.logprob
+        self.append_token(seq, token_id)
+        return TokenEvent(
+            seq.request.request_id, seq.choice_index, token_id, logprob,
+            finish_reason=str(seq.finish_reason) if seq.finish_reason is not None else None,
+            stop_reason=seq.stop_reason, num_cached_tokens=seq.num_cached_tokens,
+            mirostat_mu=seq.mirostat_mu, grammar_complete=seq.grammar_complete,
+        )
 
     def _apply_beam_step(self, step: BeamStep) -> list[TokenEvent]:
         self.num_generated_tokens += step.num_generated_tokens
@@ -344,3 +397,15 @@ class Scheduler:
         if (params.max_tokens is not None and num_output >= params.max_tokens) \
                 or seq.num_tokens >= self.max_model_len:
             self.finish_sequence(seq, FinishReason.LENGTH)
+
+
+def _rows_by_sequence(result: StepResult) -> list[tuple[int, list[tuple[int, TokenLogprob | None]]]]:
+    """The result's rows grouped by sequence: a speculating sequence has 1 + k consecutive rows.
+    seq_ids [4, 7, 7, 7, 9] -> [(4, [row 0]), (7, [rows 1-3]), (9, [row 4])]."""
+    grouped: list[tuple[int, list[tuple[int, TokenLogprob | None]]]] = []
+    for seq_id, token_id, logprob in zip(result.seq_ids, result.token_ids, result.logprobs, strict=True):
+        if grouped and grouped[-1][0] == seq_id:
+            grouped[-1][1].append((token_id, logprob))
+        else:
+            grouped.append((seq_id, [(token_id, logprob)]))
+    return grouped

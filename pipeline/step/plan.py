@@ -39,6 +39,12 @@ class RunningSequence:
     num_computed_tokens: int  # before this step
     mirostat_mu: float | None = None  # mu after the new tokens (mirostat choices); None = unchanged
     token_start: int | None = None  # index of new_token_ids[0] in the sequence; None = after the known ones
+    # Speculative decoding: tokens drafted after the last one, computed (and sampled at) in this step
+    # too; num_scheduled_tokens counts them. They are not part of the sequence until accepted.
+    draft_token_ids: list[int] = field(default_factory=list)
+    # index of new_block_ids[0] in the block table; None = after the blocks sent so far. (A verified
+    # draft gives back the blocks only its rejected tokens used, so the table can shrink.)
+    block_start: int | None = None
 
 
 @dataclass(slots=True)

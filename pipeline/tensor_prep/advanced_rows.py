@@ -43,9 +43,10 @@ class AdvancedRows:
         if mirostat_mu is not None:
             self.mirostat_mu[row] = mirostat_mu
 
-    def batch_columns(self, rows: np.ndarray, token_ids: np.ndarray, num_tokens: np.ndarray) -> AdvancedColumns | None:
+    def batch_columns(self, rows: np.ndarray, token_ids: np.ndarray, contexts: np.ndarray) -> AdvancedColumns | None:
         """Columns for sampling rows `rows`; None when none of them uses these samplers.
-        `token_ids`/`num_tokens` are the persistent batch's (prompt + output per row)."""
+        `token_ids` is the persistent batch's (prompt + output per row); `contexts[i]` how many of
+        row rows[i]'s tokens sampling row i sees."""
         if not self.used[rows].any():
             return None
         bias_rows, bias_tokens, bias_values = self._bias_triples(rows)
@@ -53,17 +54,17 @@ class AdvancedRows:
             **{name: self.columns[name][rows] for name in _NUMERIC},
             mirostat_mu=self.mirostat_mu[rows],
             dry_sequence_breakers=[self.dry_sequence_breakers[row] for row in rows],
-            dry_context=self._dry_contexts(rows, token_ids, num_tokens),
+            dry_context=self._dry_contexts(rows, token_ids, contexts),
             bias_rows=bias_rows, bias_tokens=bias_tokens, bias_values=bias_values,
         )
 
-    def _dry_contexts(self, rows: np.ndarray, token_ids: np.ndarray, num_tokens: np.ndarray) -> list[np.ndarray]:
+    def _dry_contexts(self, rows: np.ndarray, token_ids: np.ndarray, visible: np.ndarray) -> list[np.ndarray]:
         contexts = []
-        for row in rows:
+        for row, num_tokens in zip(rows, visible, strict=True):
             if self.columns["dry_multiplier"][row] <= 0:
                 contexts.append(_EMPTY)
                 continue
-            end = int(num_tokens[row])
+            end = int(num_tokens)
             start = max(end - int(self.dry_range[row]), 0) if self.dry_range[row] > 0 else 0
             contexts.append(token_ids[row, start:end].astype(np.int64))
         return contexts

@@ -61,7 +61,10 @@ class PersistentBatch:
         for running in plan.running_sequences:
             row = self.row_of[running.seq_id]
             self._append_tokens(row, running.new_token_ids, running.token_start)
-            self._append_blocks(row, running.new_block_ids)
+            if running.draft_token_ids:  # past the row's tokens: inputs of this step only
+                end = self.num_tokens[row]
+                self.token_ids[row, end:end + len(running.draft_token_ids)] = running.draft_token_ids
+            self._append_blocks(row, running.new_block_ids, running.block_start)
             self.num_computed[row] = running.num_computed_tokens
             self.advanced.set_mirostat_mu(row, running.mirostat_mu)
 
@@ -106,15 +109,18 @@ class PersistentBatch:
         self.token_ids[row, start:start + len(token_ids)] = token_ids
         self.num_tokens[row] = start + len(token_ids)
 
-    def _append_blocks(self, row: int, block_ids: list[int]) -> None:
-        start = self.num_blocks[row]
+    def _append_blocks(self, row: int, block_ids: list[int], start: int | None = None) -> None:
+        start = self.num_blocks[row] if start is None else start
         self.block_table[row, start:start + len(block_ids)] = block_ids
         self.num_blocks[row] = start + len(block_ids)
 
-    def sampling_batch(self, rows: np.ndarray) -> SamplingBatch:
-        output_position = (self.num_tokens[rows] - self.num_prompt_tokens[rows]).astype(np.int64)
+    def sampling_batch(self, rows: np.ndarray, contexts: np.ndarray | None = None) -> SamplingBatch:
+        """Sampling rows for batch rows `rows`; `contexts[i]`: the tokens sampling row i sees (its
+        row's tokens by default; a row verifying a draft repeats, seeing one more draft token each time)."""
+        contexts = self.num_tokens[rows] if contexts is None else contexts
+        output_position = (contexts - self.num_prompt_tokens[rows]).astype(np.int64)
         banned_rows, banned_tokens = self._bans(rows, output_position)
-        prompt_ids, output_ids = self._penalty_inputs(rows)
+        prompt_ids, output_ids = self._penalty_inputs(rows, contexts)
         return SamplingBatch(
             temperature=self.temperature[rows],
             top_p=self.top_p[rows],
@@ -131,7 +137,7 @@ class PersistentBatch:
             output_token_ids=output_ids,
             banned_rows=banned_rows,
             banned_tokens=banned_tokens,
-            advanced=self.advanced.batch_columns(rows, self.token_ids, self.num_tokens),
+            advanced=self.advanced.batch_columns(rows, self.token_ids, contexts),
             beam=self.beam[rows] if self.beam[rows].any() else None,
         )
 
@@ -149,18 +155,19 @@ class PersistentBatch:
         banned_rows = np.repeat(banning, counts).astype(np.int64)
         return banned_rows, np.concatenate([ids for pair in per_row for ids in pair]).astype(np.int64)
 
-    def _penalty_inputs(self, rows: np.ndarray) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
+    def _penalty_inputs(self, rows: np.ndarray, contexts: np.ndarray,
+                        ) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
         penalized = ((self.presence_penalty[rows] != 0) | (self.frequency_penalty[rows] != 0)
                      | (self.repetition_penalty[rows] != 1))
         if not penalized.any():
             return None, None
         prompt_ids, output_ids = [], []
-        for row, wanted in zip(rows, penalized, strict=True):
+        for row, wanted, num_tokens in zip(rows, penalized, contexts, strict=True):
             if not wanted:
                 prompt_ids.append(_EMPTY)
                 output_ids.append(_EMPTY)
                 continue
-            num_prompt, num_tokens = self.num_prompt_tokens[row], self.num_tokens[row]
+            num_prompt = self.num_prompt_tokens[row]
             prompt_ids.append(self.token_ids[row, :num_prompt].astype(np.int64))
             output_ids.append(self.token_ids[row, num_prompt:num_tokens].astype(np.int64))
         return prompt_ids, output_ids

@@ -29,21 +29,28 @@ class TensorPrep:
         rows = np.fromiter((batch.row_of[s] for s in plan.num_scheduled_tokens), np.int64,
                            len(plan.num_scheduled_tokens))
         num_scheduled = np.fromiter(plan.num_scheduled_tokens.values(), np.int64, len(rows))
-        # A sequence samples when this step computes its last known token.
-        samples = batch.num_computed[rows] + num_scheduled == batch.num_tokens[rows]
-        inputs = self._build_inputs(rows, num_scheduled, samples)
+        # A sequence samples when this step computes its last known token; one verifying a draft
+        # (computed past its tokens) samples after its last token and after each draft token too.
+        num_tokens = batch.num_tokens[rows].astype(np.int64)
+        reach = batch.num_computed[rows] + num_scheduled
+        num_samples = np.where(reach >= num_tokens, reach - num_tokens + 1, 0)
+        inputs = self._build_inputs(rows, num_scheduled, num_samples)
         inputs.lora_loads = plan.lora_loads
-        sample_rows = rows[samples]
+        # sample j of a row sees its tokens and j draft tokens: [2 samples at 7 tokens, 1 at 5] -> [7, 8, 5]
+        sample_rows = np.repeat(rows, num_samples)
+        contexts = np.repeat(num_tokens, num_samples) + _offsets_within(num_samples)
         segments, targets = self._prompt_logprob_rows(plan, rows, num_scheduled, inputs)
         batch.num_computed[rows] = inputs.seq_lens
         seq_ids = list(plan.num_scheduled_tokens)
         placeholders = np.flatnonzero(inputs.input_ids == PLACEHOLDER_TOKEN)
         # flat token index -> its sequence: query_start_loc [0, 2, 7], index 5 -> sequence 1
         placeholder_seqs = np.searchsorted(inputs.query_start_loc, placeholders, side="right") - 1
-        sample_seq_ids = [seq_ids[i] for i in np.flatnonzero(samples)]
-        sampling = batch.sampling_batch(sample_rows)
+        sample_seq_ids = [seq_ids[i] for i in np.repeat(np.arange(len(rows)), num_samples)]
+        sampling = batch.sampling_batch(sample_rows, contexts)
         if plan.token_bitmasks:
             sampling.bitmask_rows, sampling.bitmasks = _bitmasks(plan.token_bitmasks, sample_seq_ids)
+        if (num_samples > 1).any():
+            _split_verifying_queries(inputs, num_scheduled, num_samples)
         return PreparedStep(
             plan=plan,
             inputs=inputs,
@@ -55,7 +62,7 @@ class TensorPrep:
             placeholder_seq_ids=[seq_ids[i] for i in placeholder_seqs],
         )
 
-    def _build_inputs(self, rows: np.ndarray, num_scheduled: np.ndarray, samples: np.ndarray) -> StepInputs:
+    def _build_inputs(self, rows: np.ndarray, num_scheduled: np.ndarray, num_samples: np.ndarray) -> StepInputs:
         batch, block_size = self.batch, self.block_size
         # num_scheduled [2, 5, 3] -> query_start_loc [0, 2, 7, 10]
         query_start_loc = np.zeros(len(rows) + 1, np.int32)
@@ -80,7 +87,9 @@ class TensorPrep:
             query_start_loc=query_start_loc,
             seq_lens=seq_lens,
             block_tables=batch.block_table[rows, :max_blocks],
-            logits_indices=(query_start_loc[1:][samples] - 1).astype(np.int64),
+            # the last num_samples tokens of each chunk: chunk ends [2, 7, 10], samples [1, 0, 2] -> [1, 8, 9]
+            logits_indices=(np.repeat(query_start_loc[1:] - num_samples, num_samples)
+                            + _offsets_within(num_samples)).astype(np.int64),
             num_tokens=num_tokens,
             max_query_len=int(num_scheduled.max()),
             max_seq_len=max_seq_len,
@@ -125,6 +134,32 @@ class TensorPrep:
             inputs.logits_indices = np.concatenate([inputs.logits_indices, *extra_indices]).astype(np.int64)
             return segments, np.concatenate(targets)
         return segments, np.zeros(0, np.int64)
+
+
+def _split_verifying_queries(inputs: StepInputs, num_scheduled: np.ndarray, num_samples: np.ndarray) -> None:
+    """Attention sees a sequence verifying a draft (1 + k query tokens, each sampled) as 1 + k
+    one-token queries over the same block table, query j seeing the keys up to its own position:
+    the same causal attention, but decode-shaped, so the step keeps the decode kernels (and CUDA
+    graphs) instead of the prefill path. Every layer writes all of a step's keys before attending.
+    Done last: the rest of tensor prep indexes these arrays by scheduled sequence.
+    Example: num_scheduled [1, 3], seq_lens [9, 12] -> query_start_loc [0, 1, 2, 3, 4], seq_lens [9, 10, 11, 12]."""
+    split = (num_samples > 1) & (num_samples == num_scheduled)
+    pieces = np.where(split, num_scheduled, 1)
+    owner = np.repeat(np.arange(len(num_scheduled)), pieces)
+    offsets = _offsets_within(pieces)
+    query_lens = np.where(split[owner], 1, num_scheduled[owner])
+    first_len = inputs.seq_lens[owner] - num_scheduled[owner] + 1
+    inputs.seq_lens = np.where(split[owner], first_len + offsets, inputs.seq_lens[owner]).astype(np.int32)
+    inputs.block_tables = inputs.block_tables[owner]
+    inputs.query_start_loc = np.zeros(len(owner) + 1, np.int32)
+    np.cumsum(query_lens, out=inputs.query_start_loc[1:])
+    inputs.max_query_len = int(query_lens.max())
+
+
+def _offsets_within(counts: np.ndarray) -> np.ndarray:
+    """Each item's index within its group: counts [2, 0, 3] -> [0, 1, 0, 1, 2]."""
+    total = int(counts.sum())
+    return np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _bitmasks(token_bitmasks: dict[int, bytes], sample_seq_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
+from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from pipeline.engine import LLMEngine
 from pipeline.request.sampling_params import SamplingParams
 
@@ -17,12 +17,13 @@ NEAR_TIE_MARGIN = 1e-3
 def make_engine(model_dir: Path, *, block_size: int = 16, num_kv_blocks: int | None = 512,
                 max_num_batched_tokens: int = 512, max_num_seqs: int = 32,
                 prefix_caching: bool = True, max_model_len: int | None = None,
-                lora: LoRAConfig | None = None) -> LLMEngine:
+                lora: LoRAConfig | None = None, speculative: SpeculativeConfig | None = None) -> LLMEngine:
     return LLMEngine(EngineConfig(
         model=ModelConfig(model=str(model_dir), max_model_len=max_model_len),
         cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, enable_prefix_caching=prefix_caching),
         scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
         lora=lora,
+        speculative=speculative,
     ))
 
 

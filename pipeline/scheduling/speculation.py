@@ -1,0 +1,80 @@
+"""Speculator: the scheduler's side of prompt-lookup speculative decoding (docs/speculative.md).
+
+A decoding sequence (one unconsumed token, no placeholder) gets a draft of up to k tokens from
+its own context (pipeline/speculative/ngram.py); the scheduler computes its last token and the
+draft in one chunk of 1 + k query tokens, and the sampler draws a token at each of the k + 1
+positions, position j seeing the history up to draft j - 1 and the uniform of output position
+j (docs/design.md §5). Verification keeps the target's own samples while they equal the draft:
+draft j is accepted iff the token drawn at position j equals it, and the first mismatch's token
+(or the bonus token after a fully accepted draft) ends the run. Each emitted token is exactly the
+token a plain decode would have drawn at that position, greedy or sampled.
+
+Excluded (they decode plainly): mirostat (its mu advances per token), beam search and structured
+outputs (their state follows each token), and requests with `speculative: false`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.config import SpeculativeConfig
+from pipeline.request.request import Sequence
+from pipeline.request.sampling_params import SamplingParams
+from pipeline.speculative.adaptive import DraftLength
+from pipeline.speculative.ngram import propose_draft
+
+
+def can_speculate(params: SamplingParams) -> bool:
+    return (params.speculative and not params.uses_mirostat and not params.use_beam_search
+            and params.structured_outputs is None)
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+        self.lengths: dict[int, DraftLength] = {}  # seq_id -> its adaptive draft length
+        self.num_draft_tokens = 0  # drafted and verified
+        self.num_accepted_tokens = 0
+
+    def active(self, num_running: int) -> bool:
+        """Whether a batch of this many running sequences drafts at all (disable_by_batch_size)."""
+        limit = self.config.disable_by_batch_size
+        return limit is None or num_running <= limit
+
+    def wants_draft(self, seq: Sequence) -> bool:
+        """Whether the sequence's next decode would carry a draft (so it should not be planned ahead)."""
+        return can_speculate(seq.params) and self._length(seq).drafting
+
+    def draft(self, seq: Sequence, budget: int, max_model_len: int) -> list[int]:
+        """Draft tokens for a sequence about to decode, within the step's token budget, its
+        max_tokens and the context length ([] for none)."""
+        if not can_speculate(seq.params) or seq.num_computed_tokens != seq.num_tokens - 1:
+            return []  # not decoding (a prefill chunk, a beam waiting) or not speculating at all
+        length = self._length(seq)
+        if not length.drafting:
+            length.on_plain_step()
+            return []
+        k = min(length.k, budget - 1, max_model_len - seq.num_tokens)
+        if seq.params.max_tokens is not None:
+            k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1)
+        if k < 1 or seq.has_placeholder:  # (planned ahead: its last token is not known yet)
+            return []
+        draft = propose_draft(np.asarray(seq.token_ids, np.int64), k, self.config.prompt_lookup_min,
+                              self.config.prompt_lookup_max)
+        if not draft:
+            length.on_miss()
+        return draft
+
+    def on_verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        self._length(seq).on_verified(num_drafted, num_accepted)
+
+    def forget(self, seq_id: int) -> None:
+        self.lengths.pop(seq_id, None)
+
+    def _length(self, seq: Sequence) -> DraftLength:
+        length = self.lengths.get(seq.seq_id)
+        if length is None:
+            length = self.lengths[seq.seq_id] = DraftLength.start(self.config.num_speculative_tokens)
+        return length
