@@ -292,6 +292,9 @@ class Scheduler:
             if seq.request.beam_search is not None and logprob is not None:
                 events.extend(self._apply_beam_step(on_beam_candidates(seq, logprob)))
                 continue
+            if seq.params.max_tokens == 0:
+                events.append(self._scored_only(seq))
+                continue
             if seq_id in result.mirostat_mu:  # mu belongs to the choice: it survives preemption
                 seq.mirostat_mu = result.mirostat_mu[seq_id]
             if logprob is not None:
@@ -304,6 +307,13 @@ class Scheduler:
                 mirostat_mu=seq.mirostat_mu, grammar_complete=seq.grammar_complete,
             ))
         return events
+
+    def _scored_only(self, seq: Sequence) -> TokenEvent:
+        """max_tokens 0: the prompt is prefilled (and scored, if prompt_logprobs asked); the token the
+        step sampled after it is dropped, and the choice ends with "length" holding no token."""
+        self.finish_sequence(seq, FinishReason.LENGTH)
+        return TokenEvent(seq.request.request_id, seq.choice_index, None, finish_reason=str(FinishReason.LENGTH),
+                          num_cached_tokens=seq.num_cached_tokens)
 
     def _apply_beam_step(self, step: BeamStep) -> list[TokenEvent]:
         self.num_generated_tokens += step.num_generated_tokens
