@@ -12,11 +12,18 @@ import httpx
 import openai
 import pytest
 import torch
+from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from actors.http.backends import EmbeddedBackend
+from actors.cli.batch import read_batch_file, run_offline, write_results
+from actors.http.backends import EmbeddedBackend, RemoteBackend
 from actors.http.completion_request import MAX_PROMPTS
-from tests.support.gateway_helpers import API_KEY
+from actors.http.options import GatewayOptions
+from pipeline.loading.tokenizer import load_tokenizer
+from tests.conftest import REDIS_URL
+from tests.support.engine_helpers import make_engine
+from tests.support.gateway_helpers import API_KEY, serving
+from tests.support.worker_helpers import running_workers
 
 PROMPTS = ["The river runs", "Once upon a time there was", "1, 2, 3,"]
 TOLERANCE = 1e-4  # float32 on both sides
@@ -197,3 +204,49 @@ def test_streamed_echo_chunk_shape_is_sse(embedded) -> None:
     choices = [choice for text in events[:-1] for choice in json.loads(text)["choices"]]
     assert sorted((c["index"], c["text"], c["finish_reason"]) for c in choices) == [(0, "ab", "length"),
                                                                                     (1, "cd", "length")]
+
+
+@pytest.mark.redis
+async def test_echo_max_tokens_zero_and_prompt_lists_through_redis_workers(default_model_path: Path, prefix: str,
+                                                                          embedded, hf) -> None:
+    """The gateway in front of two workers answers as the embedded server does (the same engine)."""
+    model, tokenizer = hf
+    backend = RemoteBackend(REDIS_URL, prefix, default_model_path.name, load_tokenizer(default_model_path))
+    bodies = [{"prompt": PROMPTS, "echo": True, "logprobs": 2, "max_tokens": 0},
+              {"prompt": [tokenizer(p).input_ids for p in PROMPTS], "max_tokens": 3, "n": 2, "temperature": 0,
+               "echo": True, "logprobs": 1}]
+    async with running_workers(default_model_path, prefix, count=2):
+        with serving(backend, GatewayOptions(api_key=API_KEY, worker_timeout_s=30)) as base_url:
+            async with httpx.AsyncClient(headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as client:
+                answers = [await client.post(f"{base_url}/completions", json=body) for body in bodies]
+                refused = await client.post(f"{base_url}/completions", json={"prompt": [[5], [5, 10**9]]})
+    assert refused.status_code == 400 and refused.json()["error"]["message"].startswith("prompt[1]")
+    for body, answer in zip(bodies, answers, strict=True):
+        assert answer.status_code == 200, answer.text
+        embedded_answer = post(embedded, body).json()
+        ours = answer.json()["choices"]
+        assert [c["text"] for c in ours] == [c["text"] for c in embedded_answer["choices"]]
+        assert [c["index"] for c in ours] == list(range(len(ours)))
+        for choice in ours:
+            ids = choice["logprobs"]["token_ids"]
+            assert_scored_like_hf(choice["logprobs"], ids, hf_log_softmax(model, ids))
+    assert all(c["finish_reason"] == "length" and c["token_ids"] == [] for c in answers[0].json()["choices"])
+    assert answers[0].json()["usage"]["completion_tokens"] == 0
+
+
+def test_batch_lines_take_echo_and_refuse_prompt_lists(default_model_path: Path, tmp_path: Path) -> None:
+    def line(custom_id: str, body: dict[str, Any]) -> str:
+        return json.dumps({"custom_id": custom_id, "url": "/v1/completions", "body": body}) + "\n"
+
+    batch_in, batch_out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    batch_in.write_text(line("echo", {"prompt": PROMPTS[0], "echo": True, "logprobs": 1, "max_tokens": 0})
+                        + line("list", {"prompt": PROMPTS, "max_tokens": 2}))
+    engine = make_engine(default_model_path)
+    lines = read_batch_file(batch_in)
+    results = run_offline(engine, [entry.request for entry in lines if entry.request is not None], tqdm(disable=True))
+    write_results(lines, results, batch_out, engine.model_name, engine.tokenizer)
+    echo, listed = (json.loads(text) for text in batch_out.read_text().splitlines())
+    choice = echo["response"]["body"]["choices"][0]
+    assert choice["text"] == PROMPTS[0] and choice["logprobs"]["token_logprobs"][0] is None
+    assert choice["prompt_logprobs"][0] is None and len(choice["prompt_logprobs"]) > 1
+    assert listed["response"]["status_code"] == 400 and "one prompt per batch line" in listed["error"]["message"]
