@@ -71,9 +71,10 @@ class ReplyOrder:
 def assemble(request_id: str, replies: list[WireReply]) -> dict[str, Any]:
     """Concatenate in-order reply entries into the final result of a request."""
     choices: dict[int, dict[str, Any]] = {}
-    usage = error = prompt_logprobs = None
+    usage = error = prompt_logprobs = prompt_token_ids = None
     for reply in replies:
-        prompt_logprobs = reply.prompt_logprobs if reply.prompt_logprobs is not None else prompt_logprobs
+        if reply.prompt_logprobs is not None:
+            prompt_logprobs, prompt_token_ids = reply.prompt_logprobs, reply.prompt_token_ids
         for delta in reply.choices:
             choice = choices.setdefault(delta.index, {"index": delta.index, "text": "", "token_ids": [],
                                                       "logprobs": None, "finish_reason": None, "stop_reason": None})
@@ -86,7 +87,7 @@ def assemble(request_id: str, replies: list[WireReply]) -> dict[str, Any]:
         usage = msgspec.structs.asdict(reply.usage) if reply.usage is not None else usage
         error = msgspec.structs.asdict(reply.error) if reply.error is not None else error
     return {"id": request_id, "choices": [choices[index] for index in sorted(choices)], "usage": usage,
-            "error": error, "prompt_logprobs": prompt_logprobs}
+            "error": error, "prompt_logprobs": prompt_logprobs, "prompt_token_ids": prompt_token_ids}
 
 
 class AqueductClient:

@@ -113,6 +113,7 @@ class WireReply(_Wire):
     error: WireError | None = None
     # Once, when the request asked for them: one entry per prompt token (nil for the first).
     prompt_logprobs: list[Any] | None = None
+    prompt_token_ids: list[NonNegativeInt] | None = None  # with prompt_logprobs: the prompt as tokenized
 
     @property
     def is_error(self) -> bool:

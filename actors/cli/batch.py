@@ -25,6 +25,7 @@ from tqdm import tqdm
 from actors.http.chat_request import CHAT_URL, parse_chat_body
 from actors.http.completion_request import parse_completion_body
 from actors.http.openai_shapes import completion_body
+from actors.http.prompt_results import merge_prompt_results
 from actors.kit.runtime import ActorRuntime
 from actors.worker.intake import build_request
 from actors.worker.replies import MemoryReplySink, to_wire
@@ -45,6 +46,7 @@ class BatchLine:
     request: WireRequest | None  # None: the line was rejected before submission
     error: str | None = None
     chat: bool = False  # a /v1/chat/completions line: answered with a chat.completion body
+    echo: bool = False  # a completions line's `echo`: its prompt comes first in each choice
 
 
 def read_batch_file(path: Path) -> list[BatchLine]:
@@ -73,8 +75,12 @@ def _parse_line(text: bytes, number: int, seen: set[str]) -> BatchLine:
         if chat:
             messages, params, images = parse_chat_body(item["body"])  # validates the sampling fields
             prompt_fields: dict[str, Any] = {"messages": messages, "images": images or None}
+            echo = False
         else:
-            prompt, params = parse_completion_body(item["body"])  # validates the sampling fields
+            completion = parse_completion_body(item["body"])  # validates the sampling fields
+            if len(completion.prompts) != 1:
+                raise ValueError(f"prompt must be one prompt per batch line, got a list of {len(completion.prompts)}")
+            prompt, params, echo = completion.prompts[0], completion.params, completion.echo
             prompt_fields = {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt}
         # Unseeded sampling is seeded from the custom_id (not the line's wire id), so a line's
         # output does not depend on where it sits in the file.
@@ -85,7 +91,7 @@ def _parse_line(text: bytes, number: int, seen: set[str]) -> BatchLine:
         model = item["body"].get("model")
         lora = model if isinstance(model, str) and model else None
         return BatchLine(custom_id, WireRequest(id=f"batch-line-{number}", params=params, lora=lora, **prompt_fields),
-                         chat=chat)
+                         chat=chat, echo=echo)
     except (ValueError, CodecError) as error:  # UntrustedValueError is a ValueError
         log.warning("rejected batch line", line=number, custom_id=custom_id, error=str(error))
         return BatchLine(custom_id, None, str(error))
@@ -216,6 +222,8 @@ def write_results(lines: list[BatchLine], results: dict[str, dict], output_path:
                 code = "invalid_request" if result is None else result["error"]["code"]
                 record = _error_line(line.custom_id, message, code)
             else:
+                if not line.chat:  # choices carry their prompt's logprobs, and echo's prompt
+                    result = _with_prompt(line, result, tokenizer)
                 record = _response_line(line.custom_id, result, model_name, tokenizer, line.chat)
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
     return {"lines": len(lines), "errors": errors}
@@ -227,6 +235,14 @@ def _response_line(custom_id: str, result: dict, model_name: str, tokenizer: Any
     body = completion_body(response_id, result, model_name, tokenizer, chat)
     return {"id": f"batch-{custom_id}", "custom_id": custom_id,
             "response": {"status_code": 200, "body": body}, "error": None}
+
+
+def _with_prompt(line: BatchLine, result: dict[str, Any], tokenizer: Any | None) -> dict[str, Any]:
+    assert line.request is not None
+    request = line.request
+    prompt = request.prompt if request.prompt is not None else request.prompt_token_ids
+    n = int(request.params.get("n", 1) or 1)
+    return merge_prompt_results([result], n, [prompt] if prompt is not None else None, line.echo, tokenizer)
 
 
 def _error_line(custom_id: str, message: str, code: str = "invalid_request") -> dict[str, Any]:

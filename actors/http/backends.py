@@ -200,10 +200,11 @@ class EmbeddedBackend:
                     yield WireReply(id=request.id, seq=order.next_seq,
                                     error=WireError(code=WORKER_DIED, message=self.died or "the engine stopped"))
                     return
-                for entry in entries[seen:]:
+                # `entries` is the live stream: it may grow while this generator waits at a yield.
+                new, seen = entries[seen:], len(entries)
+                for entry in new:
                     for ready in order.push(entry):
                         yield ready
-                seen = len(entries)
         finally:  # finished or abandoned (a cancelled request's stream still gets its final entry)
             self._remember_finished(request.id)
 

@@ -1,7 +1,8 @@
 """HTTP request bodies -> wire requests, through the batch file's parsers (the same fields and checks).
 
 The HTTP-only fields (`stream`, `stream_options`) are taken off first; everything else is the
-batch file's body, so a field means the same thing in both places.
+batch file's body, so a field means the same thing in both places. A completions body with several
+prompts becomes one wire request per prompt, `{id}:{prompt index}` (one prompt keeps the id itself).
 """
 
 from __future__ import annotations
@@ -13,23 +14,36 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.http.chat_request import parse_chat_body
-from actors.http.completion_request import parse_completion_body
+from actors.http.completion_request import Prompt, parse_completion_body
 from actors.http.errors import ApiError, invalid
-from queue_adapters.codec import CodecError, WireRequest
+from queue_adapters.codec import MAX_ID_LENGTH, CodecError, WireRequest
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 @dataclass(slots=True)
 class GatewayRequest:
-    wire: WireRequest
+    wires: list[WireRequest]  # one per prompt (chat: one)
     chat: bool
     stream: bool
     include_usage: bool
+    response_id: str = ""
+    echo: bool = False
+    prompts: list[Prompt] | None = None  # completions: as the client gave them (echo prepends them)
+
+    @property
+    def wire(self) -> WireRequest:
+        """The first prompt's wire request (the only one but for a list of prompts)."""
+        return self.wires[0]
+
+    @property
+    def n(self) -> int:
+        """Choices per prompt."""
+        return int(self.wire.params.get("n", 1) or 1)
 
     @property
     def num_choices(self) -> int:
-        return int(self.wire.params.get("n", 1) or 1)
+        return self.n * len(self.wires)
 
 
 def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
@@ -41,27 +55,40 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
     body = dict(body)
     stream = _pop_bool(body, "stream")
     include_usage = _pop_stream_options(body, stream)
-    wire_id = _wire_id(request_id, chat)
-    prompt_fields, params = _parse(body, chat)
+    response_id = _wire_id(request_id, chat)
     deadline_ms = int((time.time() + timeout_s) * 1000) if timeout_s else None
-    try:
-        wire = WireRequest(id=wire_id, params=params, deadline_ms=deadline_ms, lora=lora, **prompt_fields)
-    except (CodecError, ValueError, TypeError) as error:
-        raise invalid(str(error)) from error
-    return GatewayRequest(wire, chat, stream, include_usage)
-
-
-def _parse(body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         if chat:
             messages, params, images = parse_chat_body(body)
             # A chat answer runs to the end of its turn unless the client caps it (OpenAI's default).
             params.setdefault("max_tokens", None)
-            return {"messages": messages, "images": images or None}, params
-        prompt, params = parse_completion_body(body)
-    except (ValueError, CodecError) as error:
+            wire = WireRequest(id=response_id, params=params, deadline_ms=deadline_ms, lora=lora, messages=messages,
+                               images=images or None)
+            return GatewayRequest([wire], chat, stream, include_usage, response_id)
+        completion = parse_completion_body(body)
+    except (ValueError, CodecError, TypeError) as error:
         raise invalid(str(error), _field_named_in(str(error), body)) from error
-    return {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt}, params
+    ids = prompt_ids(response_id, len(completion.prompts))
+    try:
+        wires = [WireRequest(id=wire_id, params=dict(completion.params), deadline_ms=deadline_ms, lora=lora,
+                             **prompt_field(prompt)) for wire_id, prompt in zip(ids, completion.prompts, strict=True)]
+    except (CodecError, ValueError, TypeError) as error:
+        raise invalid(str(error)) from error
+    return GatewayRequest(wires, chat, stream, include_usage, response_id, completion.echo, completion.prompts)
+
+
+def prompt_field(prompt: Prompt) -> dict[str, Any]:
+    return {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+
+
+def prompt_ids(response_id: str, num_prompts: int) -> list[str]:
+    """The wire ids of a request's prompts: its own id for one, `{id}:{index}` for several."""
+    if num_prompts == 1:
+        return [response_id]
+    if len(f"{response_id}:{num_prompts - 1}") > MAX_ID_LENGTH:
+        raise invalid(f"X-Request-Id must be at most {MAX_ID_LENGTH - 1 - len(str(num_prompts - 1))} characters "
+                      f"for {num_prompts} prompts (each gets `:index` appended)", "X-Request-Id")
+    return [f"{response_id}:{index}" for index in range(num_prompts)]
 
 
 def _check_model(model: Any, model_names: tuple[str, ...], adapters: list[str]) -> str | None:

@@ -62,6 +62,8 @@ def _completion_names(params: dict[str, Any]) -> dict[str, Any]:
         if "max_tokens" in params:
             raise ValueError("give max_tokens or max_completion_tokens, not both")
         params["max_tokens"] = params.pop("max_completion_tokens")
+    if params.get("max_tokens") == 0:  # only a completions request with echo scores a prompt alone
+        raise ValueError("max_tokens must be >= 1 in a chat request, got 0")
     wants_logprobs = params.pop("logprobs", None) or False  # null: not asked
     top_logprobs = params.pop("top_logprobs", None)
     if not isinstance(wants_logprobs, bool):

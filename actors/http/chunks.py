@@ -4,6 +4,10 @@
     data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "lo"}}], ...}
     data: {"choices": [], "usage": {...}}        (stream_options.include_usage)
     data: [DONE]
+
+A completions request with several prompts streams each prompt's choices as they come, numbered
+`prompt_index * n + j`; its usage chunk (summed) follows the last prompt's. With `echo`, a choice's
+first chunk starts with its prompt (text, and with logprobs the prompt's tokens, the first null).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from typing import Any
 from actors.http.bodies import GatewayRequest
 from actors.http.chat_request import chat_logprobs
 from actors.http.errors import from_engine_error
-from actors.http.openai_shapes import completion_logprobs, usage_object
-from queue_adapters.codec import WireChoice, WireReply
+from actors.http.openai_shapes import completion_logprobs, echo_entries, usage_object, vllm_prompt_logprobs
+from actors.http.prompt_results import prompt_text
+from queue_adapters.codec import WireChoice, WireReply, WireUsage
 
 DONE_EVENT = "data: [DONE]\n\n"
 # json.dumps(payload, ensure_ascii=False) builds an encoder per call; this one gives the same text.
@@ -33,48 +38,77 @@ class ChunkWriter:
 
     def __init__(self, request: GatewayRequest, model_name: str, tokenizer: Any) -> None:
         self.request, self.tokenizer = request, tokenizer
-        self.envelope = {"id": request.wire.id, "object": "chat.completion.chunk" if request.chat
-                         else "text_completion", "created": int(time.time()), "model": model_name}
+        self.envelope = {"id": request.response_id or request.wire.id, "object": "chat.completion.chunk"
+                         if request.chat else "text_completion", "created": int(time.time()), "model": model_name}
         self._text_offsets: dict[int, int] = {}  # choice -> characters sent (completions' text_offset)
+        self._prompts: dict[int, dict[str, Any]] = {}  # prompt index -> its prompt_logprobs and token ids
+        self._usages: dict[int, WireUsage] = {}  # prompt index -> its usage, once finished
 
-    def opening(self, first: WireReply) -> str:
-        """The events of the first reply entry (after chat's role announcement), as one text: they go
-        out in one write with the headers."""
-        opening = self._entry(first)
+    def opening(self, firsts: list[WireReply]) -> str:
+        """The events of each prompt's first reply entry (after chat's role announcement), as one
+        text: they go out in one write with the headers."""
+        opening = [text for index, first in enumerate(firsts) for text in self._entry(index, first)]
         if self.request.chat:  # chat announces the role once per choice, before any content
             opening.insert(0, event({**self.envelope, "choices": [
                 {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                  "finish_reason": None} for index in range(self.request.num_choices)]}))
         return "".join(opening)
 
-    async def rest(self, replies: AsyncIterator[WireReply]) -> AsyncIterator[str]:
-        """The events of each later entry (one text per entry: one write), then [DONE]."""
-        async for reply in replies:
-            events = self._entry(reply)
+    async def rest(self, replies: AsyncIterator[tuple[int, WireReply]]) -> AsyncIterator[str]:
+        """The events of each later entry, by prompt index (one text per entry: one write), then [DONE]."""
+        async for prompt_index, reply in replies:
+            events = self._entry(prompt_index, reply)
             if events:
                 yield "".join(events)
         yield DONE_EVENT
 
-    def _entry(self, reply: WireReply) -> list[str]:
+    def _entry(self, prompt_index: int, reply: WireReply) -> list[str]:
         if reply.error is not None:  # after the first token: the status is sent already, so report in-band
             return [event(from_engine_error({"code": reply.error.code, "message": reply.error.message}).body())]
-        events = [event({**self.envelope, "choices": [self._choice(choice)]}) for choice in reply.choices
+        if reply.prompt_logprobs is not None:
+            self._prompts[prompt_index] = {"prompt_logprobs": list(reply.prompt_logprobs),
+                                           "prompt_token_ids": reply.prompt_token_ids}
+        events = [event({**self.envelope, "choices": [self._choice(prompt_index, choice)]}) for choice in reply.choices
                   if choice.token_ids or choice.text or choice.finish_reason is not None]
-        if reply.usage is not None and self.request.include_usage:
-            usage = {"prompt_tokens": reply.usage.prompt_tokens, "completion_tokens": reply.usage.completion_tokens,
-                     "cached_tokens": reply.usage.cached_tokens}
-            events.append(event({**self.envelope, "choices": [], "usage": usage_object(usage)}))
+        if reply.usage is not None:
+            self._usages[prompt_index] = reply.usage
+            if self.request.include_usage and len(self._usages) == len(self.request.wires):
+                events.append(event({**self.envelope, "choices": [], "usage": usage_object(self._summed_usage())}))
         return events
 
-    def _choice(self, choice: WireChoice) -> dict[str, Any]:
+    def _summed_usage(self) -> dict[str, int]:
+        usages = self._usages.values()
+        return {"prompt_tokens": sum(usage.prompt_tokens for usage in usages),
+                "completion_tokens": sum(usage.completion_tokens for usage in usages),
+                "cached_tokens": sum(usage.cached_tokens for usage in usages)}
+
+    def _choice(self, prompt_index: int, choice: WireChoice) -> dict[str, Any]:
         entries = list(choice.logprobs) if choice.logprobs is not None else None
         ending = {"finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
         if self.request.chat:
             return {"index": choice.index, "delta": {"content": choice.text} if choice.text else {},
                     "logprobs": chat_logprobs(entries, self.tokenizer) if entries is not None else None,
                     "token_ids": list(choice.token_ids), **ending}
-        offset = self._text_offsets.get(choice.index, 0)
-        self._text_offsets[choice.index] = offset + len(choice.text)
-        return {"index": choice.index, "text": choice.text, "token_ids": list(choice.token_ids),
+        index = prompt_index * self.request.n + choice.index
+        first_chunk = index not in self._text_offsets
+        text, extra = choice.text, {}
+        if first_chunk:
+            text, entries, extra = self._with_prompt(prompt_index, text, entries)
+        offset = self._text_offsets.get(index, 0)
+        self._text_offsets[index] = offset + len(text)
+        return {"index": index, "text": text, "token_ids": list(choice.token_ids),
                 "logprobs": completion_logprobs(entries, self.tokenizer, offset) if entries is not None else None,
-                **ending}
+                **ending, **extra}
+
+    def _with_prompt(self, prompt_index: int, text: str, entries: list[Any] | None,
+                     ) -> tuple[str, list[Any] | None, dict[str, Any]]:
+        """A choice's first chunk: its prompt's logprobs (when scored) and, for echo, the prompt first."""
+        prompt = self._prompts.get(prompt_index, {})
+        extra = ({"prompt_logprobs": vllm_prompt_logprobs(prompt["prompt_logprobs"], self.tokenizer)}
+                 if prompt else {})
+        if not self.request.echo or self.request.prompts is None:
+            return text, entries, extra
+        text = prompt_text(self.request.prompts[prompt_index], self.tokenizer) + text
+        if entries is not None:
+            entries = [*echo_entries(prompt), *entries]
+        return text, entries, extra

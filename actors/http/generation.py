@@ -2,8 +2,11 @@
 
 The HTTP status is decided on the first reply entry: until it arrives nothing is sent, so an
 engine refusal (a prompt longer than the context, a bad token id) is still a 400, and a worker
-that never answers is a 503. A client that goes away cancels its request over the backend's
-control path, whether it was streaming or waiting for the whole answer.
+that never answers is a 503. A completions request with several prompts submits one wire request
+per prompt and waits for each one's first entry before answering; their replies are merged in
+OpenAI's choice order (actors/http/prompt_results.py; streamed: actors/http/chunks.py). A client
+that goes away cancels its request (every prompt of it) over the backend's control path, whether it
+was streaming or waiting for the whole answer.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from actors.http.interrupts import ClientGone, DisconnectWatch, Interrupter, Wat
 from actors.http.limits import PendingLimit, check_api_key, read_body_limited
 from actors.http.openai_shapes import completion_body
 from actors.http.options import GatewayOptions
+from actors.http.prompt_results import merge_prompt_results
+from actors.http.reply_merge import merge_replies
 from actors.http.request_ids import MemoryRequestIds, request_fingerprint
 from queue_adapters.client import assemble
 from queue_adapters.codec import WireReply
@@ -37,9 +42,13 @@ log = structlog.get_logger(__name__)
 class EventWriter(Protocol):
     """A request's reply entries as server-sent events, in one API's shapes."""
 
-    def opening(self, first: WireReply) -> str: ...
+    def opening(self, firsts: list[WireReply]) -> str:
+        """The events of each prompt's first reply entry (one prompt but for completions' prompt lists)."""
+        ...
 
-    def rest(self, replies: AsyncIterator[WireReply]) -> AsyncIterator[str]: ...
+    def rest(self, replies: AsyncIterator[tuple[int, WireReply]]) -> AsyncIterator[str]:
+        """The events of the later entries, each with its prompt's index."""
+        ...
 
     def failure(self, error: ApiError) -> str:
         """The events that end a stream whose request queue failed after the status was sent."""
@@ -73,7 +82,7 @@ class _OpenAIShape:
         return error.response()
 
     def answer(self, request: GatewayRequest, result: dict[str, Any]) -> Response:
-        return JSONResponse(completion_body(request.wire.id, result, self.backend.model_name,
+        return JSONResponse(completion_body(request.response_id, result, self.backend.model_name,
                                             self.backend.tokenizer, request.chat))
 
     def writer(self, request: GatewayRequest) -> EventWriter:
@@ -141,16 +150,16 @@ class Generation:
         watch = DisconnectWatch(request.receive, interrupter)
         try:
             with interrupter:
-                replies, first = await self._start(gateway_request, interrupter)
+                replies, firsts = await self._start(gateway_request, interrupter)
             if gateway_request.stream:
                 handed_over = True  # from here the stream owns the slot and the watch
-                return self._stream(shape.writer(gateway_request), gateway_request, replies, first, interrupter,
+                return self._stream(shape.writer(gateway_request), gateway_request, replies, firsts, interrupter,
                                     watch)
             with interrupter:
-                replies_so_far = await _collect(first, replies)
+                replies_so_far = [await _collect(first, rest) for first, rest in zip(firsts, replies, strict=True)]
             return self._answer(shape, gateway_request, replies_so_far)
         except ClientGone:
-            self._client_gone(gateway_request.wire.id)
+            self._client_gone(gateway_request)
             return Response(status_code=499)  # nobody reads it; the request is cancelled
         finally:
             if not handed_over:
@@ -169,26 +178,31 @@ class Generation:
         self.metrics.in_flight.dec()
 
     async def _start(self, request: GatewayRequest,
-                     interrupter: Interrupter) -> tuple[AsyncIterator[WireReply], WireReply]:
-        """Submit and wait for the first reply entry; its error (if any) becomes the HTTP error."""
+                     interrupter: Interrupter) -> tuple[list[AsyncIterator[WireReply]], list[WireReply]]:
+        """Submit every prompt and wait for each one's first reply entry; the first error (in prompt
+        order) becomes the HTTP error, and the other prompts are cancelled."""
         started = time.monotonic()
         try:
-            await self.backend.submit(request.wire)
+            for wire in request.wires:
+                await self.backend.submit(wire)
         except (RedisError, OSError) as error:
             raise ApiError(503, f"the request queue is unreachable: {error}", code="unavailable") from error
-        replies = aiter(self.backend.replies(request.wire))
-        first = await self._first_entry(request, replies, interrupter)
+        replies = [aiter(self.backend.replies(wire)) for wire in request.wires]
+        firsts = [await self._first_entry(request, stream, interrupter) for stream in replies]
         self.metrics.time_to_first_entry.observe(time.monotonic() - started)
-        if first.error is not None:
-            raise from_engine_error({"code": first.error.code, "message": first.error.message})
-        return replies, first
+        for index, first in enumerate(firsts):
+            if first.error is not None:
+                if len(request.wires) > 1:
+                    self._cancel_all(request)
+                raise _engine_refusal(request, index, first)
+        return replies, firsts
 
     async def _first_entry(self, request: GatewayRequest, replies: AsyncIterator[WireReply],
                            interrupter: Interrupter) -> WireReply:
         """The first reply entry; 503 when none came within --worker-timeout and no worker is alive."""
 
         def no_worker() -> None:
-            self._cancel_later(request.wire.id)
+            self._cancel_all(request)
             interrupter.interrupt(ApiError(503, f"no worker answered within {self.options.worker_timeout_s:g} s",
                                            code="no_worker"))
 
@@ -198,20 +212,22 @@ class Generation:
         finally:
             watchdog.stop()
 
-    def _answer(self, shape: ResponseShape, request: GatewayRequest, replies: list[WireReply]) -> Response:
-        result = assemble(request.wire.id, replies)
+    def _answer(self, shape: ResponseShape, request: GatewayRequest, replies: list[list[WireReply]]) -> Response:
+        results = [assemble(wire.id, entries) for wire, entries in zip(request.wires, replies, strict=True)]
+        result = results[0] if request.chat else merge_prompt_results(results, request.n, request.prompts,
+                                                                      request.echo, self.backend.tokenizer)
         if result["error"] is not None:
             raise from_engine_error(result["error"])
         return shape.answer(request, result)
 
-    def _stream(self, writer: EventWriter, request: GatewayRequest, replies: AsyncIterator[WireReply],
-                first: WireReply, interrupter: Interrupter, watch: DisconnectWatch) -> Response:
+    def _stream(self, writer: EventWriter, request: GatewayRequest, replies: list[AsyncIterator[WireReply]],
+                firsts: list[WireReply], interrupter: Interrupter, watch: DisconnectWatch) -> Response:
         finished = False
 
         async def rest() -> AsyncIterator[str]:
             nonlocal finished
             try:
-                async for event_text in writer.rest(replies):
+                async for event_text in writer.rest(merge_replies(replies)):
                     yield event_text
             except (RedisError, OSError) as error:  # the status is sent already: report in-band, end cleanly
                 log.warning("request queue failed mid-stream", request_id=request.wire.id, error=str(error))
@@ -224,14 +240,18 @@ class Generation:
             watch.stop()
             self._release()
             if not finished:
-                self._client_gone(request.wire.id)
+                self._client_gone(request)
 
-        return _EventStreamResponse(writer.opening(first), rest(), interrupter, closed)
+        return _EventStreamResponse(writer.opening(firsts), rest(), interrupter, closed)
 
-    def _client_gone(self, request_id: str) -> None:
-        log.info("client went away; cancelling", request_id=request_id)
+    def _client_gone(self, request: GatewayRequest) -> None:
+        log.info("client went away; cancelling", request_id=request.response_id)
         self.metrics.cancelled.inc()
-        self._cancel_later(request_id)
+        self._cancel_all(request)
+
+    def _cancel_all(self, request: GatewayRequest) -> None:
+        for wire in request.wires:
+            self._cancel_later(wire.id)
 
     def _cancel_later(self, request_id: str) -> None:
         """Cancel from a task of its own: the handler calling this may itself be cancelled already."""
@@ -248,6 +268,21 @@ class Generation:
 
 async def _collect(first: WireReply, replies: AsyncIterator[WireReply]) -> list[WireReply]:
     return [first, *[reply async for reply in replies]]
+
+
+def _engine_refusal(request: GatewayRequest, prompt_index: int, first: WireReply) -> ApiError:
+    """A worker's refusal of one prompt; for completions its `prompt_token_ids` is the client's `prompt`."""
+    assert first.error is not None
+    error = from_engine_error({"code": first.error.code, "message": first.error.message})
+    if request.chat:
+        return error
+    field = "prompt" if len(request.wires) == 1 else f"prompt[{prompt_index}]"
+    if error.message.startswith("prompt"):  # about the prompt itself: its length, a token id
+        error.param = "prompt"
+    error.message = error.message.replace("prompt_token_ids", field)
+    if len(request.wires) > 1 and not error.message.startswith(field):
+        error.message = f"{field}: {error.message}"  # which prompt the worker refused
+    return error
 
 
 class _EventStreamResponse(StreamingResponse):

@@ -24,11 +24,24 @@ def completion_body(response_id: str, result: dict[str, Any], model_name: str, t
         "choices": [choice_object(choice, tokenizer) for choice in result["choices"]],
         "usage": usage_object(result["usage"]),
     }
-    if result.get("prompt_logprobs") is not None:
-        body["prompt_logprobs"] = [None if entry is None else {**entry, "token": token_text(tokenizer,
-                                                                                             entry["token_id"])}
-                                   for entry in result["prompt_logprobs"]]
+    if chat and result.get("prompt_logprobs") is not None:  # vLLM: chat's at the top, completions' per choice
+        body["prompt_logprobs"] = vllm_prompt_logprobs(result["prompt_logprobs"], tokenizer)
     return body
+
+
+def vllm_prompt_logprobs(entries: list[dict | None], tokenizer: Any | None) -> list[dict[str, dict] | None]:
+    """vLLM's prompt_logprobs: per prompt token (None for the first) {token id: {logprob, rank,
+    decoded_token}}, the prompt's own token first, then the top alternatives."""
+    return [None if entry is None else _vllm_position(entry, tokenizer) for entry in entries]
+
+
+def _vllm_position(entry: dict, tokenizer: Any | None) -> dict[str, dict]:
+    position = {str(entry["token_id"]): {"logprob": entry["logprob"], "rank": entry["rank"],
+                                         "decoded_token": token_text(tokenizer, entry["token_id"])}}
+    for rank, (token_id, logprob) in enumerate(entry["top"], start=1):
+        position.setdefault(str(token_id), {"logprob": logprob, "rank": rank,
+                                            "decoded_token": token_text(tokenizer, token_id)})
+    return position
 
 
 def usage_object(usage: dict[str, int]) -> dict[str, Any]:
@@ -38,14 +51,32 @@ def usage_object(usage: dict[str, int]) -> dict[str, Any]:
 
 
 def completion_choice(choice: dict, tokenizer: Any | None) -> dict[str, Any]:
+    """A completions choice; with `echo_text` (echo) the prompt comes first in its text and, when
+    logprobs were asked for, in its logprobs (the prompt's first token has none: null)."""
     entries = choice["logprobs"]
-    return {"index": choice["index"], "text": choice["text"], "token_ids": choice["token_ids"],
+    echoed = "echo_text" in choice
+    if echoed and entries is not None:
+        entries = [*echo_entries(choice), *entries]
+    body = {"index": choice["index"], "text": choice.get("echo_text", "") + choice["text"],
+            "token_ids": choice["token_ids"],
             "logprobs": completion_logprobs(entries, tokenizer) if entries is not None else None,
             "finish_reason": choice["finish_reason"], "stop_reason": choice["stop_reason"]}
+    if choice.get("prompt_logprobs") is not None:
+        body["prompt_logprobs"] = vllm_prompt_logprobs(choice["prompt_logprobs"], tokenizer)
+    return body
+
+
+def echo_entries(choice: dict) -> list[dict]:
+    """The prompt's tokens as logprob entries: the first without a logprob (nothing precedes it)."""
+    prompt_ids, scored = choice.get("prompt_token_ids"), choice.get("prompt_logprobs")
+    if not prompt_ids or scored is None:
+        return []
+    return [{"token_id": prompt_ids[0], "logprob": None, "rank": None, "top": None}, *scored[1:]]
 
 
 def completion_logprobs(entries: list[dict], tokenizer: Any | None, text_offset: int = 0) -> dict[str, Any]:
     """The completions-API logprobs object, plus token ids and ranks (token strings can collide).
+    An entry whose `top` is None (an echoed prompt's first token) has null logprob and top_logprobs.
 
     `text_offset`: where these tokens' text starts in the choice (a stream chunk continues a choice)."""
     tokens = [token_text(tokenizer, entry["token_id"]) for entry in entries]
@@ -56,7 +87,7 @@ def completion_logprobs(entries: list[dict], tokenizer: Any | None, text_offset:
     return {
         "tokens": tokens,
         "token_logprobs": [entry["logprob"] for entry in entries],
-        "top_logprobs": [_top_with_chosen(entry, tokenizer) for entry in entries],
+        "top_logprobs": [None if entry["top"] is None else _top_with_chosen(entry, tokenizer) for entry in entries],
         "text_offset": offsets,
         "token_ids": [entry["token_id"] for entry in entries],
         "ranks": [entry["rank"] for entry in entries],

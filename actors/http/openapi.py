@@ -17,6 +17,7 @@ from functools import cache
 from typing import Any
 
 from actors.http.bodies import _REQUEST_ID
+from actors.http.completion_request import MAX_PROMPTS
 from actors.http.kobold.openapi_paths import kobold_paths
 from pipeline.request import sampling_params as sp
 from pipeline.request.param_checks import FLOAT32_MAX, INT64_MAX, INT64_MIN
@@ -34,7 +35,8 @@ _BASE64_DATA_URI = r"^data:[^,]*;base64,(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}
 _BOUNDS_IN_CODE: dict[str, Schema] = {
     "n": {"minimum": 1, "maximum": sp.MAX_N},
     "best_of": {"minimum": 1, "maximum": sp.MAX_N, "description": f"in [n, {sp.MAX_N}]; null: n"},
-    "max_tokens": {"minimum": 1, "description": "null: until the context (max_model_len) is full"},
+    "max_tokens": {"minimum": 0, "description": "null: until the context (max_model_len) is full; 0 scores the "
+                                                "prompt only (completions with echo: true)"},
     "min_tokens": {"minimum": 0, "description": "at most max_tokens"},
     "logprobs": {"minimum": 0, "description": "at most the server's --max-logprobs"},
     "prompt_logprobs": {"minimum": 0, "description": "at most the server's --max-logprobs"},
@@ -180,12 +182,18 @@ def _gateway_fields() -> dict[str, Schema]:
 
 
 def completion_body() -> Schema:
-    prompt = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": _TOKEN_ID, "minItems": 1}],
-              "description": "one prompt: text (at most max_model_len x 64 characters), or token ids in the "
-                             "model's vocabulary"}
-    not_yet = {"echo": {"enum": [False, None], "description": "echo: true is not supported yet"},
-               "suffix": {"enum": ["", None], "description": "a suffix is not supported yet"}}
-    properties = {"prompt": prompt, **_gateway_fields(), **sampling_properties(), **not_yet}
+    token_ids = {"type": "array", "items": _TOKEN_ID, "minItems": 1}
+    one_of_several = {"anyOf": [{"type": "string"}, token_ids]}
+    prompt = {"anyOf": [{"type": "string"}, token_ids,
+                        {"type": "array", "items": one_of_several, "minItems": 1, "maxItems": MAX_PROMPTS}],
+              "description": "one prompt (text of at most max_model_len x 64 characters, or token ids in the "
+                             f"model's vocabulary) or a list of up to {MAX_PROMPTS} of them: one choice per "
+                             "prompt x n, numbered prompt_index * n + j"}
+    echo = {"type": ["boolean", "null"], "default": False,
+            "description": "each choice starts with its prompt: in text and, with logprobs, in logprobs (the "
+                           "prompt's first token has null logprob and top_logprobs); max_tokens 0 needs it"}
+    not_yet = {"suffix": {"enum": ["", None], "description": "a suffix is not supported yet"}}
+    properties = {"prompt": prompt, "echo": echo, **_gateway_fields(), **sampling_properties(), **not_yet}
     return {"type": "object", "required": ["prompt"], "properties": properties, "additionalProperties": False}
 
 
@@ -195,6 +203,8 @@ _NO_LIST: Schema = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}
 def chat_body() -> Schema:
     sampling = sampling_properties()
     sampling["max_tokens"]["default"] = None  # a chat answer runs to the end of its turn unless capped
+    sampling["max_tokens"] = {**sampling["max_tokens"], "minimum": 1,
+                              "description": "null: until the context (max_model_len) is full"}
     sampling["logprobs"] = {"type": ["boolean", "null"], "default": False,
                             "description": "per-token logprobs of the answer"}
     chat_only = {

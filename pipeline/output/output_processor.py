@@ -60,6 +60,7 @@ class _Request:
     next_seq: int = 0
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_token_ids: list[int] | None = None  # sent with prompt_logprobs (their first entry is None)
     prompt_logprobs_sent: bool = False
 
     @property
@@ -120,6 +121,7 @@ class OutputProcessor:
                 _replay(choice, done)
         elif params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]  # the first prompt token has no context to score it
+            state.prompt_token_ids = list(prompt_token_ids)
         self._requests[request_id] = state
 
     def has_request(self, request_id: str) -> bool:
@@ -230,7 +232,7 @@ class OutputProcessor:
         state.next_seq += 1
         if state.prompt_logprobs is not None and not state.prompt_logprobs_sent \
                 and len(state.prompt_logprobs) >= state.num_prompt_tokens:
-            delta.prompt_logprobs = state.prompt_logprobs
+            delta.prompt_logprobs, delta.prompt_token_ids = state.prompt_logprobs, state.prompt_token_ids
             state.prompt_logprobs_sent = True
         if state.finished:
             delta.usage = Usage(prompt_tokens=state.num_prompt_tokens,

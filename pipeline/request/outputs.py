@@ -40,6 +40,7 @@ class RequestDelta:
     error: dict[str, str] | None = None  # {code, message} on a final error delta
     # On the first delta of a request that asked: one entry per prompt token (None for the first).
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_token_ids: list[int] | None = None  # with prompt_logprobs: the prompt as tokenized
 
     @property
     def finished(self) -> bool:

@@ -209,8 +209,9 @@ class SamplingParams:
         if self.best_of is not None and not self.n <= self.best_of <= MAX_N:
             fail(f"best_of must be None or in [n ({self.n}), {MAX_N}], got {self.best_of}")
         self._set("best_of", self.n if self.best_of is None else self.best_of)
-        if self.max_tokens is not None and self.max_tokens < 1:
-            fail(f"max_tokens must be >= 1, got {self.max_tokens}")
+        # 0: the prompt is only scored (prompt_logprobs; the completions API's echo), nothing generated.
+        if self.max_tokens is not None and self.max_tokens < 0:
+            fail(f"max_tokens must be >= 0, got {self.max_tokens}")
         if self.min_tokens < 0:
             fail(f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -249,6 +250,8 @@ class SamplingParams:
         if not self.is_greedy:
             fail(f"temperature must be 0 with use_beam_search (beam search is greedy), got {self.temperature:g}"
                  + (" with dynatemp" if self.uses_dynatemp else ""))
+        if self.max_tokens == 0:
+            fail("max_tokens must be >= 1 with use_beam_search (a beam needs tokens to rank), got 0")
         if self.best_of < 2:
             fail(f"best_of (the beam width) must be > 1 with use_beam_search, got {self.best_of}")
         if self.logprobs is not None:

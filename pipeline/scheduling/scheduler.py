@@ -327,6 +327,9 @@ class Scheduler:
             if seq.request.beam_search is not None and rows[0][1] is not None:
                 events.extend(self._apply_beam_step(on_beam_candidates(seq, rows[0][1])))
                 continue
+            if seq.params.max_tokens == 0:
+                events.append(self._scored_only(seq))
+                continue
             if seq_id in result.mirostat_mu:  # mu belongs to the choice: it survives preemption
                 seq.mirostat_mu = result.mirostat_mu[seq_id]
             events.extend(self._apply_sampled_rows(seq, rows))
@@ -360,6 +363,13 @@ class Scheduler:
             stop_reason=seq.stop_reason, num_cached_tokens=seq.num_cached_tokens,
             mirostat_mu=seq.mirostat_mu, grammar_complete=seq.grammar_complete,
         )
+
+    def _scored_only(self, seq: Sequence) -> TokenEvent:
+        """max_tokens 0: the prompt is prefilled (and scored, if prompt_logprobs asked); the token the
+        step sampled after it is dropped, and the choice ends with "length" holding no token."""
+        self.finish_sequence(seq, FinishReason.LENGTH)
+        return TokenEvent(seq.request.request_id, seq.choice_index, None, finish_reason=str(FinishReason.LENGTH),
+                          num_cached_tokens=seq.num_cached_tokens)
 
     def _apply_beam_step(self, step: BeamStep) -> list[TokenEvent]:
         self.num_generated_tokens += step.num_generated_tokens

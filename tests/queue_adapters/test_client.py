@@ -42,8 +42,8 @@ def test_submit_validates_and_writes_the_request(prefix: str) -> None:
     async def scenario() -> None:
         async with AqueductClient(REDIS_URL, prefix) as client:
             assert await client.submit({"id": "r1", "prompt": "hi", "params": {"max_tokens": 4}}) == "r1"
-            with pytest.raises(CodecError, match=r"params\.max_tokens must be >= 1"):
-                await client.submit({"id": "r2", "prompt": "hi", "params": {"max_tokens": 0}})
+            with pytest.raises(CodecError, match=r"params\.max_tokens must be >= 0"):
+                await client.submit({"id": "r2", "prompt": "hi", "params": {"max_tokens": -1}})
             [(_, fields)] = await client.redis.xrange(f"{prefix}:requests")
             assert decode_request(fields[b"data"]).params == {"max_tokens": 4}
 

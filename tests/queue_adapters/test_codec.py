@@ -82,7 +82,7 @@ def test_reply_and_cancel_round_trip() -> None:
 @pytest.mark.parametrize(("request_map", "expected"), [
     ({"id": "a", "prompt": "x", "temperature": 1}, "temperature is not a known field"),
     ({"id": "a", "prompt": "x", "params": {"temprature": 1}}, "params.temprature"),
-    ({"id": "a", "prompt": "x", "params": {"max_tokens": 0}}, "params.max_tokens must be >= 1, got 0"),
+    ({"id": "a", "prompt": "x", "params": {"max_tokens": -1}}, "params.max_tokens must be >= 0, got -1"),
     ({"id": "a", "prompt": "x", "params": {"top_p": "high"}}, "params.top_p must be a number"),
     ({"id": "a", "prompt": "x", "params": []}, "params must be a map, got a list"),
     ({"id": 7, "prompt": "x"}, "id must be a string, got an int"),

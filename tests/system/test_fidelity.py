@@ -102,6 +102,21 @@ def test_prompt_logprobs_are_hf_log_softmax(arch_model):
         assert abs(entry.logprob - float(expected[position - 1, prompt[position]])) < 1e-4
 
 
+def test_max_tokens_zero_scores_the_prompt_and_generates_nothing(arch_model):
+    _arch, path, hf = arch_model
+    prompt = list(range(30, 70))
+    params = SamplingParams(max_tokens=0, prompt_logprobs=1, n=2)
+    results = run_requests(make_engine(path, max_num_batched_tokens=16), {"x": (prompt, params)})
+    with torch.inference_mode():
+        expected = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    entries = results["x"]["prompt_logprobs"]
+    assert [entry.logprob for entry in entries[1:]] == pytest.approx(
+        [float(expected[i - 1, prompt[i]]) for i in range(1, len(prompt))], abs=1e-4)
+    for choice in results["x"]["choices"].values():
+        assert choice["token_ids"] == [] and choice["text"] == "" and choice["finish_reason"] == "length"
+    assert results["x"]["usage"].completion_tokens == 0 and results["x"]["usage"].prompt_tokens == len(prompt)
+
+
 def test_stop_tokens_and_min_tokens_match_hf_eos_semantics(arch_model):
     arch, path, hf = arch_model
     prompt = list(range(20, 50))

@@ -43,7 +43,7 @@ def add_kobold_routes(app: FastAPI, generation: Generation, backend: Backend, op
         genkey = body.get("genkey")
         if isinstance(genkey, str):
             genkeys.bind(request.headers.get("authorization"), genkey, wire.id)
-        return GatewayRequest(wire, chat=False, stream=stream, include_usage=False)
+        return GatewayRequest([wire], chat=False, stream=stream, include_usage=False, response_id=wire.id)
 
     async def generate(request: Request) -> Response:
         return await generation.serve(request, functools.partial(parse, stream=False), generate_shape)

@@ -38,11 +38,11 @@ def error_event(error: ApiError) -> str:
 class KoboldEvents:
     """One choice's text as `token` events (a Kobold stream carries one text: n is 1)."""
 
-    def opening(self, first: WireReply) -> str:
-        return self._entry(first)
+    def opening(self, firsts: list[WireReply]) -> str:
+        return "".join(self._entry(first) for first in firsts)  # a Kobold request has one prompt
 
-    async def rest(self, replies: AsyncIterator[WireReply]) -> AsyncIterator[str]:
-        async for reply in replies:
+    async def rest(self, replies: AsyncIterator[tuple[int, WireReply]]) -> AsyncIterator[str]:
+        async for _, reply in replies:
             events = self._entry(reply)
             if events:
                 yield events

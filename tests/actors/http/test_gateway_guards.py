@@ -200,8 +200,10 @@ async def test_nulls_and_the_fields_sdks_send_for_unset_options_are_absent(defau
                 **chat, **nulls, "tools": None, "tool_choice": None, "functions": None, "parallel_tool_calls": True,
                 "logprobs": None})
             assert answered.status_code == 200, answered.text
-            refused = await client.post("/v1/completions", json={"prompt": "Hi", **plain, "echo": True})
-            assert refused.status_code == 400 and "echo" in refused.json()["error"]["message"]
+            echoed = await client.post("/v1/completions", json={"prompt": "Hi", **plain, "echo": True})
+            assert echoed.json()["choices"][0]["text"] == "Hi" + base.json()["choices"][0]["text"]
+            refused = await client.post("/v1/completions", json={"prompt": "Hi", **plain, "suffix": "!"})
+            assert refused.status_code == 400 and "suffix" in refused.json()["error"]["message"]
             tools = [{"type": "function", "function": {"name": "f"}}]
             refused = await client.post("/v1/chat/completions", json={**chat, "tools": tools})
             assert refused.status_code == 400 and "tools" in refused.json()["error"]["message"]
