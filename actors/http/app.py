@@ -23,6 +23,7 @@ from actors.http.gateway_metrics import GatewayMetrics
 from actors.http.generation import Generation
 from actors.http.limits import check_api_key, read_body_limited
 from actors.http.options import GatewayOptions
+from actors.http.unknown_fields import IGNORED_FIELDS_HEADER
 from actors.worker.metrics import METRICS_CONTENT_TYPE
 from pipeline.intake.chat_content import ChatContentGuard
 from pipeline.intake.request_builder import template_messages
@@ -51,7 +52,7 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
         backend.model_name = options.served_model_names[0]
     if options.allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],
-                           allow_headers=["*"], expose_headers=["X-Request-Id"])
+                           allow_headers=["*"], expose_headers=["X-Request-Id", IGNORED_FIELDS_HEADER])
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> Response:

@@ -15,6 +15,7 @@ from typing import Any
 from actors.http.chat_request import parse_chat_body
 from actors.http.completion_request import parse_completion_body
 from actors.http.errors import ApiError, invalid
+from actors.http.unknown_fields import take_unknown_fields
 from queue_adapters.codec import CodecError, WireRequest
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -26,6 +27,7 @@ class GatewayRequest:
     chat: bool
     stream: bool
     include_usage: bool
+    ignored_fields: tuple[str, ...] = ()  # unknown top-level fields taken off (actors/http/unknown_fields.py)
 
     @property
     def num_choices(self) -> int:
@@ -34,11 +36,11 @@ class GatewayRequest:
 
 def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
                timeout_s: float | None, adapters: list[str] | None = None,
-               aliases: tuple[str, ...] = ()) -> GatewayRequest:
+               aliases: tuple[str, ...] = (), strict_fields: bool = False) -> GatewayRequest:
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
     lora = _check_model(body.get("model"), aliases or (model_name,), adapters or [])
-    body = dict(body)
+    body, ignored = take_unknown_fields(body, strict_fields)
     stream = _pop_bool(body, "stream")
     include_usage = _pop_stream_options(body, stream)
     wire_id = _wire_id(request_id, chat)
@@ -48,7 +50,7 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
         wire = WireRequest(id=wire_id, params=params, deadline_ms=deadline_ms, lora=lora, **prompt_fields)
     except (CodecError, ValueError, TypeError) as error:
         raise invalid(str(error)) from error
-    return GatewayRequest(wire, chat, stream, include_usage)
+    return GatewayRequest(wire, chat, stream, include_usage, ignored)
 
 
 def _parse(body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -28,6 +28,7 @@ from actors.http.limits import PendingLimit, check_api_key, read_body_limited
 from actors.http.openai_shapes import completion_body
 from actors.http.options import GatewayOptions
 from actors.http.request_ids import MemoryRequestIds, request_fingerprint
+from actors.http.unknown_fields import bounded_names, ignored_fields_header
 from queue_adapters.client import assemble
 from queue_adapters.codec import WireReply
 
@@ -71,7 +72,11 @@ class Generation:
         body = parse_json_body(raw)
         gateway_request = parse_body(body, chat, self.backend.model_name, request.headers.get("x-request-id"),
                                      self.options.request_timeout_s, self.backend.adapter_names(),
-                                     aliases=self.options.served_model_names)
+                                     aliases=self.options.served_model_names,
+                                     strict_fields=self.options.strict_fields)
+        if gateway_request.ignored_fields:
+            log.warning("request fields ignored", request_id=gateway_request.wire.id,
+                        fields=bounded_names(gateway_request.ignored_fields))
         if "x-request-id" in request.headers:
             await self._check_id_owner(gateway_request.wire.id, request.headers.get("authorization"), body)
         self.pending.acquire()
@@ -142,7 +147,8 @@ class Generation:
         if result["error"] is not None:
             raise from_engine_error(result["error"])
         return JSONResponse(completion_body(request.wire.id, result, self.backend.model_name,
-                                            self.backend.tokenizer, request.chat))
+                                            self.backend.tokenizer, request.chat),
+                            headers=ignored_fields_header(request.ignored_fields))
 
     def _stream(self, request: GatewayRequest, replies: AsyncIterator[WireReply], first: WireReply,
                 interrupter: Interrupter, watch: DisconnectWatch) -> Response:
@@ -168,7 +174,8 @@ class Generation:
             if not finished:
                 self._client_gone(request.wire.id)
 
-        return _EventStreamResponse(writer.opening(first), rest(), interrupter, closed)
+        return _EventStreamResponse(writer.opening(first), rest(), interrupter, closed,
+                                    ignored_fields_header(request.ignored_fields))
 
     def _client_gone(self, request_id: str) -> None:
         log.info("client went away; cancelling", request_id=request_id)
@@ -203,8 +210,8 @@ class _EventStreamResponse(StreamingResponse):
     so the client wakes once for its first token."""
 
     def __init__(self, opening: str, rest: AsyncIterator[str], interrupter: Interrupter,
-                 on_closed: Callable[[], None]) -> None:
-        super().__init__(rest, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                 on_closed: Callable[[], None], headers: dict[str, str]) -> None:
+        super().__init__(rest, media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers})
         self.opening, self.interrupter = opening.encode(), interrupter
         self.on_closed = [on_closed]
 

@@ -178,6 +178,14 @@ def _gateway_fields() -> dict[str, Schema]:
     }
 
 
+# vLLM's behaviour (actors/http/unknown_fields.py): other top-level fields are ignored, logged and named in
+# the X-Ignored-Fields response header; `serve --strict-fields` makes them a 400.
+_OTHER_FIELDS: Schema = {"additionalProperties": True,
+                         "description": "a field not listed here is ignored and named in the X-Ignored-Fields "
+                                        "response header (a 400 with serve --strict-fields); OpenAI's and vLLM's "
+                                        "fields that this server does not implement are a 400"}
+
+
 def completion_body() -> Schema:
     prompt = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": _TOKEN_ID, "minItems": 1}],
               "description": "one prompt: text (at most max_model_len x 64 characters), or token ids in the "
@@ -185,7 +193,7 @@ def completion_body() -> Schema:
     not_yet = {"echo": {"enum": [False, None], "description": "echo: true is not supported yet"},
                "suffix": {"enum": ["", None], "description": "a suffix is not supported yet"}}
     properties = {"prompt": prompt, **_gateway_fields(), **sampling_properties(), **not_yet}
-    return {"type": "object", "required": ["prompt"], "properties": properties, "additionalProperties": False}
+    return {"type": "object", "required": ["prompt"], "properties": properties, **_OTHER_FIELDS}
 
 
 _NO_LIST: Schema = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
@@ -209,7 +217,7 @@ def chat_body() -> Schema:
     }
     properties = {"messages": {"type": "array", "minItems": 1, "items": _message()},
                   **_gateway_fields(), **sampling, **chat_only}
-    return {"type": "object", "required": ["messages"], "properties": properties, "additionalProperties": False}
+    return {"type": "object", "required": ["messages"], "properties": properties, **_OTHER_FIELDS}
 
 
 def _message() -> Schema:
@@ -294,8 +302,10 @@ def _document() -> Schema:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Aqueduct", "version": "1",
-                 "description": "OpenAI-compatible completions and chat. Unknown fields are a 400, and so is an "
-                                "integer field given a number with a fraction part or exponent (1.0 for 1)."},
+                 "description": "OpenAI-compatible completions and chat. An unknown top-level field of a "
+                                "generation body is ignored and named in the X-Ignored-Fields response header "
+                                "(a 400 with serve --strict-fields); elsewhere unknown fields are a 400, and so "
+                                "is an integer field given a number with a fraction part or exponent (1.0 for 1)."},
         "paths": {
             "/v1/completions": {"post": _operation("Complete a prompt", completion_body(), _GENERATION_RESPONSE,
                                                    generation=True)},
