@@ -110,6 +110,8 @@ class WireReply(_Wire):
     seq: NonNegativeInt
     choices: list[WireChoice] = []
     usage: WireUsage | None = None
+    # On the first entry: the prompt's length, so a stream can report usage before the final entry.
+    prompt_tokens: NonNegativeInt | None = None
     error: WireError | None = None
     # Once, when the request asked for them: one entry per prompt token (nil for the first).
     prompt_logprobs: list[Any] | None = None

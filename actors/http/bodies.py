@@ -27,6 +27,7 @@ class GatewayRequest:
     chat: bool
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage so far in every chunk
     ignored_fields: tuple[str, ...] = ()  # unknown top-level fields taken off (actors/http/unknown_fields.py)
 
     @property
@@ -42,7 +43,7 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
     lora = _check_model(body.get("model"), aliases or (model_name,), adapters or [])
     body, ignored = take_unknown_fields(body, strict_fields)
     stream = _pop_bool(body, "stream")
-    include_usage = _pop_stream_options(body, stream)
+    include_usage, continuous_usage = _pop_stream_options(body, stream)
     wire_id = _wire_id(request_id, chat)
     prompt_fields, params = _parse(body, chat)
     deadline_ms = int((time.time() + timeout_s) * 1000) if timeout_s else None
@@ -50,7 +51,7 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
         wire = WireRequest(id=wire_id, params=params, deadline_ms=deadline_ms, lora=lora, **prompt_fields)
     except (CodecError, ValueError, TypeError) as error:
         raise invalid(str(error)) from error
-    return GatewayRequest(wire, chat, stream, include_usage, ignored)
+    return GatewayRequest(wire, chat, stream, include_usage, continuous_usage, ignored)
 
 
 def _parse(body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -86,15 +87,30 @@ def _pop_bool(body: dict[str, Any], name: str) -> bool:
     return value
 
 
-def _pop_stream_options(body: dict[str, Any], stream: bool) -> bool:
+def _pop_stream_options(body: dict[str, Any], stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats). As vLLM reads them, usage in every chunk needs both."""
     options = body.pop("stream_options", None)
     if options is None:
-        return False
+        return False, False
     if not stream:
         raise invalid("stream_options needs stream: true", "stream_options")
-    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
-        raise invalid("stream_options supports include_usage only", "stream_options")
-    return bool(options.get("include_usage", False))
+    if not isinstance(options, dict):
+        raise invalid("stream_options must be an object", "stream_options")
+    unknown = sorted(str(key) for key in options if key not in ("include_usage", "continuous_usage_stats"))
+    if unknown:
+        raise invalid(f"stream_options: unknown field(s) {', '.join(unknown)} (known: include_usage, "
+                      "continuous_usage_stats)", "stream_options")
+    include_usage = _option_flag(options, "include_usage")
+    return include_usage, include_usage and _option_flag(options, "continuous_usage_stats")
+
+
+def _option_flag(options: dict[str, Any], name: str) -> bool:
+    value = options.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise invalid(f"stream_options.{name} must be true or false, got {value!r}", f"stream_options.{name}")
+    return value
 
 
 def _wire_id(request_id: str | None, chat: bool) -> str:

@@ -173,8 +173,12 @@ def _gateway_fields() -> dict[str, Schema]:
         "service_tier": {"description": "accepted and not used (any JSON value)"},
         "stream": {"type": ["boolean", "null"], "default": False, "description": "server-sent events"},
         "stream_options": {
-            "type": ["object", "null"], "description": "needs stream: true; include_usage is read as a truth value",
-            "properties": {"include_usage": {}, "continuous_usage_stats": {}}, "additionalProperties": False},
+            "type": ["object", "null"],
+            "description": "needs stream: true; include_usage adds a last chunk with the usage, and with it "
+                           "continuous_usage_stats gives every chunk the usage so far (vLLM's)",
+            "properties": {"include_usage": {"type": ["boolean", "null"]},
+                           "continuous_usage_stats": {"type": ["boolean", "null"]}},
+            "additionalProperties": False},
     }
 
 

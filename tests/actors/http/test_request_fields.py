@@ -7,13 +7,15 @@ import json
 from collections.abc import AsyncIterator
 
 import httpx
+import openai
 import pytest
 from structlog.testing import capture_logs
 
 from actors.http.app import create_app
+from actors.http.backends import EmbeddedBackend
 from actors.http.options import GatewayOptions
 from queue_adapters.codec import WireChoice, WireReply, WireRequest, WireUsage
-from tests.support.gateway_helpers import SilentBackend
+from tests.support.gateway_helpers import API_KEY, SilentBackend
 
 COMPLETION = {"model": "silent", "prompt": "Hello", "max_tokens": 3}
 CHAT = {"model": "silent", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3}
@@ -34,7 +36,8 @@ class ScriptedBackend(SilentBackend):
             last = seq == 2
             yield WireReply(id=request.id, seq=seq, choices=[WireChoice(
                 index=0, token_ids=[token], text=text, finish_reason="length" if last else None)],
-                usage=WireUsage(prompt_tokens=4, completion_tokens=3) if last else None)
+                usage=WireUsage(prompt_tokens=4, completion_tokens=3) if last else None,
+                prompt_tokens=4 if seq == 0 else None)
 
 
 def _client(backend: SilentBackend, **options) -> httpx.AsyncClient:
@@ -101,3 +104,37 @@ def test_serve_takes_strict_fields() -> None:
     parser = build_parser()
     assert options_from_args(parser.parse_args(["serve", "--strict-fields"])).strict_fields
     assert not options_from_args(parser.parse_args(["serve"])).strict_fields
+
+
+@pytest.mark.parametrize(("path", "body"), [("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)])
+async def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(path: str, body: dict) -> None:
+    both = {"include_usage": True, "continuous_usage_stats": True}
+    async with _client(ScriptedBackend()) as client:
+        events = _events(await client.post(path, json={**body, "stream": True, "stream_options": both}))
+        without = _events(await client.post(path, json={**body, "stream": True, "stream_options": {
+            "continuous_usage_stats": True}}))  # as vLLM: only with include_usage
+        refused = await client.post(path, json={**body, "stream": True, "stream_options": {"include_usage": "yes"}})
+    with_choices = [chunk for chunk in events if chunk["choices"]]
+    completion_so_far = [chunk["usage"]["completion_tokens"] for chunk in with_choices]
+    assert completion_so_far == ([0, 1, 2, 3] if path.endswith("chat/completions") else [1, 2, 3])
+    assert all(chunk["usage"]["prompt_tokens"] == 4 and chunk["usage"]["total_tokens"] == 4 + done
+               for chunk, done in zip(with_choices, completion_so_far, strict=True))
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
+    assert not any("usage" in chunk for chunk in without)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "stream_options.include_usage"
+
+
+def test_continuous_usage_counts_match_the_engine_s_final_usage(embedded: tuple[str, EmbeddedBackend],
+                                                              model: str) -> None:
+    client = openai.OpenAI(base_url=embedded[0], api_key=API_KEY, max_retries=0)
+    chunks = list(client.completions.create(
+        model=model, prompt="The river", max_tokens=6, n=2, temperature=1.0, seed=3, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    final = chunks[-1].usage
+    per_choice: dict[int, int] = {}
+    for chunk in chunks[:-1]:
+        choice = chunk.choices[0]
+        per_choice[choice.index] = per_choice.get(choice.index, 0) + len(choice.model_extra["token_ids"])
+        assert chunk.usage.prompt_tokens == final.prompt_tokens
+        assert chunk.usage.completion_tokens == per_choice[choice.index]
+    assert sum(per_choice.values()) == final.completion_tokens == 12
