@@ -247,7 +247,15 @@ def tokenize_body() -> Schema:
     return {"type": "object", "description": "prompt (a string), or else messages (rendered by the chat template)",
             "additionalProperties": False,
             "properties": {"model": {}, "prompt": {}, "messages": {},
-                           "add_special_tokens": {**flag, "default": True},
+                           "add_special_tokens": {**flag, "description": "add the tokenizer's special tokens "
+                                                  "(BOS, ...): by default for a prompt, not for messages (the "
+                                                  "template writes its own), as vLLM's"},
+                           "tools": {"type": ["array", "null"], "description": "messages only: OpenAI's tools, "
+                                     "rendered by the chat template", "items": {
+                                         "type": "object", "required": ["type", "function"],
+                                         "properties": {"type": {"const": "function"}, "function": {
+                                             "type": "object", "required": ["name"],
+                                             "properties": {"name": {"type": "string", "minLength": 1}}}}}},
                            "add_generation_prompt": {**flag, "default": True, "description": "messages only"},
                            "continue_final_message": {**flag, "default": False,
                                                       "description": "messages only; leaves the last message open "
