@@ -241,7 +241,7 @@ def build_request(builder: RequestBuilder, message: WireRequest) -> Request:
     """A wire request as an engine Request; ValueError names what is wrong with it."""
     limits = getattr(builder.image_processor, "limits", None)
     message = resolve_image_urls(message, limits.max_bytes if limits is not None else None)
-    return builder.build(message.id, message.sampling_params(), prompt=message.prompt, lora=message.lora,
+    return builder.build(message.id, builder.sampling_params(message.params), prompt=message.prompt, lora=message.lora,
                          prompt_token_ids=message.prompt_token_ids,
                          messages=[m.as_dict() for m in message.messages] if message.messages is not None else None,
                          images=message.images)
