@@ -292,7 +292,11 @@ def _operation(summary: str, body: Schema, answer: Schema, *, generation: bool =
     content = {"application/json": {"schema": answer}}
     if generation:
         content["text/event-stream"] = {"schema": _EVENT}
-    responses = {"200": {"description": "the answer", "content": content}}
+    responses: Schema = {"200": {"description": "the answer", "content": content}}
+    if generation:
+        responses["200"]["headers"] = {"X-Ignored-Fields": {
+            "description": "the body's unknown top-level fields, which had no effect (percent-encoded, comma-"
+                           "separated, at most 32); absent when there were none", "schema": {"type": "string"}}}
     for status, description in {**_ERROR_STATUSES, **(_REQUEST_ID_CONFLICT if generation else {})}.items():
         responses[status] = {"description": description,
                              "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}

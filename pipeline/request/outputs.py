@@ -37,10 +37,10 @@ class RequestDelta:
     seq: int  # dense per request: 0, 1, 2, ...
     choices: list[ChoiceDelta]
     usage: Usage | None = None  # on the final delta
-    num_prompt_tokens: int | None = None  # on the first delta (seq 0): usage so far for streams that ask
     error: dict[str, str] | None = None  # {code, message} on a final error delta
     # On the first delta of a request that asked: one entry per prompt token (None for the first).
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    num_prompt_tokens: int | None = None  # on the first delta (seq 0): usage so far for streams that ask
 
     @property
     def finished(self) -> bool:
