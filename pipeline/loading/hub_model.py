@@ -43,21 +43,23 @@ def hub_model_dir(repo_id: str) -> Path:
     try:
         path = Path(snapshot_download(repo_id, allow_patterns=ENGINE_FILES))
     except (RepositoryNotFoundError, GatedRepoError) as error:
-        raise ValueError(f"--model {repo_id!r}: the Hub has no such model, or it is private or gated (set "
-                         f"HF_TOKEN to a token that may read it): {_first_line(error)}") from None
+        raise _failed(repo_id, "the Hub has no such model, or it is private or gated (set HF_TOKEN to a token "
+                               f"that may read it): {_first_line(error)}") from None
     except RevisionNotFoundError as error:
-        raise ValueError(f"--model {repo_id!r}: {_first_line(error)}") from None
+        raise _failed(repo_id, _first_line(error)) from None
     except LocalEntryNotFoundError:
         if constants.HF_HUB_OFFLINE:
-            raise ValueError(f"--model {repo_id!r} is not in {where}, and HF_HUB_OFFLINE is set: download it "
-                             "where the network allows (run once without HF_HUB_OFFLINE), or give a local "
-                             "directory") from None
-        raise ValueError(f"--model {repo_id!r}: the Hub ({constants.ENDPOINT}) cannot be reached and the model "
-                         f"is not in {where}") from None
+            raise _failed(repo_id, f"it is not in {where}, and HF_HUB_OFFLINE is set: download it where the "
+                                   "network allows (run once without HF_HUB_OFFLINE)") from None
+        raise _failed(repo_id, f"the Hub ({constants.ENDPOINT}) cannot be reached and it is not in {where}") from None
     except (HfHubHTTPError, OSError) as error:
-        raise ValueError(f"--model {repo_id!r}: downloading from the Hub failed: {_first_line(error)}") from None
+        raise _failed(repo_id, f"downloading from the Hub failed: {_first_line(error)}") from None
     log.info("hub model", model=repo_id, path=str(path), offline=constants.HF_HUB_OFFLINE)
     return path
+
+
+def _failed(repo_id: str, why: str) -> ValueError:
+    return ValueError(f"--model {repo_id!r} is no local file or directory, and as a Hub id: {why}")
 
 
 def _first_line(error: Exception) -> str:
