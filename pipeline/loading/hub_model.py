@@ -21,15 +21,16 @@ ENGINE_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.saf
                 "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                 "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
                 "preprocessor_config.json"]
+TOKENIZER_FILES = [name for name in ENGINE_FILES if "safetensors" not in name and name != "preprocessor_config.json"]
 
 
 def looks_like_hub_id(model: str) -> bool:
     return HUB_ID.match(model) is not None and ".." not in model
 
 
-def hub_model_dir(repo_id: str) -> Path:
-    """The local snapshot of `repo_id` (downloaded now if the network allows and it is missing or stale);
-    ValueError saying why when there is none."""
+def hub_model_dir(repo_id: str, files: list[str] = ENGINE_FILES) -> Path:
+    """The local snapshot of `repo_id`'s `files` (patterns; downloaded now if the network allows and
+    they are missing or stale); ValueError saying why when there is none."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -41,7 +42,7 @@ def hub_model_dir(repo_id: str) -> Path:
 
     where = f"the local Hugging Face cache ({constants.HF_HUB_CACHE})"
     try:
-        path = Path(snapshot_download(repo_id, allow_patterns=ENGINE_FILES))
+        path = Path(snapshot_download(repo_id, allow_patterns=files))
     except (RepositoryNotFoundError, GatedRepoError) as error:
         raise _failed(repo_id, "the Hub has no such model, or it is private or gated (set HF_TOKEN to a token "
                                f"that may read it): {_first_line(error)}") from None
@@ -59,7 +60,7 @@ def hub_model_dir(repo_id: str) -> Path:
 
 
 def _failed(repo_id: str, why: str) -> ValueError:
-    return ValueError(f"--model {repo_id!r} is no local file or directory, and as a Hub id: {why}")
+    return ValueError(f"{repo_id!r} is no local file or directory, and as a Hub id: {why}")
 
 
 def _first_line(error: Exception) -> str:

@@ -70,7 +70,10 @@ def resolve_model(model: str | None, dtype: torch.dtype, cache_root: str | Path 
     if path.is_dir():
         return ResolvedModel(_directory_model(path, dtype, cache_root), path.resolve().name)
     if looks_like_hub_id(model):
-        return ResolvedModel(_directory_model(hub_model_dir(model), dtype, cache_root), model)
+        try:
+            return ResolvedModel(_directory_model(hub_model_dir(model), dtype, cache_root), model)
+        except ValueError as error:
+            raise ValueError(f"--model {error}") from None
     raise ValueError(f"--model {model!r} is neither a file, a directory, a Hub id (org/name) nor a known model "
                      f"name ({', '.join([BUILTIN, *PACKAGED_MODELS])})")
 

@@ -92,3 +92,22 @@ def test_serving_a_hub_id_from_the_cache_gives_the_local_model_s_tokens(download
     assert outputs[REPO]["model"] == REPO
     assert outputs[REPO]["choices"][0]["token_ids"] == outputs["builtin"]["choices"][0]["token_ids"]
     assert len(outputs[REPO]["choices"][0]["token_ids"]) == 6
+
+
+def test_tokenizer_takes_a_hub_id_and_refuses_a_missing_directory(downloaded, default_model_path: Path,
+                                                                  tmp_path: Path, monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    from pipeline.loading.tokenizer import load_served_tokenizer, load_tokenizer
+
+    cache, _, _ = downloaded
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("AQUEDUCT_CACHE_DIR", str(tmp_path / "aqueduct-cache"))
+    served = load_served_tokenizer(tmp_path, REPO, None)  # the model directory has no tokenizer of its own
+    text = "The river runs to the sea."
+    assert served is not None and served.encode(text) == load_tokenizer(default_model_path).encode(text)
+    with pytest.raises(ValueError, match="--tokenizer '/no/such/dir' is neither a directory nor a Hub id"):
+        load_served_tokenizer(tmp_path, "/no/such/dir", None)
+    with pytest.raises(ValueError, match="--tokenizer 'aqueduct-tests/other' is no local file or directory"):
+        load_served_tokenizer(tmp_path, "aqueduct-tests/other", None)
