@@ -41,7 +41,7 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
     lora = _check_model(body.get("model"), aliases or (model_name,), adapters or [])
-    body, ignored = take_unknown_fields(body, strict_fields)
+    body, ignored = take_unknown_fields(body, strict_fields, chat)
     stream = _pop_bool(body, "stream")
     include_usage, continuous_usage = _pop_stream_options(body, stream)
     wire_id = _wire_id(request_id, chat)

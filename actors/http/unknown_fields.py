@@ -42,16 +42,20 @@ _VLLM_NOT_IMPLEMENTED = frozenset({
     "cache_salt", "return_token_ids", "reasoning_parser"})
 _NOT_IMPLEMENTED = _OPENAI_NOT_IMPLEMENTED | _VLLM_NOT_IMPLEMENTED
 # Values of those that ask for nothing (vLLM's defaults; clients send them for unset fields).
-_ASKS_NOTHING: dict[str, tuple[Any, ...]] = {"priority": (0,), "return_tokens_as_token_ids": (False,),
-                                             "return_token_ids": (False,), "bad_words": ([],)}
+_ASKS_NOTHING: dict[str, tuple[Any, ...]] = {
+    "priority": (0,), "return_tokens_as_token_ids": (False,), "return_token_ids": (False,), "bad_words": ([],),
+    "add_generation_prompt": (True,), "continue_final_message": (False,), "chat_template_kwargs": ({},),
+    "documents": ([],), "mm_processor_kwargs": ({},), "logits_processors": ([],)}
+# add_special_tokens' default depends on the endpoint: the chat template writes its own BOS.
+_ADD_SPECIAL_TOKENS_DEFAULT = {True: False, False: True}  # chat -> False, completions -> True
 _SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 
 
-def take_unknown_fields(body: dict[str, Any], strict: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
+def take_unknown_fields(body: dict[str, Any], strict: bool, chat: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
     """(the body without its unknown top-level fields, their names, sorted). Known fields that ask
     for something this server does not do are a 400 naming them, in both modes."""
-    _refuse_not_implemented(body)
-    body = _without(body, lambda key: key in _NOT_IMPLEMENTED or key in _OPENAI_BOOKKEEPING)  # null by now
+    _refuse_not_implemented(body, chat)
+    body = _without(body, lambda key: key in _NOT_IMPLEMENTED or key in _OPENAI_BOOKKEEPING)  # ask nothing by now
     if strict:
         return body, ()  # the parsers answer an unknown field with a 400 naming it
     unknown = tuple(sorted(str(key) for key in body if not _is_known(key)))
@@ -79,9 +83,10 @@ def _without(body: dict[str, Any], drop: Callable[[str], bool]) -> dict[str, Any
     return {key: value for key, value in body.items() if not drop(key)}
 
 
-def _refuse_not_implemented(body: dict[str, Any]) -> None:
+def _refuse_not_implemented(body: dict[str, Any], chat: bool) -> None:
+    """A value that asks for vLLM's default is accepted: clients send defaults for unset fields."""
     for key in sorted(body.keys() & _NOT_IMPLEMENTED):
         value = body[key]
-        if value is not None and not any(value == nothing and type(value) is type(nothing)
-                                         for nothing in _ASKS_NOTHING.get(key, ())):
+        defaults = (_ADD_SPECIAL_TOKENS_DEFAULT[chat],) if key == "add_special_tokens" else _ASKS_NOTHING.get(key, ())
+        if value is not None and not any(value == default and type(value) is type(default) for default in defaults):
             raise invalid(f"{key} is not supported by this server", key)

@@ -88,6 +88,20 @@ async def test_known_fields_we_do_not_implement_stay_errors_unless_null(field: s
         assert accepted.status_code == 200 and "X-Ignored-Fields" not in accepted.headers
 
 
+async def test_vllm_s_default_values_of_those_fields_ask_for_nothing() -> None:
+    """Clients send vLLM's defaults for fields they leave unset; only another value needs the feature."""
+    async with _client(ScriptedBackend()) as client:
+        for body, path in ((CHAT, "/v1/chat/completions"), (COMPLETION, "/v1/completions")):
+            defaults = {"add_generation_prompt": True, "continue_final_message": False, "priority": 0,
+                        "chat_template_kwargs": {}, "add_special_tokens": path.endswith("/v1/completions")}
+            response = await client.post(path, json={**body, **defaults})
+            assert response.status_code == 200, response.text
+            flipped = await client.post(path, json={**body, "add_special_tokens": not defaults["add_special_tokens"]})
+            assert flipped.status_code == 400 and flipped.json()["error"]["param"] == "add_special_tokens"
+        refused = await client.post("/v1/chat/completions", json={**CHAT, "add_generation_prompt": False})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "add_generation_prompt"
+
+
 async def test_a_hostile_field_name_gives_a_bounded_ascii_header() -> None:
     names = {f"é\r\n{index}" + "x" * 200: 1 for index in range(40)}
     async with _client(ScriptedBackend()) as client:
