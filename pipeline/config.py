@@ -61,6 +61,9 @@ class ModelConfig:
     # Read special-token text inside chat messages as special tokens (trusted clients only): by default
     # it stays text, so a message cannot forge role markers (pipeline/intake/chat_content.py).
     special_tokens_in_messages: bool = False
+    # Request defaults from a generation_config.json: auto = the model's, vllm = none, or a directory
+    # holding one (pipeline/loading/generation_config.py).
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
@@ -73,6 +76,7 @@ class ModelConfig:
                  f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         _require(self.logprobs_mode in LOGPROBS_MODES,
                  f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+        _require(bool(self.generation_config), "generation_config must be auto, vllm or a directory")
         _require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
         _require(self.tensor_parallel_size >= 1,
                  f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")

@@ -18,12 +18,14 @@ from pipeline.grammar.compiler import GrammarCompiler
 from pipeline.intake.chat_content import ChatContentGuard
 from pipeline.intake.image_processor import ImageLimits, ImageProcessor
 from pipeline.intake.request_builder import RequestBuilder
+from pipeline.loading.generation_config import load_generation_defaults
 from pipeline.loading.model_source import resolve_model
 from pipeline.loading.tokenizer import load_served_tokenizer
 from pipeline.lora.slots import LoRASlots
 from pipeline.model.loader import resolve_device, resolve_dtype
 from pipeline.model.runner import ModelRunner
 from pipeline.output.output_processor import OutputProcessor
+from pipeline.request.generation_defaults import GenerationDefaults
 from pipeline.request.outputs import RequestDelta
 from pipeline.request.request import FinishReason, Request
 from pipeline.request.sampling_params import SamplingParams
@@ -80,11 +82,19 @@ class LLMEngine:
                                       base_model_names=frozenset(
                                           name for name in (self.model_name, config.model.model) if name),
                                       breakers=breakers, content_guard=self._content_guard(config.model),
-                                      grammars=self.grammars, limits=config.limits, seed=config.model.request_seed)
+                                      grammars=self.grammars, limits=config.limits, seed=config.model.request_seed,
+                                      generation_defaults=self._generation_defaults(config.model))
         self.outputs = OutputProcessor(self.tokenizer)
         self.stats = EngineStats()
         log.info("engine ready", model=str(self.model_dir), num_kv_blocks=self.runner.num_kv_blocks,
                  block_size=config.cache.block_size, max_model_len=self.max_model_len)
+
+    def _generation_defaults(self, model: ModelConfig) -> GenerationDefaults:
+        defaults = load_generation_defaults(self.model_dir, model.generation_config)
+        if defaults:  # as vLLM says: a request that sets none of these gets the model's values, not ours
+            log.info("default sampling parameters from generation_config.json", **defaults.sampling,
+                     max_new_tokens=defaults.max_tokens, source=model.generation_config)
+        return defaults
 
     def _content_guard(self, model: ModelConfig) -> ChatContentGuard | None:
         if self.tokenizer is None or model.special_tokens_in_messages:

@@ -53,9 +53,21 @@ class ImagePart(_Wire, tag_field="type", tag="image"):
     """Where one of the request's `images` goes (in order); the gateway turns image_url parts into these."""
 
 
+class ImageUrl(_Wire, omit_defaults=True):
+    url: str  # a base64 data: URI (queue_adapters/data_uri.py); URLs are not fetched
+    detail: Literal["auto"] | None = None  # LLaVA sees one resolution: "low"/"high" would mean nothing
+
+
+class ImageUrlPart(_Wire, tag_field="type", tag="image_url"):
+    """OpenAI's image part, as clients send it to the gateway: one request shape everywhere. A worker
+    decodes it into an ImagePart and its bytes before anything else (queue_adapters/wire_images.py)."""
+
+    image_url: ImageUrl
+
+
 class ChatMessage(_Wire, omit_defaults=True):
     role: Annotated[str, Meta(min_length=1)]
-    content: str | list[TextPart | ImagePart]
+    content: str | list[TextPart | ImagePart | ImageUrlPart]
     name: Annotated[str, Meta(min_length=1)] | None = None  # the participant's name (OpenAI's `name`)
 
     def as_dict(self) -> dict[str, Any]:
@@ -110,6 +122,8 @@ class WireReply(_Wire):
     seq: NonNegativeInt
     choices: list[WireChoice] = []
     usage: WireUsage | None = None
+    # On the first entry: the prompt's length, so a stream can report usage before the final entry.
+    prompt_tokens: NonNegativeInt | None = None
     error: WireError | None = None
     # Once, when the request asked for them: one entry per prompt token (nil for the first).
     prompt_logprobs: list[Any] | None = None
@@ -311,7 +325,7 @@ def _valid_or_none(value: Any, kind: Any) -> str | None:
 _LOCATION = re.compile(r"^(?P<body>.*?)(?: - at `(?P<where>[^`]*)`(?: in `(?P<container>[^`]*)`)?)?$", re.S)
 _KINDS = {"str": "a string", "int": "an int", "float": "a number", "bool": "a bool", "object": "a map",
           "array": "a list", "null": "nil", "bytes": "bytes", "ext": "a msgpack extension"}
-_ALLOWED_VALUES = {"finish_reason": FINISH_REASONS, "type": ("text", "image")}
+_ALLOWED_VALUES = {"finish_reason": FINISH_REASONS, "type": ("text", "image", "image_url"), "detail": ("auto",)}
 _RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`"), "{field} must be {want}, got {got}"),
     (re.compile(r"Expected `[^`]+` of length (?P<op>\S+) (?P<n>\d+)"), "{field} must have length {op} {n}"),

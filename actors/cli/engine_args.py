@@ -31,6 +31,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="a directory holding the tokenizer to use instead of the model's")
     group.add_argument("--chat-template", default=None, metavar="FILE",
                        help="a Jinja chat template file to use instead of the tokenizer's")
+    group.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                       help="request defaults (temperature, top_p, top_k, min_p, repetition_penalty; max_new_tokens "
+                            "caps max_tokens) from the model's generation_config.json (auto), none (vllm), or "
+                            "DIR/generation_config.json; a request's own fields win")
     group.add_argument("--seed", type=int, default=None,
                        help="mixed into the seed of every request that gives none (default: the request id alone)")
     group.add_argument("--model", default=None,
@@ -201,7 +205,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model=model_from_args(args), dtype=DTYPE_ALIASES.get(args.dtype, args.dtype),
                           device=args.device, tokenizer=args.tokenizer, chat_template=_chat_template(args),
-                          request_seed=args.seed,
+                          request_seed=args.seed, generation_config=args.generation_config,
                           max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                           cpu_linear=args.cpu_linear, quantization=args.quantization,
                           logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,

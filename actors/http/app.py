@@ -25,6 +25,7 @@ from actors.http.generation import Generation
 from actors.http.kobold.routes import add_kobold_routes
 from actors.http.limits import check_api_key, read_body_limited
 from actors.http.options import GatewayOptions
+from actors.http.unknown_fields import IGNORED_FIELDS_HEADER
 from actors.worker.metrics import METRICS_CONTENT_TYPE
 from pipeline.intake.chat_content import ChatContentGuard
 from pipeline.intake.request_builder import template_messages
@@ -53,7 +54,7 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
         backend.model_name = options.served_model_names[0]
     if options.allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],
-                           allow_headers=["*"], expose_headers=["X-Request-Id"])
+                           allow_headers=["*"], expose_headers=["X-Request-Id", IGNORED_FIELDS_HEADER])
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> Response:
@@ -139,7 +140,7 @@ async def _json_body(request: Request, options: GatewayOptions) -> dict[str, Any
 
 
 _TOKENIZE_FIELDS = ("model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                    "continue_final_message")
+                    "continue_final_message", "tools")
 
 
 def _tokenize(tokenizer: Any, body: dict[str, Any], content_guard: ChatContentGuard | None) -> list[int]:
@@ -148,9 +149,10 @@ def _tokenize(tokenizer: Any, body: dict[str, Any], content_guard: ChatContentGu
     unknown = sorted(str(key) for key in body if key not in _TOKENIZE_FIELDS)
     if unknown:
         raise invalid(f"unknown field(s) {', '.join(unknown)} (known: {', '.join(_TOKENIZE_FIELDS)})", unknown[0])
-    add_special_tokens = _flag(body, "add_special_tokens", True)
     if isinstance(body.get("prompt"), str):
-        return list(tokenizer.encode(body["prompt"], add_special_tokens=add_special_tokens))
+        if body.get("tools") is not None:
+            raise invalid("tools are rendered by the chat template: give messages, not prompt", "tools")
+        return list(tokenizer.encode(body["prompt"], add_special_tokens=_flag(body, "add_special_tokens", True)))
     messages = body.get("messages")
     if isinstance(messages, list) and messages:
         if not getattr(tokenizer, "chat_template", None):
@@ -160,11 +162,41 @@ def _tokenize(tokenizer: Any, body: dict[str, Any], content_guard: ChatContentGu
         if content_guard is not None:
             chat, literals = content_guard.protect(chat)
         text = _chat_text(tokenizer, chat, _flag(body, "add_generation_prompt", True),
-                          _flag(body, "continue_final_message", False))
+                          _flag(body, "continue_final_message", False), _tools(body.get("tools")))
+        # As vLLM's: the template writes BOS itself, so special tokens are added only when asked.
+        add_special_tokens = _flag(body, "add_special_tokens", False)
         if literals:
-            return _guarded_ids(content_guard, text, literals)
-        return list(tokenizer.encode(text, add_special_tokens=False))  # the template wrote BOS already
+            return _with_special_tokens(tokenizer, _guarded_ids(content_guard, text, literals), add_special_tokens)
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
     raise invalid("give prompt (a string) or messages (a non-empty list)", "prompt")
+
+
+def _tools(tools: Any) -> list[dict[str, Any]] | None:
+    """OpenAI's `tools` as the chat template takes them: [{type: "function", function: {name, ...}}]."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise invalid("tools must be a list of {type: function, function: {name, description, parameters}}",
+                      "tools")
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
+            raise invalid(f"tools[{index}] must be {{type: function, function: {{name, ...}}}}", "tools")
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise invalid(f"tools[{index}].function.name must be a non-empty string", "tools")
+    return tools or None
+
+
+def _with_special_tokens(tokenizer: Any, ids: list[int], add: bool) -> list[int]:
+    """`ids` wrapped in the special tokens the tokenizer adds around a text (BOS, EOS, ...), when asked."""
+    if not add:
+        return ids
+    bare = tokenizer.encode("a", add_special_tokens=False)
+    wrapped = tokenizer.encode("a", add_special_tokens=True)
+    start = next((i for i in range(len(wrapped) - len(bare) + 1) if wrapped[i:i + len(bare)] == bare), None)
+    if start is None:  # a tokenizer whose special tokens change the text's own tokens: none to find
+        return ids
+    return [*wrapped[:start], *ids, *wrapped[start + len(bare):]]
 
 
 def _chat_messages(messages: list[Any]) -> list[dict[str, Any]]:
@@ -196,14 +228,15 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
 
 
 def _chat_text(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               continue_final_message: bool = False) -> str:
+               continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None) -> str:
     """The prompt the chat template makes of `messages` (a message the template cannot render is a
     400 naming it, not a 500). `continue_final_message`: the last message left open, to be continued."""
     if add_generation_prompt and continue_final_message:
         raise invalid("add_generation_prompt and continue_final_message cannot both be true "
                       "(set add_generation_prompt: false to continue the last message)", "continue_final_message")
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt,
                                              continue_final_message=continue_final_message)
     except ValueError as error:  # jinja2's TemplateError is an Exception, not a ValueError
         raise invalid(str(error), "messages") from None

@@ -16,6 +16,7 @@ from typing import Any
 from actors.http.chat_request import parse_chat_body
 from actors.http.completion_request import Prompt, parse_completion_body
 from actors.http.errors import ApiError, invalid
+from actors.http.unknown_fields import take_unknown_fields
 from queue_adapters.codec import MAX_ID_LENGTH, CodecError, WireRequest
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -30,6 +31,8 @@ class GatewayRequest:
     response_id: str = ""
     echo: bool = False
     prompts: list[Prompt] | None = None  # completions: as the client gave them (echo prepends them)
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage so far in every chunk
+    ignored_fields: tuple[str, ...] = ()  # unknown top-level fields taken off (actors/http/unknown_fields.py)
 
     @property
     def wire(self) -> WireRequest:
@@ -48,15 +51,16 @@ class GatewayRequest:
 
 def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
                timeout_s: float | None, adapters: list[str] | None = None,
-               aliases: tuple[str, ...] = ()) -> GatewayRequest:
+               aliases: tuple[str, ...] = (), strict_fields: bool = False) -> GatewayRequest:
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
     lora = _check_model(body.get("model"), aliases or (model_name,), adapters or [])
-    body = dict(body)
+    body, ignored = take_unknown_fields(body, strict_fields, chat)
     stream = _pop_bool(body, "stream")
-    include_usage = _pop_stream_options(body, stream)
+    include_usage, continuous_usage = _pop_stream_options(body, stream)
     response_id = _wire_id(request_id, chat)
     deadline_ms = int((time.time() + timeout_s) * 1000) if timeout_s else None
+    options = {"continuous_usage": continuous_usage, "ignored_fields": ignored}
     try:
         if chat:
             messages, params, images = parse_chat_body(body)
@@ -64,7 +68,7 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
             params.setdefault("max_tokens", None)
             wire = WireRequest(id=response_id, params=params, deadline_ms=deadline_ms, lora=lora, messages=messages,
                                images=images or None)
-            return GatewayRequest([wire], chat, stream, include_usage, response_id)
+            return GatewayRequest([wire], chat, stream, include_usage, response_id, **options)
         completion = parse_completion_body(body)
     except (ValueError, CodecError, TypeError) as error:
         raise invalid(str(error), _field_named_in(str(error), body)) from error
@@ -74,7 +78,8 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
                              **prompt_field(prompt)) for wire_id, prompt in zip(ids, completion.prompts, strict=True)]
     except (CodecError, ValueError, TypeError) as error:
         raise invalid(str(error)) from error
-    return GatewayRequest(wires, chat, stream, include_usage, response_id, completion.echo, completion.prompts)
+    return GatewayRequest(wires, chat, stream, include_usage, response_id, completion.echo, completion.prompts,
+                          **options)
 
 
 def prompt_field(prompt: Prompt) -> dict[str, Any]:
@@ -111,15 +116,30 @@ def _pop_bool(body: dict[str, Any], name: str) -> bool:
     return value
 
 
-def _pop_stream_options(body: dict[str, Any], stream: bool) -> bool:
+def _pop_stream_options(body: dict[str, Any], stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats). As vLLM reads them, usage in every chunk needs both."""
     options = body.pop("stream_options", None)
     if options is None:
-        return False
+        return False, False
     if not stream:
         raise invalid("stream_options needs stream: true", "stream_options")
-    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
-        raise invalid("stream_options supports include_usage only", "stream_options")
-    return bool(options.get("include_usage", False))
+    if not isinstance(options, dict):
+        raise invalid("stream_options must be an object", "stream_options")
+    unknown = sorted(str(key) for key in options if key not in ("include_usage", "continuous_usage_stats"))
+    if unknown:
+        raise invalid(f"stream_options: unknown field(s) {', '.join(unknown)} (known: include_usage, "
+                      "continuous_usage_stats)", "stream_options")
+    include_usage = _option_flag(options, "include_usage")
+    return include_usage, include_usage and _option_flag(options, "continuous_usage_stats")
+
+
+def _option_flag(options: dict[str, Any], name: str) -> bool:
+    value = options.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise invalid(f"stream_options.{name} must be true or false, got {value!r}", f"stream_options.{name}")
+    return value
 
 
 def _wire_id(request_id: str | None, chat: bool) -> str:

@@ -3,6 +3,8 @@
     data: {"object": "text_completion", "choices": [{"index": 0, "text": " Hel", ...}], ...}
     data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "lo"}}], ...}
     data: {"choices": [], "usage": {...}}        (stream_options.include_usage)
+    (with stream_options.continuous_usage_stats too, every chunk carries `usage` so far, as vLLM's do:
+     the prompt's tokens and that choice's completion tokens; the last chunk has the totals)
     data: [DONE]
 
 A completions request with several prompts streams each prompt's choices as they come, numbered
@@ -43,15 +45,21 @@ class ChunkWriter:
         self._text_offsets: dict[int, int] = {}  # choice -> characters sent (completions' text_offset)
         self._prompts: dict[int, dict[str, Any]] = {}  # prompt index -> its prompt_logprobs and token ids
         self._usages: dict[int, WireUsage] = {}  # prompt index -> its usage, once finished
+        self._prompt_tokens: dict[int, int] = {}  # prompt index -> its length (continuous usage)
+        self._completion_tokens: dict[int, int] = {}  # choice -> tokens sent (continuous usage)
 
     def opening(self, firsts: list[WireReply]) -> str:
         """The events of each prompt's first reply entry (after chat's role announcement), as one
         text: they go out in one write with the headers."""
+        for index, first in enumerate(firsts):
+            prompt_tokens = first.prompt_tokens if first.usage is None else first.usage.prompt_tokens
+            if prompt_tokens is not None:
+                self._prompt_tokens[index] = prompt_tokens
         opening = [text for index, first in enumerate(firsts) for text in self._entry(index, first)]
         if self.request.chat:  # chat announces the role once per choice, before any content
             opening.insert(0, event({**self.envelope, "choices": [
                 {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                 "finish_reason": None} for index in range(self.request.num_choices)]}))
+                 "finish_reason": None} for index in range(self.request.num_choices)], **self._usage_so_far(0, None)}))
         return "".join(opening)
 
     async def rest(self, replies: AsyncIterator[tuple[int, WireReply]]) -> AsyncIterator[str]:
@@ -68,8 +76,9 @@ class ChunkWriter:
         if reply.prompt_logprobs is not None:
             self._prompts[prompt_index] = {"prompt_logprobs": list(reply.prompt_logprobs),
                                            "prompt_token_ids": reply.prompt_token_ids}
-        events = [event({**self.envelope, "choices": [self._choice(prompt_index, choice)]}) for choice in reply.choices
-                  if choice.token_ids or choice.text or choice.finish_reason is not None]
+        events = [event({**self.envelope, "choices": [self._choice(prompt_index, choice)],
+                         **self._usage_so_far(prompt_index, choice)})
+                  for choice in reply.choices if choice.token_ids or choice.text or choice.finish_reason is not None]
         if reply.usage is not None:
             self._usages[prompt_index] = reply.usage
             if self.request.include_usage and len(self._usages) == len(self.request.wires):
@@ -81,6 +90,21 @@ class ChunkWriter:
         return {"prompt_tokens": sum(usage.prompt_tokens for usage in usages),
                 "completion_tokens": sum(usage.completion_tokens for usage in usages),
                 "cached_tokens": sum(usage.cached_tokens for usage in usages)}
+
+    def _usage_so_far(self, prompt_index: int, choice: WireChoice | None) -> dict[str, Any]:
+        """`{"usage": ...}` for a chunk of `choice` (None: of none yet) of prompt `prompt_index` when the
+        client asked for continuous usage stats: that prompt's tokens and the choice's completion tokens so
+        far; {} otherwise, or when the worker did not say the prompt's length."""
+        prompt_tokens = self._prompt_tokens.get(prompt_index)
+        if not self.request.continuous_usage or prompt_tokens is None:
+            return {}
+        completion_tokens = 0
+        if choice is not None:
+            index = prompt_index * self.request.n + choice.index
+            completion_tokens = self._completion_tokens.get(index, 0) + len(choice.token_ids)
+            self._completion_tokens[index] = completion_tokens
+        return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens}}
 
     def _choice(self, prompt_index: int, choice: WireChoice) -> dict[str, Any]:
         entries = list(choice.logprobs) if choice.logprobs is not None else None

@@ -4,19 +4,18 @@
     {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO..."}} -> ImagePart + the
                                                                                   decoded bytes, in order
 
-Images come inline as base64 data URIs only: a worker never fetches URLs (no network access is
-assumed, and fetching arbitrary URLs from a server is a hazard). Whether the model takes images at
+Images come inline as base64 data URIs only (queue_adapters/data_uri.py): a worker never fetches
+URLs. Workers read the same parts on the wire (queue_adapters/wire_images.py). Whether the model takes images at
 all, and whether the bytes are a decodable picture, is the worker's call (an error reply, which the
 gateway answers with a 400).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any
 
 from queue_adapters.codec import ImagePart, TextPart
+from queue_adapters.data_uri import decode_data_uri
 
 _DETAILS = (None, "auto")  # LLaVA sees one resolution: "low"/"high" would silently mean nothing
 
@@ -53,19 +52,6 @@ def _image_bytes(image_url: Any, where: str) -> bytes:
     if image_url.get("detail") not in _DETAILS:
         raise ValueError(f"{where}.detail must be auto when given, got {image_url['detail']!r}")
     return decode_data_uri(image_url["url"], f"{where}.url")
-
-
-def decode_data_uri(url: str, where: str) -> bytes:
-    """'data:image/png;base64,iVBO...' -> the bytes; ValueError naming `where` for anything else."""
-    header, comma, payload = url.partition(",")
-    if not header.startswith("data:") or not comma:
-        raise ValueError(f"{where} must be a data: URI (data:image/png;base64,...); image URLs are not fetched")
-    if not header.endswith(";base64"):
-        raise ValueError(f"{where} must be base64-encoded (data:<type>;base64,...)")
-    try:
-        return base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as error:
-        raise ValueError(f"{where} is not valid base64: {error}") from None
 
 
 def _only(fields: dict[str, Any], allowed: set[str], where: str) -> None:

@@ -33,6 +33,7 @@ from actors.http.options import GatewayOptions
 from actors.http.prompt_results import merge_prompt_results
 from actors.http.reply_merge import merge_replies
 from actors.http.request_ids import MemoryRequestIds, request_fingerprint
+from actors.http.unknown_fields import bounded_names, ignored_fields_header
 from queue_adapters.client import assemble
 from queue_adapters.codec import WireReply
 
@@ -83,7 +84,8 @@ class _OpenAIShape:
 
     def answer(self, request: GatewayRequest, result: dict[str, Any]) -> Response:
         return JSONResponse(completion_body(request.response_id, result, self.backend.model_name,
-                                            self.backend.tokenizer, request.chat))
+                                            self.backend.tokenizer, request.chat),
+                            headers=ignored_fields_header(request.ignored_fields))
 
     def writer(self, request: GatewayRequest) -> EventWriter:
         return _OpenAIEvents(request, self.backend.model_name, self.backend.tokenizer)
@@ -136,7 +138,11 @@ class Generation:
         body = parse_json_body(raw)
         gateway_request = parse_body(body, chat, self.backend.model_name, request.headers.get("x-request-id"),
                                      self.options.request_timeout_s, self.backend.adapter_names(),
-                                     aliases=self.options.served_model_names)
+                                     aliases=self.options.served_model_names,
+                                     strict_fields=self.options.strict_fields)
+        if gateway_request.ignored_fields:
+            log.warning("request fields ignored", request_id=gateway_request.wire.id,
+                        fields=bounded_names(gateway_request.ignored_fields))
         if "x-request-id" in request.headers:
             await self._check_id_owner(gateway_request.wire.id, request.headers.get("authorization"), body)
         return gateway_request
@@ -242,7 +248,8 @@ class Generation:
             if not finished:
                 self._client_gone(request)
 
-        return _EventStreamResponse(writer.opening(firsts), rest(), interrupter, closed)
+        return _EventStreamResponse(writer.opening(firsts), rest(), interrupter, closed,
+                                    ignored_fields_header(request.ignored_fields))
 
     def _client_gone(self, request: GatewayRequest) -> None:
         log.info("client went away; cancelling", request_id=request.response_id)
@@ -296,8 +303,8 @@ class _EventStreamResponse(StreamingResponse):
     so the client wakes once for its first token."""
 
     def __init__(self, opening: str, rest: AsyncIterator[str], interrupter: Interrupter,
-                 on_closed: Callable[[], None]) -> None:
-        super().__init__(rest, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                 on_closed: Callable[[], None], headers: dict[str, str]) -> None:
+        super().__init__(rest, media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers})
         self.opening, self.interrupter = opening.encode(), interrupter
         self.on_closed = [on_closed]
 

@@ -176,9 +176,21 @@ def _gateway_fields() -> dict[str, Schema]:
         "service_tier": {"description": "accepted and not used (any JSON value)"},
         "stream": {"type": ["boolean", "null"], "default": False, "description": "server-sent events"},
         "stream_options": {
-            "type": ["object", "null"], "description": "needs stream: true; include_usage is read as a truth value",
-            "properties": {"include_usage": {}, "continuous_usage_stats": {}}, "additionalProperties": False},
+            "type": ["object", "null"],
+            "description": "needs stream: true; include_usage adds a last chunk with the usage, and with it "
+                           "continuous_usage_stats gives every chunk the usage so far (vLLM's)",
+            "properties": {"include_usage": {"type": ["boolean", "null"]},
+                           "continuous_usage_stats": {"type": ["boolean", "null"]}},
+            "additionalProperties": False},
     }
+
+
+# vLLM's behaviour (actors/http/unknown_fields.py): other top-level fields are ignored, logged and named in
+# the X-Ignored-Fields response header; `serve --strict-fields` makes them a 400.
+_OTHER_FIELDS: Schema = {"additionalProperties": True,
+                         "description": "a field not listed here is ignored and named in the X-Ignored-Fields "
+                                        "response header (a 400 with serve --strict-fields); OpenAI's and vLLM's "
+                                        "fields that this server does not implement are a 400"}
 
 
 def completion_body() -> Schema:
@@ -194,7 +206,7 @@ def completion_body() -> Schema:
                            "prompt's first token has null logprob and top_logprobs); max_tokens 0 needs it"}
     not_yet = {"suffix": {"enum": ["", None], "description": "a suffix is not supported yet"}}
     properties = {"prompt": prompt, "echo": echo, **_gateway_fields(), **sampling_properties(), **not_yet}
-    return {"type": "object", "required": ["prompt"], "properties": properties, "additionalProperties": False}
+    return {"type": "object", "required": ["prompt"], "properties": properties, **_OTHER_FIELDS}
 
 
 _NO_LIST: Schema = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
@@ -220,7 +232,7 @@ def chat_body() -> Schema:
     }
     properties = {"messages": {"type": "array", "minItems": 1, "items": _message()},
                   **_gateway_fields(), **sampling, **chat_only}
-    return {"type": "object", "required": ["messages"], "properties": properties, "additionalProperties": False}
+    return {"type": "object", "required": ["messages"], "properties": properties, **_OTHER_FIELDS}
 
 
 def _message() -> Schema:
@@ -246,7 +258,15 @@ def tokenize_body() -> Schema:
     return {"type": "object", "description": "prompt (a string), or else messages (rendered by the chat template)",
             "additionalProperties": False,
             "properties": {"model": {}, "prompt": {}, "messages": {},
-                           "add_special_tokens": {**flag, "default": True},
+                           "add_special_tokens": {**flag, "description": "add the tokenizer's special tokens "
+                                                  "(BOS, ...): by default for a prompt, not for messages (the "
+                                                  "template writes its own), as vLLM's"},
+                           "tools": {"type": ["array", "null"], "description": "messages only: OpenAI's tools, "
+                                     "rendered by the chat template", "items": {
+                                         "type": "object", "required": ["type", "function"],
+                                         "properties": {"type": {"const": "function"}, "function": {
+                                             "type": "object", "required": ["name"],
+                                             "properties": {"name": {"type": "string", "minLength": 1}}}}}},
                            "add_generation_prompt": {**flag, "default": True, "description": "messages only"},
                            "continue_final_message": {**flag, "default": False,
                                                       "description": "messages only; leaves the last message open "
@@ -283,7 +303,11 @@ def _operation(summary: str, body: Schema, answer: Schema, *, generation: bool =
     content = {"application/json": {"schema": answer}}
     if generation:
         content["text/event-stream"] = {"schema": _EVENT}
-    responses = {"200": {"description": "the answer", "content": content}}
+    responses: Schema = {"200": {"description": "the answer", "content": content}}
+    if generation:
+        responses["200"]["headers"] = {"X-Ignored-Fields": {
+            "description": "the body's unknown top-level fields, which had no effect (percent-encoded, comma-"
+                           "separated, at most 32); absent when there were none", "schema": {"type": "string"}}}
     for status, description in {**_ERROR_STATUSES, **(_REQUEST_ID_CONFLICT if generation else {})}.items():
         responses[status] = {"description": description,
                              "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -305,8 +329,10 @@ def _document() -> Schema:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Aqueduct", "version": "1",
-                 "description": "OpenAI-compatible completions and chat. Unknown fields are a 400, and so is an "
-                                "integer field given a number with a fraction part or exponent (1.0 for 1)."},
+                 "description": "OpenAI-compatible completions and chat. An unknown top-level field of a "
+                                "generation body is ignored and named in the X-Ignored-Fields response header "
+                                "(a 400 with serve --strict-fields); elsewhere unknown fields are a 400, and so "
+                                "is an integer field given a number with a fraction part or exponent (1.0 for 1)."},
         "paths": {
             "/v1/completions": {"post": _operation("Complete a prompt", completion_body(), _GENERATION_RESPONSE,
                                                    generation=True)},

@@ -15,3 +15,4 @@ class GatewayOptions:
     metrics_open: bool = False  # /metrics without the API key (it names adapters and shows load)
     served_model_names: tuple[str, ...] = ()  # --served-model-name: the first is reported, all are accepted
     allowed_origins: tuple[str, ...] = ()  # CORS (--allowed-origins); none: no CORS headers
+    strict_fields: bool = False  # --strict-fields: an unknown request field is a 400, not ignored and named

@@ -32,6 +32,9 @@ def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., s
     parser.add_argument("--request-timeout", type=float, default=None,
                         help="seconds a request may run (sent as the wire deadline); default: no limit")
     parser.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies get 413")
+    parser.add_argument("--strict-fields", action="store_true",
+                        help="answer an unknown request field with a 400 (default: ignore it, log it and name it "
+                             "in the X-Ignored-Fields response header, as vLLM accepts extra fields)")
     parser.add_argument("--metrics-open", action="store_true",
                         help="serve /metrics without the API key (by default it needs --api-key when one is set)")
 
@@ -41,4 +44,4 @@ def options_from_args(args: argparse.Namespace) -> GatewayOptions:
                           worker_timeout_s=args.worker_timeout, request_timeout_s=args.request_timeout,
                           max_request_bytes=args.max_request_bytes, metrics_open=args.metrics_open,
                           served_model_names=tuple(args.served_model_name or ()),
-                          allowed_origins=tuple(args.allowed_origins or ()))
+                          allowed_origins=tuple(args.allowed_origins or ()), strict_fields=args.strict_fields)

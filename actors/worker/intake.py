@@ -23,6 +23,7 @@ from pipeline.request.structured_output import ALIASES as STRUCTURED_OUTPUT_FIEL
 from queue_adapters.base import Consumer, Delivery, Producer
 from queue_adapters.codec import Malformed, WireReply, WireRequest, encode
 from queue_adapters.redis_streams import retry_transient
+from queue_adapters.wire_images import has_image_urls, resolve_image_urls
 
 DeadLetter = Callable[[Malformed], Awaitable[None]]
 ReplyReader = Callable[[str, str], Awaitable[list[WireReply]]]  # (reply_to, request id) -> entries so far
@@ -161,7 +162,8 @@ class IntakeActor:
         try:
             # Decoding and resizing images takes milliseconds per picture, a DRY breaker mask a pass
             # over the vocabulary's texts (once per breaker set), a grammar its compile: off the event loop.
-            slow = bool(message.images) or _asks_for_dry(message.params) or _asks_for_grammar(message.params)
+            slow = bool(message.images) or has_image_urls(message) or _asks_for_dry(message.params) \
+                or _asks_for_grammar(message.params)
             request = await asyncio.to_thread(self._build, message) if slow else self._build(message)
         except Exception as error:
             await self._refuse(message, delivery, reply_to, next_seq, error)
@@ -237,7 +239,9 @@ def _asks_for_dry(params: dict[str, Any]) -> bool:
 
 def build_request(builder: RequestBuilder, message: WireRequest) -> Request:
     """A wire request as an engine Request; ValueError names what is wrong with it."""
-    return builder.build(message.id, message.sampling_params(), prompt=message.prompt, lora=message.lora,
+    limits = getattr(builder.image_processor, "limits", None)
+    message = resolve_image_urls(message, limits.max_bytes if limits is not None else None)
+    return builder.build(message.id, builder.sampling_params(message.params), prompt=message.prompt, lora=message.lora,
                          prompt_token_ids=message.prompt_token_ids,
                          messages=[m.as_dict() for m in message.messages] if message.messages is not None else None,
                          images=message.images)

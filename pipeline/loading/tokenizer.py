@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import structlog
 
 from pipeline.loading.cache_dir import cache_dir as aqueduct_cache_dir
+from pipeline.loading.hub_model import TOKENIZER_FILES, hub_model_dir, looks_like_hub_id
 
 log = structlog.get_logger(__name__)
 
@@ -84,10 +85,22 @@ class SnapshotTokenizer:
 def load_served_tokenizer(model_dir: str | Path, tokenizer_dir: str | None, chat_template: str | None) -> Any:
     """The tokenizer a deployment serves with: the model's, or `tokenizer_dir`'s (--tokenizer), with
     `chat_template` (--chat-template's text) in place of its own when given."""
-    tokenizer = load_tokenizer(tokenizer_dir or model_dir)
+    tokenizer = load_tokenizer(_tokenizer_source(tokenizer_dir) if tokenizer_dir is not None else model_dir)
     if tokenizer is not None and chat_template is not None:
         tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def _tokenizer_source(tokenizer: str) -> Path:
+    """--tokenizer: a directory, or a Hub id whose tokenizer files are fetched into the HF cache."""
+    if Path(tokenizer).expanduser().is_dir():
+        return Path(tokenizer).expanduser()
+    if looks_like_hub_id(tokenizer):
+        try:
+            return hub_model_dir(tokenizer, TOKENIZER_FILES)
+        except ValueError as error:
+            raise ValueError(f"--tokenizer {error}") from None
+    raise ValueError(f"--tokenizer {tokenizer!r} is neither a directory nor a Hub id (org/name)")
 
 
 def tokenizer_vocab_size(tokenizer: Any) -> int:

@@ -229,6 +229,8 @@ class OutputProcessor:
         choices = [delta for index, choice in enumerate(self._reported_choices(state))
                    if (delta := self._choice_delta(index, choice, state.params)) is not None]
         delta = RequestDelta(request_id, state.next_seq, choices)
+        if state.next_seq == 0:
+            delta.num_prompt_tokens = state.num_prompt_tokens
         state.next_seq += 1
         if state.prompt_logprobs is not None and not state.prompt_logprobs_sent \
                 and len(state.prompt_logprobs) >= state.num_prompt_tokens:

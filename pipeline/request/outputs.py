@@ -41,6 +41,7 @@ class RequestDelta:
     # On the first delta of a request that asked: one entry per prompt token (None for the first).
     prompt_logprobs: list[TokenLogprob | None] | None = None
     prompt_token_ids: list[int] | None = None  # with prompt_logprobs: the prompt as tokenized
+    num_prompt_tokens: int | None = None  # on the first delta (seq 0): usage so far for streams that ask
 
     @property
     def finished(self) -> bool:

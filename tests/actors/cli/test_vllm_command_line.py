@@ -20,7 +20,7 @@ from pipeline.request.sampling_params import SamplingParams
 VLLM_LINE = ["serve", "MODEL_DIR", "--served-model-name", "team-model", "alias", "--dtype", "float",
              "--kv-cache-dtype", "fp8", "-tp", "1", "--enable-prefix-caching", "--enable-chunked-prefill",
              "--seed", "7", "--allowed-origins", "https://app.example", "--root-path", "/llm", "--log-level", "DEBUG",
-             "--max-model-len", "256", "--num-kv-blocks", "64"]
+             "--max-model-len", "256", "--num-kv-blocks", "64", "--generation-config", "auto"]
 
 
 def _args(model_dir: Path, *extra: str):
@@ -33,6 +33,9 @@ def test_vllm_flags_map_onto_the_engine_config(default_model_path: Path) -> None
     assert config.model.model == str(default_model_path) and config.model.dtype == "float32"
     assert config.cache.kv_cache_dtype == "fp8_e4m3" and config.cache.enable_prefix_caching
     assert config.model.request_seed == 7 and args.log_level == "DEBUG" and args.root_path == "/llm"
+    assert config.model.generation_config == "auto"
+    assert engine_config_from_args(build_parser().parse_args(["serve", "--generation-config", "vllm"])
+                                   ).model.generation_config == "vllm"
     assert not engine_config_from_args(build_parser().parse_args(
         ["worker", "--no-enable-prefix-caching"])).cache.enable_prefix_caching
     assert engine_config_from_args(build_parser().parse_args(["batch", "-i", "x", "-o", "y", "--dtype", "half"])

@@ -60,8 +60,8 @@ async def test_unknown_model_is_404_and_bad_fields_are_400_naming_the_field() ->
     async with _client(SilentBackend()) as client:
         _assert_openai_error(await client.post("/v1/completions", json={**BODY, "model": "gpt-9"}), 404,
                              "model_not_found")
-        error = _assert_openai_error(await client.post("/v1/completions", json={**BODY, "temperatur": 1}), 400)
-        assert "temperatur" in error["message"]
+        error = _assert_openai_error(await client.post("/v1/completions", json={**BODY, "temperature": "hot"}), 400)
+        assert "temperature" in error["message"]
         error = _assert_openai_error(await client.post("/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "hi"}],
             "tools": [{"type": "function", "function": {"name": "f"}}]}), 400)
@@ -69,6 +69,9 @@ async def test_unknown_model_is_404_and_bad_fields_are_400_naming_the_field() ->
         error = _assert_openai_error(await client.post("/v1/completions", json=BODY,
                                                        headers={"X-Request-Id": "bad id!"}), 400)
         assert error["param"] == "X-Request-Id"
+    async with _client(SilentBackend(), strict_fields=True) as client:  # --strict-fields: unknown fields too
+        error = _assert_openai_error(await client.post("/v1/completions", json={**BODY, "temperatur": 1}), 400)
+        assert "temperatur" in error["message"]
 
 
 async def test_no_worker_answering_is_503_and_the_request_is_cancelled() -> None:

@@ -20,6 +20,7 @@ from actors.http.chat_request import parse_chat_body
 from actors.http.options import GatewayOptions
 from actors.kit.message_codec import decode_message, encode_message
 from actors.kit.messages import Admit
+from actors.worker.intake import build_request
 from pipeline.engine import LLMEngine
 from queue_adapters.codec import CodecError, ImagePart, TextPart, WireRequest, decode_request, encode
 from tests.support.engine_helpers import assert_greedy_equal, make_engine
@@ -73,7 +74,12 @@ def test_images_and_content_parts_round_trip_the_codec() -> None:
 @pytest.mark.parametrize(("entry", "message"), [
     ({"id": "r", "prompt": "<image>", "images": ["a string"]}, "images[0] must be bytes, got a string"),
     ({"id": "r", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     "messages[0].content[0].type must be one of text, image, got 'image_url'"),
+     "messages[0].content[0].image_url is required"),
+    ({"id": "r", "messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+     "messages[0].content[0].type must be one of text, image, image_url, got 'input_audio'"),
+    ({"id": "r", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
+        "url": "data:image/png;base64,AAAA", "detail": "high"}}]}]},
+     "messages[0].content[0].image_url.detail must be one of auto, got 'high'"),
     ({"id": "r", "messages": [{"role": "user", "content": [{"type": "text"}]}]},
      "messages[0].content[0].text is required"),
 ])
@@ -104,6 +110,41 @@ def test_bad_image_url_parts_are_errors_naming_the_part(part: dict[str, Any], me
     with pytest.raises(ValueError, match=r"messages\[0\].content\[0\]") as error:
         parse_chat_body({"messages": [{"role": "user", "content": [part]}]})
     assert message in str(error.value)
+
+
+def test_wire_image_url_parts_read_as_the_gateway_s_form(engine: LLMEngine) -> None:
+    """One request shape everywhere: OpenAI's image_url parts on the wire give the request that the
+    gateway's form ({type: image} parts + images) gives, mixed in one message too."""
+    first, second = random_image_bytes(40), random_image_bytes(41, 48, 40)
+    openai_form = WireRequest(id="r", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Compare "}, image_part(first), {"type": "text", "text": " and "},
+        image_part(second)]}], params={"max_tokens": MAX_TOKENS, "temperature": 0})
+    gateway_form = WireRequest(id="r", messages=[{"role": "user", "content": [
+        TextPart(text="Compare "), ImagePart(), TextPart(text=" and "), ImagePart()]}], images=[first, second],
+        params=openai_form.params)
+    mixed = WireRequest(id="r", messages=[{"role": "user", "content": [
+        TextPart(text="Compare "), image_part(first), TextPart(text=" and "), ImagePart()]}], images=[second],
+        params=openai_form.params)
+    expected = build_request(engine.builder, decode_request(encode(gateway_form)))
+    for form in (openai_form, mixed):
+        built = build_request(engine.builder, decode_request(encode(form)))
+        assert built.prompt_token_ids == expected.prompt_token_ids
+        assert built.images == expected.images and len(built.images) == 2
+
+
+def test_wire_image_url_errors_name_the_part_and_the_size_limit_holds(engine: LLMEngine) -> None:
+    def refusal(url: str) -> str:
+        request = WireRequest(id="r", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": url}}]}])
+        with pytest.raises(ValueError) as error:
+            build_request(engine.builder, decode_request(encode(request)))
+        return str(error.value)
+
+    assert refusal("data:image/png;base64,@@@").startswith("messages[0].content[1].image_url.url is not valid base64")
+    assert "image URLs are not fetched" in refusal("https://example.com/cat.png")
+    over = engine.builder.image_processor.limits.max_bytes + 1024
+    assert "the limit is" in refusal("data:image/png;base64," + "A" * (over // 3 * 4))
+    assert "is not a decodable image" in refusal(data_uri(b"\x89PNG broken"))
 
 
 def test_admit_carries_the_images_over_a_redis_edge(engine: LLMEngine) -> None:

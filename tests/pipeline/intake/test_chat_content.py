@@ -132,3 +132,50 @@ async def test_tokenize_takes_the_chat_template_options_and_refuses_unknown_fiel
         assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
         unknown = await client.post("/tokenize", json={"prompt": "Hi", "add_bos": True})
         assert unknown.status_code == 400 and "add_bos" in unknown.json()["error"]["message"]
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                           "parameters": CITY}}]
+TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+                  "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+async def test_tokenize_renders_tools_and_adds_special_tokens_when_asked(default_model_path: Path) -> None:
+    import httpx
+    from tokenizers.processors import TemplateProcessing
+
+    from actors.http.app import create_app
+    from actors.http.options import GatewayOptions
+    from tests.support.gateway_helpers import SilentBackend
+
+    hf = load_hf_tokenizer(default_model_path)
+    hf.chat_template = TOOLS_TEMPLATE
+    bos = hf.convert_tokens_to_ids("<|endoftext|>")  # a BOS the tokenizer adds, so add_special_tokens shows
+    hf.backend_tokenizer.post_processor = TemplateProcessing(single="<|endoftext|> $A",
+                                                             special_tokens=[("<|endoftext|>", bos)])
+    backend = SilentBackend()
+    backend.tokenizer = hf
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    rendered = hf.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert "get_weather" in rendered
+    transport = httpx.ASGITransport(app=create_app(backend, GatewayOptions()))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        with_tools = await client.post("/tokenize", json={"messages": messages, "tools": TOOLS})
+        assert with_tools.json()["tokens"] == hf.encode(rendered, add_special_tokens=False)
+        special = await client.post("/tokenize", json={"messages": messages, "tools": TOOLS,
+                                                       "add_special_tokens": True})
+        assert special.json()["tokens"] == [bos, *with_tools.json()["tokens"]]
+        forged = [{"role": "user", "content": f"x{IM_END}"}]  # the content guard's path adds them too
+        guarded = (await client.post("/tokenize", json={"messages": forged, "add_special_tokens": True})).json()
+        plain = (await client.post("/tokenize", json={"messages": forged})).json()
+        assert guarded["tokens"] == [bos, *plain["tokens"]]
+        prompt = await client.post("/tokenize", json={"prompt": "Hi", "add_special_tokens": False})
+        assert prompt.json()["tokens"] == hf.encode("Hi", add_special_tokens=False)
+        assert (await client.post("/tokenize", json={"prompt": "Hi"})).json()["tokens"][0] == bos
+        for bad in ({"messages": messages, "tools": {"type": "function"}},
+                    {"messages": messages, "tools": [{"type": "function", "function": {}}]},
+                    {"prompt": "Hi", "tools": TOOLS}):
+            refused = await client.post("/tokenize", json=bad)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools", bad

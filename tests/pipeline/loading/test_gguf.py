@@ -255,8 +255,8 @@ def test_chat_prompts_get_the_templates_bos_once_and_text_prompts_get_it_added(s
 
 
 def test_model_names_and_paths_that_cannot_be_loaded_are_clear_errors(small_gguf, tmp_path):
-    with pytest.raises(ValueError, match=r"'nonexistent' is neither a file, a directory nor a known model name "
-                                         r"\(builtin, smollm2\)"):
+    with pytest.raises(ValueError, match=r"'nonexistent' is neither a file, a directory, a Hub id \(org/name\) "
+                                         r"nor a known model name \(builtin, smollm2\)"):
         resolve_model("nonexistent", torch.float32, tmp_path)
     (tmp_path / "weights.bin").write_bytes(b"x")
     with pytest.raises(ValueError, match=r"not a \.gguf file"):
