@@ -12,9 +12,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from actors.http.chat_request import parse_chat_body
+from actors.http.chat_request import parse_chat_request
 from actors.http.completion_request import parse_completion_body
 from actors.http.errors import ApiError, invalid
+from actors.http.tool_parsers.plan import ToolPlan
 from queue_adapters.codec import CodecError, WireRequest
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -26,6 +27,7 @@ class GatewayRequest:
     chat: bool
     stream: bool
     include_usage: bool
+    tool_plan: ToolPlan | None = None  # chat with tools: what the answer's text becomes
 
     @property
     def num_choices(self) -> int:
@@ -34,7 +36,8 @@ class GatewayRequest:
 
 def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
                timeout_s: float | None, adapters: list[str] | None = None,
-               aliases: tuple[str, ...] = ()) -> GatewayRequest:
+               aliases: tuple[str, ...] = (), tool_parser: str | None = None) -> GatewayRequest:
+    """`tool_parser`: --tool-call-parser, when --enable-auto-tool-choice is on."""
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
     lora = _check_model(body.get("model"), aliases or (model_name,), adapters or [])
@@ -42,26 +45,28 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
     stream = _pop_bool(body, "stream")
     include_usage = _pop_stream_options(body, stream)
     wire_id = _wire_id(request_id, chat)
-    prompt_fields, params = _parse(body, chat)
+    prompt_fields, params, tool_plan = _parse(body, chat, tool_parser)
     deadline_ms = int((time.time() + timeout_s) * 1000) if timeout_s else None
     try:
         wire = WireRequest(id=wire_id, params=params, deadline_ms=deadline_ms, lora=lora, **prompt_fields)
     except (CodecError, ValueError, TypeError) as error:
         raise invalid(str(error)) from error
-    return GatewayRequest(wire, chat, stream, include_usage)
+    return GatewayRequest(wire, chat, stream, include_usage, tool_plan)
 
 
-def _parse(body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def _parse(body: dict[str, Any], chat: bool,
+           tool_parser: str | None) -> tuple[dict[str, Any], dict[str, Any], ToolPlan | None]:
     try:
         if chat:
-            messages, params, images = parse_chat_body(body)
+            parsed = parse_chat_request(body, tool_parser)
             # A chat answer runs to the end of its turn unless the client caps it (OpenAI's default).
-            params.setdefault("max_tokens", None)
-            return {"messages": messages, "images": images or None}, params
+            parsed.params.setdefault("max_tokens", None)
+            return ({"messages": parsed.messages, "images": parsed.images or None, "tools": parsed.tools},
+                    parsed.params, parsed.tool_plan)
         prompt, params = parse_completion_body(body)
     except (ValueError, CodecError) as error:
-        raise invalid(str(error), _field_named_in(str(error), body)) from error
-    return {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt}, params
+        raise invalid(str(error), getattr(error, "field", None) or _field_named_in(str(error), body)) from error
+    return {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt}, params, None
 
 
 def _check_model(model: Any, model_names: tuple[str, ...], adapters: list[str]) -> str | None:

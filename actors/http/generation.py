@@ -71,7 +71,8 @@ class Generation:
         body = parse_json_body(raw)
         gateway_request = parse_body(body, chat, self.backend.model_name, request.headers.get("x-request-id"),
                                      self.options.request_timeout_s, self.backend.adapter_names(),
-                                     aliases=self.options.served_model_names)
+                                     aliases=self.options.served_model_names,
+                                     tool_parser=self.options.tool_call_parser)
         if "x-request-id" in request.headers:
             await self._check_id_owner(gateway_request.wire.id, request.headers.get("authorization"), body)
         self.pending.acquire()
@@ -142,7 +143,7 @@ class Generation:
         if result["error"] is not None:
             raise from_engine_error(result["error"])
         return JSONResponse(completion_body(request.wire.id, result, self.backend.model_name,
-                                            self.backend.tokenizer, request.chat))
+                                            self.backend.tokenizer, request.chat, request.tool_plan))
 
     def _stream(self, request: GatewayRequest, replies: AsyncIterator[WireReply], first: WireReply,
                 interrupter: Interrupter, watch: DisconnectWatch) -> Response:

@@ -15,3 +15,5 @@ class GatewayOptions:
     metrics_open: bool = False  # /metrics without the API key (it names adapters and shows load)
     served_model_names: tuple[str, ...] = ()  # --served-model-name: the first is reported, all are accepted
     allowed_origins: tuple[str, ...] = ()  # CORS (--allowed-origins); none: no CORS headers
+    # --tool-call-parser, set when --enable-auto-tool-choice is on: tool_choice "auto" reads calls with it
+    tool_call_parser: str | None = None

@@ -240,4 +240,4 @@ def build_request(builder: RequestBuilder, message: WireRequest) -> Request:
     return builder.build(message.id, message.sampling_params(), prompt=message.prompt, lora=message.lora,
                          prompt_token_ids=message.prompt_token_ids,
                          messages=[m.as_dict() for m in message.messages] if message.messages is not None else None,
-                         images=message.images)
+                         images=message.images, tools=message.tools)

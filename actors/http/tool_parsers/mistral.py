@@ -6,7 +6,13 @@ one call.
 
 from __future__ import annotations
 
-from actors.http.tool_parsers.base import ParsedToolCalls, call_from_json, content_or_none, json_values
+from actors.http.tool_parsers.base import (
+    ParsedToolCalls,
+    before_marker,
+    call_from_json,
+    content_or_none,
+    json_values,
+)
 
 MARKER = "[TOOL_CALLS]"
 
@@ -24,3 +30,7 @@ def parse_mistral(text: str) -> ParsedToolCalls:
     if not calls or any(call is None for call in calls):
         return ParsedToolCalls(content_or_none(text), [])
     return ParsedToolCalls(content_or_none(before), [call for call in calls if call is not None])
+
+
+def sendable_mistral(text: str) -> int:
+    return before_marker(text, MARKER)
