@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
+from tests.support.engine_helpers import make_engine
 
 HERMES = """\
 {%- if tools %}<|im_start|>system
@@ -87,8 +87,4 @@ TEMPLATES = {"hermes": HERMES, "llama3_json": LLAMA3, "mistral": MISTRAL}  # by 
 
 
 def engine_with_template(model_dir: Path, chat_template: str) -> LLMEngine:
-    return LLMEngine(EngineConfig(
-        model=ModelConfig(model=str(model_dir), chat_template=chat_template),
-        cache=CacheConfig(block_size=16, num_kv_blocks=512),
-        scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=32),
-    ))
+    return make_engine(model_dir, chat_template=chat_template)
