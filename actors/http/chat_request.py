@@ -11,6 +11,7 @@ add the structured-output constraint that makes the answer the call(s).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from actors.http.content_parts import parse_content
 from actors.http.tool_parsers.plan import ToolPlan
 from actors.http.tool_parsers.tool_choice import check_tool_choice, check_tools, constraint_for
 from pipeline.request.sampling_params import SamplingParams
-from pipeline.request.structured_output import ALIASES
+from pipeline.request.structured_output import ALIASES, MAX_SPEC_CHARS
 from pipeline.request.tools import MAX_NAME_CHARS, MAX_TOOL_CALLS, arguments_object
 from pipeline.request.untrusted import UntrustedValueError
 from queue_adapters.codec import ChatMessage, WireFunctionCall, WireToolCall, check_tool_roles
@@ -41,9 +42,9 @@ class ChatBody:
 
 def parse_chat_body(body: Any) -> tuple[list[ChatMessage], dict[str, Any], list[bytes]]:
     """A batch line's body: (messages, wire params, images). Tools are served by `aqueduct serve` only."""
-    chat = parse_chat_request(body, tool_parser=None)
-    if chat.tools is not None:
+    if isinstance(body, dict) and body.get("tools"):
         raise ValueError("tools: not supported in batch files yet (aqueduct serve takes them)")
+    chat = parse_chat_request(body, tool_parser=None)
     return chat.messages, chat.params, chat.images
 
 
@@ -83,7 +84,12 @@ def _tool_fields(params: dict[str, Any],
     if constrained:
         raise UntrustedValueError(f"tool_choice {choice.mode!r} constrains the answer to the call(s) and cannot be "
                                   f"combined with {', '.join(constrained)}", "tool_choice")
-    return tools, ToolPlan(choice, None, parallel is not False), constraint_for(choice, tools, parallel is not False)
+    constraint = constraint_for(choice, tools, parallel is not False)
+    size = len(json.dumps(constraint, sort_keys=True))
+    if size > MAX_SPEC_CHARS:
+        raise UntrustedValueError(f"tools: for tool_choice {choice.mode!r} the tools' parameter schemas become a "
+                                  f"constraint of at most {MAX_SPEC_CHARS} characters, got {size}", "tools")
+    return tools, ToolPlan(choice, None, parallel is not False), constraint
 
 
 def parse_messages(messages: Any, images: list[bytes]) -> list[ChatMessage]:

@@ -218,9 +218,10 @@ def _tool_fields() -> Schema:
         "strict": {"type": ["boolean", "null"]}}}
     tool = {"type": "object", "required": ["type", "function"], "additionalProperties": False,
             "properties": {"type": {"const": "function"}, "function": function}}
-    named = {"type": "object", "required": ["type", "function"], "properties": {
+    named = {"type": "object", "required": ["type", "function"], "additionalProperties": False, "properties": {
         "type": {"const": "function"},
-        "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}
+        "function": {"type": "object", "required": ["name"], "additionalProperties": False,
+                     "properties": {"name": {"type": "string"}}}}}
     return {
         "tools": {"anyOf": [{"type": "array", "maxItems": MAX_TOOLS, "items": tool}, {"type": "null"}],
                   "description": f"rendered by the chat template; at most {MAX_TOOLS_CHARS} characters of JSON; "

@@ -32,8 +32,9 @@ def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -> T
         if tool_choice != "none" and not tools:
             raise ValueError(f"tool_choice {tool_choice!r} needs tools")
         return ToolChoice(tool_choice)
-    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function" \
-            and isinstance(tool_choice.get("function"), dict) and isinstance(tool_choice["function"].get("name"), str):
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function" and set(tool_choice) == {
+            "type", "function"} and isinstance(tool_choice["function"], dict) \
+            and set(tool_choice["function"]) == {"name"} and isinstance(tool_choice["function"]["name"], str):
         name = tool_choice["function"]["name"]
         if name not in _names(tools or []):
             raise ValueError(f"tool_choice names the function {name!r}, which is not among the tools")
