@@ -43,7 +43,7 @@ class ChatBody:
 def parse_chat_body(body: Any) -> tuple[list[ChatMessage], dict[str, Any], list[bytes]]:
     """A batch line's body: (messages, wire params, images). Tools are served by `aqueduct serve` only."""
     if isinstance(body, dict) and body.get("tools"):
-        raise ValueError("tools: not supported in batch files yet (aqueduct serve takes them)")
+        raise ValueError("not supported yet: tools (in batch files; aqueduct serve takes them)")
     chat = parse_chat_request(body, tool_parser=None)
     return chat.messages, chat.params, chat.images
 
