@@ -98,6 +98,19 @@ def test_a_conversation_call_result_answer(hermes_client: openai.OpenAI) -> None
     assert final["early_content_deltas"] > 0  # no call in sight: the content streamed as it came
 
 
+def test_the_sdk_s_own_message_goes_back_into_the_conversation(hermes_client: openai.OpenAI) -> None:
+    """As docs/http-api.md shows: the assistant message dumped by the SDK, then the tool's result."""
+    messages: list[Any] = list(QUESTION)
+    reply = hermes_client.chat.completions.create(model="default-model-v1", messages=messages, tools=TOOLS,
+                                                  tool_choice="required", max_tokens=200, temperature=0)
+    message = reply.choices[0].message
+    messages += [message.model_dump(exclude_none=True),
+                 *({"role": "tool", "tool_call_id": call.id, "content": "done"} for call in message.tool_calls)]
+    answer = hermes_client.chat.completions.create(model="default-model-v1", messages=messages, tools=TOOLS,
+                                                   tool_choice="none", max_tokens=8, temperature=0)
+    assert answer.choices[0].message.tool_calls is None and answer.usage.prompt_tokens > reply.usage.prompt_tokens
+
+
 def test_text_before_a_call_streams_and_the_call_comes_at_the_end(hermes_client: openai.OpenAI) -> None:
     two_calls = HERMES_CALL + '\n<tool_call>\n{"name": "clock", "arguments": {"hours": 7}}\n</tool_call>'
     result = ask(hermes_client, QUESTION, tools=TOOLS, extra_body=forced("Let me look that up. " + two_calls),
