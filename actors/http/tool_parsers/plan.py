@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from actors.http.tool_parsers import PARSERS, SENDABLE
-from actors.http.tool_parsers.base import ParsedToolCalls
+from actors.http.tool_parsers.base import ParsedToolCalls, content_or_none
 from actors.http.tool_parsers.tool_choice import ToolChoice, calls_from_constrained
 
 
@@ -27,14 +27,21 @@ class ToolPlan:
     parallel: bool = True  # parallel_tool_calls: false keeps the first call only
 
     def calls(self, text: str) -> ParsedToolCalls:
-        if self.choice.mode == "auto":
-            assert self.parser is not None
-            parsed = PARSERS[self.parser](text)
-        else:
-            parsed = calls_from_constrained(self.choice, text)
+        try:
+            parsed = self._parse(text)
+        # JSON nested past the decoder's depth (a client can force such text), or a constrained answer
+        # of another shape than the constraint's (it cannot be, unless the grammar let it): not a call.
+        except (RecursionError, KeyError, TypeError):
+            return ParsedToolCalls(content_or_none(text), [])
         if not self.parallel:
             parsed.calls = parsed.calls[:1]
         return parsed
+
+    def _parse(self, text: str) -> ParsedToolCalls:
+        if self.choice.mode == "auto":
+            assert self.parser is not None
+            return PARSERS[self.parser](text)
+        return calls_from_constrained(self.choice, text)
 
     def sendable(self, text: str) -> int:
         """How many leading characters of the text so far are content whatever follows."""

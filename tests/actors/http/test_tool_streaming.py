@@ -29,6 +29,10 @@ TEXTS = {parser: [call, "  " + call, "Sure thing. " + call, "No call here, only 
                   call[: len(call) // 2], call[:5] + " and more", "<" + call]
          for parser, call in CALL.items()}
 TEXTS["llama3_json"] += ['{"answer": 42}', ' ; {"name": "a", "parameters": {}}; {"name": "b", "parameters": {}}']
+DEEP = "[" * 5000  # past the JSON decoder's recursion limit: a 500 if it escaped
+TEXTS["llama3_json"].append(DEEP)
+TEXTS["hermes"].append("<tool_call>" + DEEP)
+TEXTS["mistral"].append("[TOOL_CALLS]" + DEEP)
 
 
 def stream_and_whole(plan: ToolPlan, text: str, cuts: list[int]) -> tuple[dict[str, Any], dict[str, Any], int]:
@@ -106,6 +110,7 @@ def test_required_and_named_answers_come_as_calls_at_the_end() -> None:
     assert whole["calls"] == [("weather", {"city": "Oslo"}), ("clock", {})]
     single = ToolPlan(ToolChoice("required"), None, parallel=False)
     assert stream_and_whole(single, text, [7])[0]["calls"] == [("weather", {"city": "Oslo"})]
+    assert stream_and_whole(required, DEEP, [9])[0]["content"] == DEEP  # cut while nested: text
     named = ToolPlan(ToolChoice("named", "weather"), None)
     whole, streamed, _ = stream_and_whole(named, '{"city": "Lima"}', [4])
     assert whole == streamed == {"content": None, "calls": [("weather", {"city": "Lima"})],
