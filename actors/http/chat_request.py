@@ -80,7 +80,8 @@ def _tool_fields(params: dict[str, Any],
         if tool_parser is None:
             raise UntrustedValueError(AUTO_NEEDS_PARSER, "tool_choice")
         return tools, ToolPlan(choice, tool_parser, parallel is not False), None
-    constrained = sorted(name for name in (*ALIASES, "structured_outputs") if params.get(name) is not None)
+    constrained = sorted(name for name in (*ALIASES, "structured_outputs")
+                         if params.get(name) not in (None, {"type": "text"}))  # text: no constraint
     if constrained:
         raise UntrustedValueError(f"tool_choice {choice.mode!r} constrains the answer to the call(s) and cannot be "
                                   f"combined with {', '.join(constrained)}", "tool_choice")

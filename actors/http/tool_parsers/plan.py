@@ -27,10 +27,10 @@ class ToolPlan:
     parallel: bool = True  # parallel_tool_calls: false keeps the first call only
 
     def calls(self, text: str) -> ParsedToolCalls:
+        """The calls in a whole answer. JSON nested past the decoder's depth (a client can force such
+        text), or a constrained answer of another shape than the constraint's, is not a call."""
         try:
             parsed = self._parse(text)
-        # JSON nested past the decoder's depth (a client can force such text), or a constrained answer
-        # of another shape than the constraint's (it cannot be, unless the grammar let it): not a call.
         except (RecursionError, KeyError, TypeError):
             return ParsedToolCalls(content_or_none(text), [])
         if not self.parallel:

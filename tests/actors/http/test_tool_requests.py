@@ -28,6 +28,8 @@ def test_each_tool_choice_plans_its_answer() -> None:
     required = parse_chat_request({"messages": USER, "tools": [WEATHER], "tool_choice": "required",
                                    "parallel_tool_calls": False}, tool_parser=None)
     assert required.params["guided_json"]["maxItems"] == 1 and not required.tool_plan.parallel
+    assert parse_chat_request({"messages": USER, "tools": [WEATHER], "tool_choice": "required",
+                               "response_format": {"type": "text"}}, None).params["guided_json"]["minItems"] == 1
     named = parse_chat_request({"messages": USER, "tools": [WEATHER],
                                 "tool_choice": {"type": "function", "function": {"name": "weather"}}}, None)
     assert named.params["guided_json"] == WEATHER["function"]["parameters"]
