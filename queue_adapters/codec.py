@@ -9,6 +9,7 @@ instead of only dead-lettering.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -18,6 +19,14 @@ import msgspec
 from msgspec import Meta, Struct
 
 from pipeline.request.sampling_params import SamplingParams
+from pipeline.request.tools import (
+    MAX_ARGUMENTS_CHARS,
+    MAX_NAME_CHARS,
+    MAX_TOOL_CALLS,
+    MAX_TOOLS,
+    arguments_object,
+    check_tools,
+)
 from pipeline.request.untrusted import INT64_MAX, UntrustedValueError, check_untrusted
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
@@ -65,18 +74,48 @@ class ImageUrlPart(_Wire, tag_field="type", tag="image_url"):
     image_url: ImageUrl
 
 
+ToolText = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_CHARS)]
+
+
+class WireFunctionCall(_Wire):
+    name: ToolText
+    arguments: Annotated[str, Meta(max_length=MAX_ARGUMENTS_CHARS)]  # the text of a JSON object, as OpenAI's
+
+
+class WireToolCall(_Wire):
+    """A call the assistant made earlier in the conversation (OpenAI's `tool_calls` items)."""
+
+    id: ToolText
+    function: WireFunctionCall
+    type: Literal["function"] = "function"
+
+
 class ChatMessage(_Wire, omit_defaults=True):
     role: Annotated[str, Meta(min_length=1)]
     content: str | list[TextPart | ImagePart | ImageUrlPart]
     name: Annotated[str, Meta(min_length=1)] | None = None  # the participant's name (OpenAI's `name`)
+    tool_calls: Annotated[list[WireToolCall], Meta(min_length=1, max_length=MAX_TOOL_CALLS)] | None = None
+    tool_call_id: ToolText | None = None  # a `tool` message: the call it answers
 
     def as_dict(self) -> dict[str, Any]:
         """The message as chat templates take it: content a string, or a list of {type, text} parts."""
         named = {"name": self.name} if self.name is not None else {}
+        named.update(self._tool_fields())
         if isinstance(self.content, str):
             return {"role": self.role, "content": self.content, **named}
         return {"role": self.role, "content": [{"type": "text", "text": part.text} if isinstance(part, TextPart)
                                                else {"type": "image"} for part in self.content], **named}
+
+    def _tool_fields(self) -> dict[str, Any]:
+        """As transformers' chat templates take them: arguments as an object (templates iterate it)."""
+        fields: dict[str, Any] = {}
+        if self.tool_calls is not None:
+            fields["tool_calls"] = [{"id": call.id, "type": "function", "function": {
+                "name": call.function.name, "arguments": json.loads(call.function.arguments)}}
+                for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            fields["tool_call_id"] = self.tool_call_id
+        return fields
 
 
 class WireRequest(_Wire, omit_defaults=True):
@@ -89,6 +128,7 @@ class WireRequest(_Wire, omit_defaults=True):
     reply_to: StreamKey | None = None
     deadline_ms: NonNegativeInt | None = None
     images: list[bytes] | None = None  # encoded images (PNG, JPEG, ...), one per <image> placeholder
+    tools: Annotated[list[Any], Meta(min_length=1, max_length=MAX_TOOLS)] | None = None  # for the chat template
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams.from_dict(self.params)
@@ -206,6 +246,7 @@ def decode_request(raw: bytes, *, params_checked: bool = False) -> WireRequest:
     request = _decode(_request_decoder, raw, "request")
     try:
         _check_prompt(request)
+        _check_tools(request)
         _check_untrusted_params(request.params)
         if not params_checked:
             _check_params(request.params)
@@ -256,6 +297,30 @@ def _check_prompt(request: WireRequest) -> None:
         raise CodecError(f"exactly one of {', '.join(PROMPT_FIELDS)} is required, got {found}")
     if not getattr(request, given[0]):
         raise CodecError(f"{given[0]} must not be empty")
+
+
+def _check_tools(request: WireRequest) -> None:
+    """Tools and tool calls only come with chat messages, and hold what a chat template can render."""
+    if request.tools is not None and request.messages is None:
+        raise CodecError("tools need messages (they are rendered by the chat template)")
+    try:
+        if request.tools is not None:
+            check_tools(request.tools)
+        for index, message in enumerate(request.messages or []):
+            check_tool_roles(message, f"messages[{index}]")
+            for number, call in enumerate(message.tool_calls or []):
+                arguments_object(call.function.arguments,
+                                 f"messages[{index}].tool_calls[{number}].function.arguments")
+    except ValueError as error:
+        raise CodecError(str(error)) from None
+
+
+def check_tool_roles(message: ChatMessage, where: str) -> None:
+    """tool_calls belong to assistant messages, tool_call_id to tool messages (as OpenAI has them)."""
+    if message.tool_calls is not None and message.role != "assistant":
+        raise ValueError(f"{where}.tool_calls is only for assistant messages, not {message.role!r}")
+    if message.tool_call_id is not None and message.role != "tool":
+        raise ValueError(f"{where}.tool_call_id is only for tool messages, not {message.role!r}")
 
 
 def _check_untrusted_params(params: dict[str, Any]) -> None:

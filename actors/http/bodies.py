@@ -13,9 +13,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from actors.http.chat_request import parse_chat_body
+from actors.http.chat_request import parse_chat_request
 from actors.http.completion_request import Prompt, parse_completion_body
 from actors.http.errors import ApiError, invalid
+from actors.http.tool_parsers.plan import ToolPlan
 from actors.http.unknown_fields import take_unknown_fields
 from queue_adapters.codec import MAX_ID_LENGTH, CodecError, WireRequest
 
@@ -33,6 +34,7 @@ class GatewayRequest:
     prompts: list[Prompt] | None = None  # completions: as the client gave them (echo prepends them)
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage so far in every chunk
     ignored_fields: tuple[str, ...] = ()  # unknown top-level fields taken off (actors/http/unknown_fields.py)
+    tool_plan: ToolPlan | None = None  # chat with tools: what the answer's text becomes
 
     @property
     def wire(self) -> WireRequest:
@@ -51,7 +53,9 @@ class GatewayRequest:
 
 def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
                timeout_s: float | None, adapters: list[str] | None = None,
-               aliases: tuple[str, ...] = (), strict_fields: bool = False) -> GatewayRequest:
+               aliases: tuple[str, ...] = (), strict_fields: bool = False,
+               tool_parser: str | None = None) -> GatewayRequest:
+    """`tool_parser`: --tool-call-parser, when --enable-auto-tool-choice is on."""
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
     lora = _check_model(body.get("model"), aliases or (model_name,), adapters or [])
@@ -63,15 +67,16 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
     options = {"continuous_usage": continuous_usage, "ignored_fields": ignored}
     try:
         if chat:
-            messages, params, images = parse_chat_body(body)
+            parsed = parse_chat_request(body, tool_parser)
             # A chat answer runs to the end of its turn unless the client caps it (OpenAI's default).
-            params.setdefault("max_tokens", None)
-            wire = WireRequest(id=response_id, params=params, deadline_ms=deadline_ms, lora=lora, messages=messages,
-                               images=images or None)
-            return GatewayRequest([wire], chat, stream, include_usage, response_id, **options)
+            parsed.params.setdefault("max_tokens", None)
+            wire = WireRequest(id=response_id, params=parsed.params, deadline_ms=deadline_ms, lora=lora,
+                               messages=parsed.messages, images=parsed.images or None, tools=parsed.tools)
+            return GatewayRequest([wire], chat, stream, include_usage, response_id, tool_plan=parsed.tool_plan,
+                                  **options)
         completion = parse_completion_body(body)
     except (ValueError, CodecError, TypeError) as error:
-        raise invalid(str(error), _field_named_in(str(error), body)) from error
+        raise invalid(str(error), getattr(error, "field", None) or _field_named_in(str(error), body)) from error
     ids = prompt_ids(response_id, len(completion.prompts))
     try:
         wires = [WireRequest(id=wire_id, params=dict(completion.params), deadline_ms=deadline_ms, lora=lora,

@@ -1,54 +1,155 @@
-"""OpenAI /v1/chat/completions bodies in a batch file: parsing into wire messages and sampling
-parameters, and the `chat.completion` choice objects of the output.
+"""OpenAI /v1/chat/completions bodies: parsing into wire messages, tools and sampling parameters,
+and the `chat.completion` choice objects of the output.
 
 Strict like completions (actors/http/completion_request.py): unknown fields are an error, and so are
-the chat features we do not implement (tools), so nothing is silently ignored.
+the chat features we do not implement (the deprecated `functions`), so nothing is silently ignored.
 Content may be a string or a list of text and image_url parts (actors/http/content_parts.py).
+Tools (docs/http-api.md#tool-calling): `tools` travel to the chat template; `tool_choice` decides what
+the gateway makes of the answer (actors/http/tool_parsers/plan.py), and `required` or a named function
+add the structured-output constraint that makes the answer the call(s).
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
 
 from actors.http.completion_request import sampling_fields
 from actors.http.content_parts import parse_content
+from actors.http.tool_parsers.plan import ToolPlan
+from actors.http.tool_parsers.tool_choice import check_tool_choice, check_tools, constraint_for
 from pipeline.request.sampling_params import SamplingParams
-from queue_adapters.codec import ChatMessage
+from pipeline.request.structured_output import ALIASES, MAX_SPEC_CHARS
+from pipeline.request.tools import MAX_NAME_CHARS, MAX_TOOL_CALLS, arguments_object
+from pipeline.request.untrusted import UntrustedValueError
+from queue_adapters.codec import ChatMessage, WireFunctionCall, WireToolCall, check_tool_roles
 
 CHAT_URL = "/v1/chat/completions"
-_UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
-                "stream_options", "audio", "modalities", "prediction"}
+_UNSUPPORTED = {"functions", "function_call", "stream_options", "audio", "modalities", "prediction"}
+_MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
+AUTO_NEEDS_PARSER = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+
+
+@dataclass(slots=True)
+class ChatBody:
+    messages: list[ChatMessage]
+    params: dict[str, Any]  # wire params (a required/named tool_choice's constraint included)
+    images: list[bytes]  # of image_url parts, in order
+    tools: list[dict[str, Any]] | None  # for the chat template
+    tool_plan: ToolPlan | None  # what becomes of the answer's text; None: it is content
 
 
 def parse_chat_body(body: Any) -> tuple[list[ChatMessage], dict[str, Any], list[bytes]]:
-    """(messages, wire params, the images of image_url parts in order); ValueError naming the field
-    for anything we cannot run as asked."""
+    """A batch line's body: (messages, wire params, images). Tools are served by `aqueduct serve` only."""
+    if isinstance(body, dict) and body.get("tools"):
+        raise ValueError("not supported yet: tools (in batch files; aqueduct serve takes them)")
+    chat = parse_chat_request(body, tool_parser=None)
+    return chat.messages, chat.params, chat.images
+
+
+def parse_chat_request(body: Any, tool_parser: str | None) -> ChatBody:
+    """Every field checked, ValueError naming the field for anything we cannot run as asked.
+    `tool_parser`: the server's --tool-call-parser when --enable-auto-tool-choice is on."""
     params = sampling_fields(body, "messages", _UNSUPPORTED)
+    tools, tool_plan, constraint = _tool_fields(params, tool_parser)
     images: list[bytes] = []
     messages = parse_messages(body["messages"], images)
     params = _completion_names(params)
+    if constraint is not None:
+        params["guided_json"] = constraint
     SamplingParams.from_dict(params)  # validates every remaining field, naming it
-    return messages, params, images
+    return ChatBody(messages, params, images, tools, tool_plan)
+
+
+def _tool_fields(params: dict[str, Any],
+                 tool_parser: str | None) -> tuple[list[dict[str, Any]] | None, ToolPlan | None, dict | None]:
+    """(tools for the template, the plan for the answer, a required/named call's JSON schema)."""
+    tools = params.pop("tools", None) or None  # [] asks for nothing, as SDKs send it
+    tool_choice = params.pop("tool_choice", None)
+    parallel = params.pop("parallel_tool_calls", None)
+    if parallel is not None and not isinstance(parallel, bool):
+        raise ValueError(f"parallel_tool_calls must be true or false, got {parallel!r}")
+    if tools is not None:
+        check_tools(tools)
+    choice = check_tool_choice(tool_choice, tools)
+    if choice.mode == "none":
+        return tools, None, None
+    assert tools is not None
+    if choice.mode == "auto":
+        if tool_parser is None:
+            raise UntrustedValueError(AUTO_NEEDS_PARSER, "tool_choice")
+        return tools, ToolPlan(choice, tool_parser, parallel is not False), None
+    constrained = sorted(name for name in (*ALIASES, "structured_outputs")
+                         if params.get(name) not in (None, {"type": "text"}))  # text: no constraint
+    if constrained:
+        raise UntrustedValueError(f"tool_choice {choice.mode!r} constrains the answer to the call(s) and cannot be "
+                                  f"combined with {', '.join(constrained)}", "tool_choice")
+    constraint = constraint_for(choice, tools, parallel is not False)
+    size = len(json.dumps(constraint, sort_keys=True))
+    if size > MAX_SPEC_CHARS:
+        raise UntrustedValueError(f"tools: for tool_choice {choice.mode!r} the tools' parameter schemas become a "
+                                  f"constraint of at most {MAX_SPEC_CHARS} characters, got {size}", "tools")
+    return tools, ToolPlan(choice, None, parallel is not False), constraint
 
 
 def parse_messages(messages: Any, images: list[bytes]) -> list[ChatMessage]:
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {role, content} objects")
-    parsed = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise ValueError(f"messages[{index}] must be an object with role and content")
-        unknown = sorted(set(message) - {"role", "content", "name"})
-        if unknown:
-            raise ValueError(f"messages[{index}]: only role, content and name are supported, got {', '.join(unknown)}")
-        role, content, name = message.get("role"), message.get("content"), message.get("name")
-        if not isinstance(role, str) or not role:
-            raise ValueError(f"messages[{index}].role must be a non-empty string")
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ValueError(f"messages[{index}].name must be a non-empty string")
-        parsed.append(ChatMessage(role=role, content=parse_content(content, f"messages[{index}].content", images),
-                                  name=name))
+    return [_parse_message(message, f"messages[{index}]", images) for index, message in enumerate(messages)]
+
+
+def _parse_message(message: Any, where: str, images: list[bytes]) -> ChatMessage:
+    if not isinstance(message, dict):
+        raise ValueError(f"{where} must be an object with role and content")
+    unknown = sorted(str(key) for key in set(message) - set(_MESSAGE_FIELDS))
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(_MESSAGE_FIELDS)})")
+    role, content, name = message.get("role"), message.get("content"), message.get("name")
+    if not isinstance(role, str) or not role:
+        raise ValueError(f"{where}.role must be a non-empty string")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"{where}.name must be a non-empty string")
+    tool_calls = _parse_tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
+    tool_call_id = message.get("tool_call_id")
+    if tool_call_id is not None or role == "tool":
+        _check_tool_text(tool_call_id, f"{where}.tool_call_id")
+    if content is None and tool_calls is not None:
+        content = ""  # an assistant turn that only calls tools (OpenAI's content: null)
+    parsed = ChatMessage(role=role, content=parse_content(content, f"{where}.content", images), name=name,
+                         tool_calls=tool_calls, tool_call_id=tool_call_id)
+    check_tool_roles(parsed, where)
     return parsed
+
+
+def _parse_tool_calls(calls: Any, where: str) -> list[WireToolCall] | None:
+    """An assistant message's `tool_calls`, as the response gave them (a streamed call's `index` too)."""
+    if calls is None or calls == []:
+        return None
+    if not isinstance(calls, list) or len(calls) > MAX_TOOL_CALLS:
+        raise ValueError(f"{where} must be a list of at most {MAX_TOOL_CALLS} calls")
+    parsed = []
+    for number, call in enumerate(calls):
+        at = f"{where}[{number}]"
+        if not isinstance(call, dict) or set(call) - {"id", "type", "function", "index"}:
+            raise ValueError(f"{at} must be {{id, type: function, function: {{name, arguments}}}}")
+        if call.get("type", "function") != "function":
+            raise ValueError(f"{at}.type must be \"function\", got {call['type']!r}")
+        function = call.get("function")
+        if not isinstance(function, dict) or set(function) != {"name", "arguments"}:
+            raise ValueError(f"{at}.function must be {{name, arguments}}")
+        _check_tool_text(call.get("id"), f"{at}.id")
+        _check_tool_text(function["name"], f"{at}.function.name")
+        if not isinstance(function["arguments"], str):
+            raise ValueError(f"{at}.function.arguments must be a string (the text of a JSON object)")
+        arguments_object(function["arguments"], f"{at}.function.arguments")
+        parsed.append(WireToolCall(id=call["id"], function=WireFunctionCall(function["name"], function["arguments"])))
+    return parsed
+
+
+def _check_tool_text(value: Any, where: str) -> None:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_CHARS:
+        raise ValueError(f"{where} must be a string of 1 to {MAX_NAME_CHARS} characters")
 
 
 def _completion_names(params: dict[str, Any]) -> dict[str, Any]:
@@ -77,12 +178,21 @@ def _completion_names(params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def chat_choice(choice: dict[str, Any], tokenizer: Any | None) -> dict[str, Any]:
-    """A `chat.completion` choice from an assembled result's choice (plus token_ids, as completions have)."""
+def chat_choice(choice: dict[str, Any], tokenizer: Any | None, tool_plan: ToolPlan | None = None) -> dict[str, Any]:
+    """A `chat.completion` choice from an assembled result's choice (plus token_ids, as completions have);
+    with a tool plan, the calls in its text become `tool_calls`."""
     entries = choice["logprobs"]
-    return {"index": choice["index"], "message": {"role": "assistant", "content": choice["text"]},
+    message: dict[str, Any] = {"role": "assistant", "content": choice["text"]}
+    finish_reason = choice["finish_reason"]
+    if tool_plan is not None:
+        parsed = tool_plan.calls(choice["text"])
+        message["content"] = parsed.content
+        if parsed.calls:
+            message["tool_calls"] = [call.as_openai() for call in parsed.calls]
+            finish_reason = tool_plan.finish_reason(finish_reason)
+    return {"index": choice["index"], "message": message,
             "logprobs": chat_logprobs(entries, tokenizer) if entries is not None else None,
-            "finish_reason": choice["finish_reason"], "stop_reason": choice["stop_reason"],
+            "finish_reason": finish_reason, "stop_reason": choice["stop_reason"],
             "token_ids": choice["token_ids"]}
 
 

@@ -2,6 +2,9 @@
 
     data: {"object": "text_completion", "choices": [{"index": 0, "text": " Hel", ...}], ...}
     data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "lo"}}], ...}
+    data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [
+              {"index": 0, "id": "call_...", "type": "function", "function": {"name": ..., "arguments": ...}}]},
+              "finish_reason": "tool_calls"}], ...}     (a request with tools: calls come whole, at the end)
     data: {"choices": [], "usage": {...}}        (stream_options.include_usage)
     (with stream_options.continuous_usage_stats too, every chunk carries `usage` so far, as vLLM's do:
      the prompt's tokens and that choice's completion tokens; the last chunk has the totals)
@@ -17,15 +20,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
+
+import structlog
 
 from actors.http.bodies import GatewayRequest
 from actors.http.chat_request import chat_logprobs
 from actors.http.errors import from_engine_error
 from actors.http.openai_shapes import completion_logprobs, echo_entries, usage_object, vllm_prompt_logprobs
 from actors.http.prompt_results import prompt_text
+from actors.http.tool_parsers.plan import ToolPlan
 from queue_adapters.codec import WireChoice, WireReply, WireUsage
 
+log = structlog.get_logger(__name__)
 DONE_EVENT = "data: [DONE]\n\n"
 # json.dumps(payload, ensure_ascii=False) builds an encoder per call; this one gives the same text.
 _ENCODER = json.JSONEncoder(ensure_ascii=False)
@@ -47,6 +55,7 @@ class ChunkWriter:
         self._usages: dict[int, WireUsage] = {}  # prompt index -> its usage, once finished
         self._prompt_tokens: dict[int, int] = {}  # prompt index -> its length (continuous usage)
         self._completion_tokens: dict[int, int] = {}  # choice -> tokens sent (continuous usage)
+        self._answers: dict[int, _HeldAnswer] = {}  # choice -> its text so far (chat with tools)
 
     def opening(self, firsts: list[WireReply]) -> str:
         """The events of each prompt's first reply entry (after chat's role announcement), as one
@@ -110,7 +119,10 @@ class ChunkWriter:
         entries = list(choice.logprobs) if choice.logprobs is not None else None
         ending = {"finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
         if self.request.chat:
-            return {"index": choice.index, "delta": {"content": choice.text} if choice.text else {},
+            delta: dict[str, Any] = {"content": choice.text} if choice.text else {}
+            if self.request.tool_plan is not None:
+                delta, ending["finish_reason"] = self._tool_delta(choice, self.request.tool_plan)
+            return {"index": choice.index, "delta": delta,
                     "logprobs": chat_logprobs(entries, self.tokenizer) if entries is not None else None,
                     "token_ids": list(choice.token_ids), **ending}
         index = prompt_index * self.request.n + choice.index
@@ -136,3 +148,31 @@ class ChunkWriter:
         if entries is not None:
             entries = [*echo_entries(prompt), *entries]
         return text, entries, extra
+
+
+    def _tool_delta(self, choice: WireChoice, plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
+        """Content that cannot become a call goes out at once; the rest waits for the answer's end,
+        where the whole text is parsed as the non-streamed answer is (actors/http/tool_parsers/plan.py)."""
+        answer = self._answers.setdefault(choice.index, _HeldAnswer())
+        answer.text += choice.text
+        if choice.finish_reason is None:
+            upto = max(plan.sendable(answer.text), answer.sent)
+            content, answer.sent = answer.text[answer.sent:upto], upto
+            return ({"content": content} if content else {}), None
+        parsed = plan.calls(answer.text)
+        if not (parsed.content or "").startswith(answer.text[:answer.sent]):
+            log.warning("streamed content is not a prefix of the parsed content", request_id=self.request.wire.id)
+        delta: dict[str, Any] = {}
+        rest = (parsed.content or "")[answer.sent:]
+        if rest:
+            delta["content"] = rest
+        if not parsed.calls:
+            return delta, choice.finish_reason
+        delta["tool_calls"] = [call.as_openai(index) for index, call in enumerate(parsed.calls)]
+        return delta, plan.finish_reason(choice.finish_reason)
+
+
+@dataclass(slots=True)
+class _HeldAnswer:
+    text: str = ""  # the choice's text so far
+    sent: int = 0  # characters of it sent as content

@@ -84,7 +84,7 @@ class _OpenAIShape:
 
     def answer(self, request: GatewayRequest, result: dict[str, Any]) -> Response:
         return JSONResponse(completion_body(request.response_id, result, self.backend.model_name,
-                                            self.backend.tokenizer, request.chat),
+                                            self.backend.tokenizer, request.chat, request.tool_plan),
                             headers=ignored_fields_header(request.ignored_fields))
 
     def writer(self, request: GatewayRequest) -> EventWriter:
@@ -139,7 +139,8 @@ class Generation:
         gateway_request = parse_body(body, chat, self.backend.model_name, request.headers.get("x-request-id"),
                                      self.options.request_timeout_s, self.backend.adapter_names(),
                                      aliases=self.options.served_model_names,
-                                     strict_fields=self.options.strict_fields)
+                                     strict_fields=self.options.strict_fields,
+                                     tool_parser=self.options.tool_call_parser)
         if gateway_request.ignored_fields:
             log.warning("request fields ignored", request_id=gateway_request.wire.id,
                         fields=bounded_names(gateway_request.ignored_fields))

@@ -10,12 +10,17 @@ import time
 from typing import Any
 
 from actors.http.chat_request import chat_choice
+from actors.http.tool_parsers.plan import ToolPlan
 
 
 def completion_body(response_id: str, result: dict[str, Any], model_name: str, tokenizer: Any | None,
-                    chat: bool) -> dict[str, Any]:
-    """A `text_completion` or `chat.completion` object from a finished, error-free result."""
-    choice_object = chat_choice if chat else completion_choice
+                    chat: bool, tool_plan: ToolPlan | None = None) -> dict[str, Any]:
+    """A `text_completion` or `chat.completion` object from a finished, error-free result (a chat
+    request's tool plan turns the calls in its answers into `tool_calls`)."""
+
+    def choice_object(choice: dict[str, Any], tokenizer: Any | None) -> dict[str, Any]:
+        return chat_choice(choice, tokenizer, tool_plan) if chat else completion_choice(choice, tokenizer)
+
     body: dict[str, Any] = {
         "id": response_id,
         "object": "chat.completion" if chat else "text_completion",

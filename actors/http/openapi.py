@@ -22,6 +22,7 @@ from actors.http.kobold.openapi_paths import kobold_paths
 from pipeline.request import sampling_params as sp
 from pipeline.request.param_checks import FLOAT32_MAX, INT64_MAX, INT64_MIN
 from pipeline.request.structured_output import MAX_CHOICES, MAX_SPEC_CHARS
+from pipeline.request.tools import MAX_ARGUMENTS_CHARS, MAX_NAME_CHARS, MAX_TOOL_CALLS, MAX_TOOLS, MAX_TOOLS_CHARS
 
 Schema = dict[str, Any]
 
@@ -223,16 +224,48 @@ def chat_body() -> Schema:
         "top_logprobs": {**_INT64, "type": ["integer", "null"], "minimum": 0,
                          "description": "alternatives per token; needs logprobs: true"},
         "max_completion_tokens": {**sampling["max_tokens"], "description": "max_tokens' other name; not both"},
-        # Tool calling is not supported yet: only the values that ask for none of it.
-        "tools": {**_NO_LIST, "description": "not supported yet"},
-        "functions": {**_NO_LIST, "description": "not supported yet"},
-        "tool_choice": {"enum": [None, "none"], "description": "not supported yet"},
-        "function_call": {"enum": [None, "none"], "description": "not supported yet"},
-        "parallel_tool_calls": {"type": ["boolean", "null"], "description": "accepted; no tools yet"},
+        **_tool_fields(),
+        # The deprecated function calling is not supported: only the values that ask for none of it.
+        "functions": {**_NO_LIST, "description": "not supported (use tools)"},
+        "function_call": {"enum": [None, "none"], "description": "not supported (use tool_choice)"},
     }
     properties = {"messages": {"type": "array", "minItems": 1, "items": _message()},
                   **_gateway_fields(), **sampling, **chat_only}
     return {"type": "object", "required": ["messages"], "properties": properties, **_OTHER_FIELDS}
+
+
+def _tool_fields() -> Schema:
+    function = {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS},
+        "description": {"type": "string"}, "parameters": {"type": "object", "description": "a JSON schema"},
+        "strict": {"type": ["boolean", "null"]}}}
+    tool = {"type": "object", "required": ["type", "function"], "additionalProperties": False,
+            "properties": {"type": {"const": "function"}, "function": function}}
+    named = {"type": "object", "required": ["type", "function"], "additionalProperties": False, "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"], "additionalProperties": False,
+                     "properties": {"name": {"type": "string"}}}}}
+    return {
+        "tools": {"anyOf": [{"type": "array", "maxItems": MAX_TOOLS, "items": tool}, {"type": "null"}],
+                  "description": f"rendered by the chat template; at most {MAX_TOOLS_CHARS} characters of JSON; "
+                                 "function names unique"},
+        "tool_choice": {"anyOf": [{"enum": ["none", "auto", "required", None]}, named],
+                        "description": "auto (the default with tools) needs --enable-auto-tool-choice; required "
+                                       "and a named function constrain the answer to the call(s); a named "
+                                       "function must be among the tools"},
+        "parallel_tool_calls": {"type": ["boolean", "null"], "default": True,
+                                "description": "false: at most one call"},
+    }
+
+
+def _tool_call() -> Schema:
+    text = {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}
+    function = {"type": "object", "required": ["name", "arguments"], "additionalProperties": False,
+                "properties": {"name": text, "arguments": {"type": "string", "maxLength": MAX_ARGUMENTS_CHARS,
+                                                           "description": "the text of a JSON object"}}}
+    return {"type": "object", "required": ["id", "function"], "additionalProperties": False,
+            "properties": {"id": text, "type": {"const": "function"}, "function": function,
+                           "index": {"type": "integer", "description": "a streamed call's; not used"}}}
 
 
 def _message() -> Schema:
@@ -247,9 +280,16 @@ def _message() -> Schema:
                   "description": "for vision models only (a 400 otherwise)"}
     content = {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"oneOf": [text_part,
                                                                                                    image_part]}}]}
-    return {"type": "object", "required": ["role", "content"], "additionalProperties": False,
-            "properties": {"role": {"type": "string", "minLength": 1}, "content": content,
-                           "name": {"type": ["string", "null"], "minLength": 1, "description": "the participant"}}}
+    return {"type": "object", "required": ["role"], "additionalProperties": False,
+            "description": "content is required, except null in an assistant message with tool_calls",
+            "properties": {"role": {"type": "string", "minLength": 1},
+                           "content": {"anyOf": [content, {"type": "null"}]},
+                           "name": {"type": ["string", "null"], "minLength": 1, "description": "the participant"},
+                           "tool_calls": {"anyOf": [{"type": "array", "maxItems": MAX_TOOL_CALLS,
+                                                     "items": _tool_call()}, {"type": "null"}],
+                                          "description": "assistant messages only"},
+                           "tool_call_id": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_NAME_CHARS,
+                                            "description": "tool messages only (required there): the call answered"}}}
 
 
 def tokenize_body() -> Schema:

@@ -16,3 +16,5 @@ class GatewayOptions:
     served_model_names: tuple[str, ...] = ()  # --served-model-name: the first is reported, all are accepted
     allowed_origins: tuple[str, ...] = ()  # CORS (--allowed-origins); none: no CORS headers
     strict_fields: bool = False  # --strict-fields: an unknown request field is a 400, not ignored and named
+    # --tool-call-parser, set when --enable-auto-tool-choice is on: tool_choice "auto" reads calls with it
+    tool_call_parser: str | None = None

@@ -58,6 +58,27 @@ class ChatContentGuard:
 
         return [_map_texts(message, hide) for message in messages], literals
 
+    def protect_with_tools(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, list[str]]:
+        """`protect`, with the strings in tool calls (names, ids, argument values and keys) and in
+        `tools` hidden too: a template writes them into the prompt as well."""
+        protected, literals = self.protect(messages)
+        if not self.enabled:
+            return protected, tools, literals
+
+        def hide(text: str) -> str:
+            def mark(match: re.Match[str]) -> str:
+                literals.append(match.group(0))
+                return f"{_OPEN}{len(literals) - 1}{_CLOSE}"
+
+            return self._pattern.sub(mark, text)
+
+        for message in protected:
+            for key in ("tool_calls", "tool_call_id", "name"):
+                if key in message:
+                    message[key] = _map_strings(message[key], hide)
+        return protected, _map_strings(tools, hide) if tools is not None else None, literals
+
     def encode(self, rendered: str, literals: list[str]) -> list[int]:
         """Token ids of a prompt rendered from `protect`ed messages (see the module's example)."""
         pieces = _MARK.split(rendered)  # text, index, text, index, ..., text
@@ -102,3 +123,14 @@ def _map_texts(message: dict[str, Any], hide: Callable[[str], str]) -> dict[str,
         out["content"] = [{**part, "text": hide(part["text"])} if isinstance(part.get("text"), str) else part
                           for part in content]
     return out
+
+
+def _map_strings(value: Any, hide: Callable[[str], str]) -> Any:
+    """`value` (JSON-like) with `hide` applied to every string in it, map keys included."""
+    if isinstance(value, str):
+        return hide(value)
+    if isinstance(value, list):
+        return [_map_strings(item, hide) for item in value]
+    if isinstance(value, dict):
+        return {_map_strings(key, hide): _map_strings(item, hide) for key, item in value.items()}
+    return value

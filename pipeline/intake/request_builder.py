@@ -59,7 +59,9 @@ class RequestBuilder:
     def build(self, request_id: str, params: SamplingParams, *, prompt: str | None = None,
               prompt_token_ids: Sequence[int] | None = None,
               messages: list[dict[str, Any]] | None = None, images: Sequence[bytes] | None = None,
-              lora: str | None = None) -> Request:
+              lora: str | None = None, tools: list[dict[str, Any]] | None = None) -> Request:
+        """`tools` (OpenAI's, with `messages` only) are rendered by the chat template, as transformers'
+        apply_chat_template(tools=...) does."""
         if self.breakers is not None and params.dry_multiplier > 0:
             self.breakers.mask(params.dry_sequence_breakers)  # built here, not on the device thread
         if params.structured_outputs is not None:
@@ -70,12 +72,14 @@ class RequestBuilder:
             raise ValueError(f"exactly one of prompt, prompt_token_ids, messages is required, got {given or 'none'}")
         if images and self.vision is None:
             raise ValueError("images: this model takes no images (it is not a vision-language model)")
+        if tools is not None and messages is None:
+            raise ValueError("tools need messages (they are rendered by the chat template)")
         literals: list[str] = []
         if messages is not None:
             chat = self._chat_messages(messages)
             if self.content_guard is not None:
-                chat, literals = self.content_guard.protect(chat)
-            prompt = self._apply_chat_template(chat)
+                chat, tools, literals = self.content_guard.protect_with_tools(chat, tools)
+            prompt = self._apply_chat_template(chat, tools)
         if prompt is not None and literals:
             self._check_prompt_chars(prompt)
             ids = self.content_guard.encode(prompt, literals)  # special-token text in messages stays text
@@ -170,13 +174,15 @@ class RequestBuilder:
             if outside:
                 raise ValueError(f"{name} must hold token ids in [0, {self.vocab_size}), got {outside[0]}")
 
-    def _apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+    def _apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("messages need a chat template, and this model's tokenizer has none")
         if not messages:
             raise ValueError("messages must not be empty")
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            with_tools = {"tools": tools} if tools is not None else {}
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                      **with_tools)
         except Exception as error:
             # The template is model-supplied Jinja run on the client's messages: any failure (e.g.
             # jinja2's TemplateError from raise_exception("roles must alternate")) is a bad request.

@@ -1,12 +1,15 @@
-"""Tool-call parsers: a model's text -> OpenAI `tool_calls`, one file per model family's format.
+"""Tool calling at the gateway: a model's text -> OpenAI `tool_calls`, one file per model family's format.
 
-Not wired into the gateway yet: `tools` and `tool_choice` are still refused (issue 29). These are the
-pieces the wiring will use: the parsers for `--tool-call-parser` (hermes, llama3_json, mistral) and
-`tool_choice.py`, which turns `required` or a named function into a structured-output constraint.
+- the parsers for `--tool-call-parser` (hermes, llama3_json, mistral), used for `tool_choice: auto`
+  when the server runs with `--enable-auto-tool-choice`;
+- `tool_choice.py`: `tools` and `tool_choice` checked, and `required` or a named function turned into
+  a structured-output constraint whose answer parses back into the calls;
+- `plan.py`: what a request's answer becomes (non-streamed and streamed alike).
 
 Each parser takes the whole generated text and returns `ParsedToolCalls`: the content left for the
 message (text outside the calls) and the calls, each a function name and its arguments as a JSON
-string. Text that only looks like a call (malformed JSON, an unknown shape) stays content.
+string. Text that only looks like a call (malformed JSON, an unknown shape) stays content. Each parser's
+`sendable` says, while an answer streams, how much of the text so far is content whatever follows.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from actors.http.tool_parsers.base import ParsedToolCalls, ToolCall
-from actors.http.tool_parsers.hermes import parse_hermes
-from actors.http.tool_parsers.llama3_json import parse_llama3_json
-from actors.http.tool_parsers.mistral import parse_mistral
+from actors.http.tool_parsers.hermes import parse_hermes, sendable_hermes
+from actors.http.tool_parsers.llama3_json import parse_llama3_json, sendable_llama3_json
+from actors.http.tool_parsers.mistral import parse_mistral, sendable_mistral
 
 PARSERS: dict[str, Callable[[str], ParsedToolCalls]] = {
     "hermes": parse_hermes,
@@ -24,4 +27,10 @@ PARSERS: dict[str, Callable[[str], ParsedToolCalls]] = {
     "mistral": parse_mistral,
 }
 
-__all__ = ["PARSERS", "ParsedToolCalls", "ToolCall"]
+SENDABLE: dict[str, Callable[[str], int]] = {
+    "hermes": sendable_hermes,
+    "llama3_json": sendable_llama3_json,
+    "mistral": sendable_mistral,
+}
+
+__all__ = ["PARSERS", "SENDABLE", "ParsedToolCalls", "ToolCall"]

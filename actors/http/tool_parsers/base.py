@@ -63,3 +63,17 @@ def json_values(text: str) -> tuple[list[Any], str] | None:
 
 def content_or_none(text: str) -> str | None:
     return text if text.strip() else None
+
+
+def before_marker(text: str, marker: str) -> int:
+    """Streaming: the characters of `text` before a call that starts with `marker` may begin, i.e.
+    before its first occurrence or before a tail that could grow into it. Leading whitespace only
+    counts once something else follows (a parser drops content that is only whitespace)."""
+    found = text.find(marker)
+    if found < 0:
+        found = len(text)
+        for length in range(min(len(marker) - 1, len(text)), 0, -1):
+            if marker.startswith(text[-length:]):
+                found = len(text) - length
+                break
+    return found if text[:found].strip() else 0

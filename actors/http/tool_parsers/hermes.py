@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import re
 
-from actors.http.tool_parsers.base import ParsedToolCalls, ToolCall, call_from_json, content_or_none
+from actors.http.tool_parsers.base import ParsedToolCalls, ToolCall, before_marker, call_from_json, content_or_none
 
+MARKER = "<tool_call>"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
@@ -30,3 +31,7 @@ def parse_hermes(text: str) -> ParsedToolCalls:
         calls.append(call)
     kept.append(text[position:])
     return ParsedToolCalls(content_or_none("".join(kept)) if calls else content_or_none(text), calls)
+
+
+def sendable_hermes(text: str) -> int:
+    return before_marker(text, MARKER)

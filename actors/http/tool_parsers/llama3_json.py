@@ -6,18 +6,22 @@ Example: '<|python_tag|>{"name": "weather", "parameters": {"city": "Oslo"}}' -> 
 
 from __future__ import annotations
 
-from actors.http.tool_parsers.base import ParsedToolCalls, call_from_json, content_or_none, json_values
+from actors.http.tool_parsers.base import (
+    ParsedToolCalls,
+    before_marker,
+    call_from_json,
+    content_or_none,
+    json_values,
+)
 
 _PYTHON_TAG = "<|python_tag|>"
 
 
 def parse_llama3_json(text: str) -> ParsedToolCalls:
-    body = text.strip()
-    prefix = ""
-    if _PYTHON_TAG in body:
-        prefix, _, body = body.partition(_PYTHON_TAG)
-        body = body.strip()
-    found = json_values(body)
+    prefix, tagged, body = text.partition(_PYTHON_TAG)
+    if not tagged:
+        prefix, body = "", text
+    found = json_values(body.strip())
     if found is None:
         return ParsedToolCalls(content_or_none(text), [])
     values, rest = found
@@ -25,3 +29,11 @@ def parse_llama3_json(text: str) -> ParsedToolCalls:
     if any(call is None for call in calls) or rest.strip():
         return ParsedToolCalls(content_or_none(text), [])  # JSON, but not (only) calls: plain content
     return ParsedToolCalls(content_or_none(prefix), [call for call in calls if call is not None])
+
+
+def sendable_llama3_json(text: str) -> int:
+    """Nothing while the message may be JSON calls from its start (json_values skips these separators)."""
+    rest = text.lstrip(" \t\r\n;,")
+    if not rest or rest[0] in "[{":
+        return 0
+    return before_marker(text, _PYTHON_TAG)

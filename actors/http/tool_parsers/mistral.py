@@ -1,4 +1,5 @@
-"""Mistral: `[TOOL_CALLS]` followed by a JSON list of {"name", "arguments"} objects.
+"""Mistral: `[TOOL_CALLS]` followed by a JSON list of {"name", "arguments"} objects. Call ids are 9
+letters and digits: Mistral's chat templates refuse any other id when the conversation comes back.
 
 Example: 'Sure.[TOOL_CALLS][{"name": "weather", "arguments": {"city": "Oslo"}}]' -> content 'Sure.',
 one call.
@@ -6,9 +7,19 @@ one call.
 
 from __future__ import annotations
 
-from actors.http.tool_parsers.base import ParsedToolCalls, call_from_json, content_or_none, json_values
+import secrets
+import string
+
+from actors.http.tool_parsers.base import (
+    ParsedToolCalls,
+    before_marker,
+    call_from_json,
+    content_or_none,
+    json_values,
+)
 
 MARKER = "[TOOL_CALLS]"
+_ID_CHARACTERS = string.ascii_letters + string.digits
 
 
 def parse_mistral(text: str) -> ParsedToolCalls:
@@ -23,4 +34,11 @@ def parse_mistral(text: str) -> ParsedToolCalls:
     calls = [call_from_json(item) for item in items]
     if not calls or any(call is None for call in calls):
         return ParsedToolCalls(content_or_none(text), [])
-    return ParsedToolCalls(content_or_none(before), [call for call in calls if call is not None])
+    found_calls = [call for call in calls if call is not None]
+    for call in found_calls:
+        call.id = "".join(secrets.choice(_ID_CHARACTERS) for _ in range(9))
+    return ParsedToolCalls(content_or_none(before), found_calls)
+
+
+def sendable_mistral(text: str) -> int:
+    return before_marker(text, MARKER)

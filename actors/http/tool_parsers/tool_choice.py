@@ -15,41 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.http.tool_parsers.base import ParsedToolCalls, ToolCall
+from pipeline.request.tools import MAX_TOOLS, check_tools
 
-MAX_TOOLS = 128
+__all__ = ["MAX_TOOLS", "ToolChoice", "calls_from_constrained", "check_tool_choice", "check_tools", "constraint_for"]
 
 
 @dataclass(slots=True, frozen=True)
 class ToolChoice:
     mode: str  # none, auto, required, named
     function: str | None = None  # the named function
-
-
-def check_tools(tools: Any) -> list[dict[str, Any]]:
-    """OpenAI's `tools`: a list of {"type": "function", "function": {"name", "description"?, "parameters"?}}."""
-    if not isinstance(tools, list) or not tools:
-        raise ValueError("tools must be a non-empty list of {type: function, function: {...}} objects")
-    if len(tools) > MAX_TOOLS:
-        raise ValueError(f"tools may hold at most {MAX_TOOLS} functions, got {len(tools)}")
-    names = set()
-    for index, tool in enumerate(tools):
-        where = f"tools[{index}]"
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-            raise ValueError(f"{where} must be {{type: function, function: {{name, parameters}}}}")
-        function = tool["function"]
-        unknown = sorted(set(function) - {"name", "description", "parameters", "strict"})
-        if unknown:
-            raise ValueError(f"{where}.function has unknown field(s) {', '.join(unknown)}")
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{where}.function.name must be a non-empty string")
-        if name in names:
-            raise ValueError(f"{where}.function.name {name!r} is given twice")
-        names.add(name)
-        if not isinstance(function.get("parameters", {}), dict):
-            raise ValueError(f"{where}.function.parameters must be a JSON schema object")
-    return tools
-
 
 def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -> ToolChoice:
     if tool_choice is None:
@@ -58,8 +32,9 @@ def check_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -> T
         if tool_choice != "none" and not tools:
             raise ValueError(f"tool_choice {tool_choice!r} needs tools")
         return ToolChoice(tool_choice)
-    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function" \
-            and isinstance(tool_choice.get("function"), dict) and isinstance(tool_choice["function"].get("name"), str):
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function" and set(tool_choice) == {
+            "type", "function"} and isinstance(tool_choice["function"], dict) \
+            and set(tool_choice["function"]) == {"name"} and isinstance(tool_choice["function"]["name"], str):
         name = tool_choice["function"]["name"]
         if name not in _names(tools or []):
             raise ValueError(f"tool_choice names the function {name!r}, which is not among the tools")

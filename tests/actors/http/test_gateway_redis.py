@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from actors.http.backends import RemoteBackend
 from actors.http.options import GatewayOptions
 from pipeline.loading.tokenizer import load_tokenizer
 from tests.conftest import REDIS_URL
 from tests.support.gateway_helpers import API_KEY, serving
+from tests.support.tool_templates import HERMES
 from tests.support.worker_helpers import running_workers
 
 pytestmark = pytest.mark.redis
@@ -97,3 +101,34 @@ async def test_with_no_worker_alive_the_gateway_answers_503_after_the_worker_tim
             await client.completions.create(model=gateway_backend.model_name, prompt="anyone?", max_tokens=2)
         assert raised.value.status_code == 503
         await client.close()
+
+
+async def test_tools_travel_to_the_worker_that_renders_them(default_model_path: Path, prefix: str,
+                                                          gateway_backend: RemoteBackend) -> None:
+    """Tools and tool-call messages cross Redis on the wire; the worker's template renders them (the
+    prompt's token count is transformers' own), and the gateway parses the answer into tool_calls."""
+    weather = {"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    messages = [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                    "name": "weather", "arguments": '{"city": "Oslo"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+                {"role": "user", "content": "And in Lima?"}]
+    call = '<tool_call>{"name": "weather", "arguments": {"city": "Lima"}}</tool_call>'
+    hf_call = {**messages[1]["tool_calls"][0], "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
+    hf_messages = [messages[0], {**messages[1], "tool_calls": [hf_call]}, *messages[2:]]
+    expected = AutoTokenizer.from_pretrained(str(default_model_path)).apply_chat_template(
+        hf_messages, tools=[weather], chat_template=HERMES, add_generation_prompt=True, tokenize=True,
+        return_dict=True)["input_ids"]
+    async with running_workers(default_model_path, prefix, count=1, chat_template=HERMES):
+        options = GatewayOptions(api_key=API_KEY, tool_call_parser="hermes")
+        with serving(gateway_backend, options) as base_url:
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=API_KEY, max_retries=0)
+            answer = await client.chat.completions.create(
+                model=gateway_backend.model_name, messages=messages, tools=[weather], max_tokens=64,
+                extra_body={"guided_regex": re.escape(call)})
+            await client.close()
+    [tool_call] = answer.choices[0].message.tool_calls
+    assert (tool_call.function.name, json.loads(tool_call.function.arguments)) == ("weather", {"city": "Lima"})
+    assert answer.choices[0].finish_reason == "tool_calls"
+    assert answer.usage.prompt_tokens == len(expected)
