@@ -43,8 +43,8 @@ def stream_and_whole(plan: ToolPlan, text: str, cuts: list[int]) -> tuple[dict[s
                for seq, piece in enumerate(pieces)]
     replies.append(WireReply(id="r", seq=len(pieces), choices=[WireChoice(index=0, finish_reason="stop")],
                              usage=WireUsage(prompt_tokens=3, completion_tokens=len(pieces))))
-    request = GatewayRequest(WireRequest(id="r", prompt="p"), chat=True, stream=True, include_usage=False,
-                             tool_plan=plan)
+    request = GatewayRequest([WireRequest(id="r", prompt="p")], chat=True, stream=True, include_usage=False,
+                             response_id="r", tool_plan=plan)
     body = completion_body("r", assemble("r", replies), "m", None, chat=True, tool_plan=plan)
     choice = body["choices"][0]
     whole = {"content": choice["message"]["content"], "calls": _calls(choice["message"].get("tool_calls", [])),
@@ -53,12 +53,12 @@ def stream_and_whole(plan: ToolPlan, text: str, cuts: list[int]) -> tuple[dict[s
 
 
 def _streamed(writer: ChunkWriter, replies: list[WireReply]) -> tuple[dict[str, Any], int]:
-    async def rest() -> AsyncIterator[WireReply]:
+    async def rest() -> AsyncIterator[tuple[int, WireReply]]:
         for reply in replies[1:]:
-            yield reply
+            yield 0, reply  # one prompt: index 0
 
     async def events() -> list[str]:
-        return [writer.opening(replies[0]), *[text async for text in writer.rest(rest())]]
+        return [writer.opening(replies[:1]), *[text async for text in writer.rest(rest())]]
 
     content, calls, finish, early = None, [], None, 0
     for text in asyncio.run(events()):
