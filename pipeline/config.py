@@ -12,7 +12,7 @@ _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**1
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 CPU_LINEARS = ("auto", "onednn", "torch")
-QUANTIZATIONS = ("none", "gguf", "int8")  # weight-only, CPU (pipeline/model/quantized_linear.py)
+QUANTIZATIONS = ("auto", "none", "gguf", "int8")  # weight-only, CPU (pipeline/model/quantized_linear.py)
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")  # auto: the model's dtype (pipeline/model/kv_quant.py)
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's flag values (docs/sampling.md, stage 14)
 
@@ -44,14 +44,16 @@ class ModelConfig:
     tokenizer: str | None = None  # a tokenizer directory other than the model's
     chat_template: str | None = None  # a Jinja chat template overriding the tokenizer's
     request_seed: int | None = None  # --seed: mixed into the derived seed of requests that give none
-    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    dtype: str = "auto"  # auto (vLLM's): bfloat16 on CUDA and on CPUs with AVX512-BF16 or AMX, else float32
     device: str = "auto"  # auto: cuda when available, else cpu
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enforce_eager: bool = False  # disable CUDA graphs (always eager on CPU)
     seed: int = 0  # weight-independent engine seed (e.g. for profiling inputs)
     cpu_linear: str = "auto"  # CPU matmuls: oneDNN with packed weights (auto: plus native kernels for a
     # few rows and quantized weights), or torch's nn.Linear (model/cpu_linear.py)
-    quantization: str = "none"  # gguf: keep a GGUF file's Q4_0/Q4_1/Q8_0 weights; int8: per-channel at load
+    # gguf: keep a GGUF file's Q4_0/Q4_1/Q8_0 weights; int8: per-channel at load; auto: gguf for a model
+    # converted from a GGUF file, on the CPU, with one rank (model/runner.py), else none
+    quantization: str = "auto"
     logprobs_mode: str = "processed_logprobs"  # returned logprobs: after the sampler chain, or the model's
     max_logprobs: int = 20  # the largest `logprobs` / `prompt_logprobs` a request may ask for
     tensor_parallel_size: int = 1  # ranks one model is split over (model/parallel.py, model/tp_group.py)
@@ -81,7 +83,7 @@ class ModelConfig:
         _require(self.tensor_parallel_size >= 1,
                  f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         # quantized linears hold packed blocks with no row/column split: they are not sharded across ranks
-        _require(self.quantization == "none" or self.tensor_parallel_size == 1,
+        _require(self.quantization in ("none", "auto") or self.tensor_parallel_size == 1,
                  f"quantization={self.quantization!r} does not support tensor_parallel_size > 1 "
                  f"(got {self.tensor_parallel_size}); use quantization='none' or tensor_parallel_size=1")
         _require(self.attention_backend in ATTENTION_BACKENDS,

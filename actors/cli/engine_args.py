@@ -42,7 +42,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                             "random-weight model), a .gguf file (or a directory holding one) or an HF model "
                             "directory (default: smollm2 when installed, else builtin)")
     group.add_argument("--dtype", choices=[*DTYPES, *DTYPE_ALIASES], default="auto",
-                       help="auto = float32 on CPU, bfloat16 on CUDA; half and float are vLLM's names")
+                       help="auto (vLLM's) = bfloat16 on CUDA and on CPUs with AVX512-BF16 or AMX, else float32 "
+                            "(float32 with --quantization none gives HF's numbers); half and float are vLLM's names")
     group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     group.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -70,8 +71,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="CPU matmuls: auto = oneDNN with packed weights, plus native kernels for decode-sized "
                             "inputs (few-rows, or panels on AVX-512 CPUs) and quantized weights; onednn = oneDNN "
                             "alone; torch = nn.Linear (HF's kernels, for bit-level comparisons)")
-    group.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
-                       help="CPU weight-only quantization: gguf = keep a GGUF file's Q4_0/Q4_1 weights as they "
+    group.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
+                       help="CPU weight-only quantization: auto = gguf for a GGUF file (on the CPU, one rank), "
+                            "else none; none = compute with the weights dequantized (with --dtype float32: HF's "
+                            "numbers); gguf = keep a GGUF file's Q4_0/Q4_1 weights as they "
                             "are (other quantized types as int8), int8 = quantize every linear per channel at "
                             "load; with --cpu-linear auto both run the native quantized kernel in any dtype, "
                             "otherwise torch's kernels in bfloat16 (pair with --dtype bfloat16)")

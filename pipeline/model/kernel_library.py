@@ -82,6 +82,11 @@ def _cpu_info_lines() -> tuple[str, ...]:
     return tuple(sorted({line for line in lines if line.split(":")[0].strip() in keys}))
 
 
+def cpu_has_bfloat16_arithmetic() -> bool:
+    """Whether the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), as vLLM's `--dtype auto` asks."""
+    return not cpu_flags().isdisjoint(("avx512_bf16", "amx_bf16"))
+
+
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags as /proc/cpuinfo lists them (e.g. "avx512_bf16"); empty where it is absent."""
     return frozenset(word for line in _cpu_info_lines() if line.split(":")[0].strip() in ("flags", "Features")

@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from pipeline.model.attention import AttentionBackend
 from pipeline.model.attention_shape import AttentionShape
+from pipeline.model.kernel_library import cpu_has_bfloat16_arithmetic
 from pipeline.model.kv_quant import split_kv_scales
 from pipeline.model.models import family_of
 
@@ -53,9 +54,12 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """'auto' -> float32 on CPU (bit-comparable with HF), bfloat16 on CUDA."""
+    """'auto', as vLLM reads it on a CPU: bfloat16 where the CPU multiplies it natively (AVX512-BF16 or
+    AMX), else float32; bfloat16 on CUDA. float32 is the dtype to compare with HF bit for bit."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" or cpu_has_bfloat16_arithmetic():
+            return torch.bfloat16
+        return torch.float32
     if name not in _DTYPES:
         raise ValueError(f"dtype must be one of {('auto', *_DTYPES)}, got {name!r}")
     return _DTYPES[name]

@@ -17,13 +17,20 @@ import structlog
 import torch
 from torch import nn
 
-from pipeline.loading.gguf.quant_blocks import KEPT_TYPES, GgufBlocks
+from pipeline.loading.gguf.quant_blocks import BLOCKS_FILE, KEPT_TYPES, GgufBlocks
 from pipeline.model.cpu_kernel import QuantizedLinearKernel
 from pipeline.model.quantized_linear import Int4Linear, Int8Linear
 
 log = structlog.get_logger(__name__)
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def auto_quantization(model_dir: str | Path, on_cpu: bool, tp_world: int, kernels_work: bool) -> str:
+    """quantization "auto": a model converted from a GGUF file keeps its quantized weights (gguf) where
+    they can run (the CPU, one rank, a quantized kernel); anything else computes as stored (none)."""
+    from_gguf = (Path(model_dir) / BLOCKS_FILE).exists()
+    return "gguf" if from_gguf and on_cpu and tp_world == 1 and kernels_work else "none"
 
 
 def quantize_linears(model: nn.Module, mode: str, model_dir: str | Path,

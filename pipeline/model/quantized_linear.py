@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.model.cpu_kernel import QuantizedLinearKernel, load_quantized_linear_kernel
-from pipeline.model.kernel_library import cpu_flags
+from pipeline.model.kernel_library import cpu_has_bfloat16_arithmetic
 
 GROUP_SIZE = 32  # GGUF's Q4_0/Q4_1/Q8_0 block length
 COMPUTE_DTYPE = torch.bfloat16
@@ -55,8 +55,8 @@ _DEQUANTIZE_CHUNK = 1 << 24  # weights dequantized at a time: the scratch buffer
 
 
 def _bfloat16_arithmetic() -> bool:
-    """Whether the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), so torch's bfloat16 product is fast."""
-    return not cpu_flags().isdisjoint(("avx512_bf16", "amx_bf16"))
+    """Whether the CPU multiplies bfloat16 natively, so torch's bfloat16 product is fast."""
+    return cpu_has_bfloat16_arithmetic()
 
 
 def dequantize_min_rows(dtype: torch.dtype, bits: int = 4) -> int:

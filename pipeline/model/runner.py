@@ -40,7 +40,7 @@ from pipeline.model.lora import LoRASlotTensors
 from pipeline.model.memory_profile import profile_memory
 from pipeline.model.native_decode import ANY_ROWS, NativeDecoder
 from pipeline.model.parallel import check_tensor_parallel, local_heads, shard_model
-from pipeline.model.quantize import quantize_linears
+from pipeline.model.quantize import auto_quantization, quantize_linears
 from pipeline.model.quantized_linear import native_kernel_for, quantized_kernels_work
 from pipeline.model.tp_group import DriverGroup, check_world, rank_device, receive_steps, smallest_across_ranks
 from pipeline.request.image_input import VisionInfo
@@ -164,10 +164,15 @@ class ModelRunner:
         if self.tp_world > 1:
             shard_model(model, shape, self.tp_rank, self.tp_world)
             info = replace(info, num_heads=heads.num_heads, num_kv_heads=heads.num_kv_heads)
-        if model_config.quantization != "none":  # before pack_linears, and before LoRA wraps the projections
-            native = native_kernel_for(model_config.cpu_linear)
-            self._check_quantization(model_config.quantization, native is not None)
-            quantize_linears(model, model_config.quantization, model_dir, native)
+        native = native_kernel_for(model_config.cpu_linear)
+        quantization = model_config.quantization
+        if quantization == "auto":
+            quantization = auto_quantization(model_dir, self.device.type == "cpu", self.tp_world,
+                                             native is not None or quantized_kernels_work())
+            log.info("quantization", auto=quantization)
+        if quantization != "none":  # before pack_linears, and before LoRA wraps the projections
+            self._check_quantization(quantization, native is not None)
+            quantize_linears(model, quantization, model_dir, native)
         if self.device.type == "cpu" and model_config.cpu_linear != "torch":  # torch: HF's kernels, bit for bit
             log.info("CPU linear layers", cpu_linear=model_config.cpu_linear,
                      **prepare_cpu_linears(model, model_config.cpu_linear, self.dtype))

@@ -43,7 +43,7 @@ def make_cache_engine(model: str | Path, kv_cache_dtype: str, *, num_kv_blocks: 
                       kv_cache_memory: int = 2**30, calculate_kv_scales: bool = False,
                       max_num_batched_tokens: int = 512) -> LLMEngine:
     return LLMEngine(EngineConfig(
-        model=ModelConfig(model=str(model)),
+        model=ModelConfig(quantization="none", dtype="float32", model=str(model)),
         cache=CacheConfig(num_kv_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory,
                           kv_cache_dtype=kv_cache_dtype, calculate_kv_scales=calculate_kv_scales),
         scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens)))

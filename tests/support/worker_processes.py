@@ -41,7 +41,8 @@ def start_worker(model_dir: Path, prefix: str, name: str, log_dir: Path, extra_f
                  env: dict[str, str] | None = None) -> subprocess.Popen:
     """`aqueduct worker` logging to `log_dir/<name>.log`; `env` is added to this process's environment."""
     command = [str(AQUEDUCT), "worker", "--redis-url", REDIS_URL, "--prefix", prefix, "--name", name,
-               "--model", str(model_dir), "--claim-idle-ms", "1500", "--max-num-seqs", "4",
+               "--model", str(model_dir), "--dtype", "float32", "--quantization", "none",
+               "--claim-idle-ms", "1500", "--max-num-seqs", "4",
                "--num-kv-blocks", "256", "--drain-timeout", "60", *extra_flags]
     log = (log_dir / f"{name}.log").open("w")
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})

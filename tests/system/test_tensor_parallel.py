@@ -100,7 +100,7 @@ def test_bad_sizes_are_clear_errors(tmp_path, monkeypatch) -> None:
         with pytest.raises(ValueError, match="tensor_parallel_size 2 exceeds the 1 CPU cores"):
             _engine(path, tp=2)
     with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
-        ModelConfig(tensor_parallel_size=0)
+        ModelConfig(quantization="none", dtype="float32", tensor_parallel_size=0)
     mixtral = make_tiny_hf_model("mixtral", tmp_path / "mixtral")
     with pytest.raises(ValueError, match="does not support mixture-of-experts models yet"):
         _engine(mixtral, tp=2)
@@ -149,7 +149,8 @@ _SERVE_FOREVER = textwrap.dedent("""
     from pipeline.request.sampling_params import SamplingParams
 
     if __name__ == "__main__":
-        engine = LLMEngine(EngineConfig(model=ModelConfig(model=sys.argv[1], tensor_parallel_size=2),
+        engine = LLMEngine(EngineConfig(model=ModelConfig(quantization="none", dtype="float32", model=sys.argv[1],
+                                                          tensor_parallel_size=2),
                                         cache=CacheConfig(num_kv_blocks=64)))
         sys.stdout.flush()
         os.write(1, f"RANK {engine.runner.tp_group.processes[0].pid}\\n".encode())

@@ -36,7 +36,8 @@ WEATHER = {"type": "function", "function": {
 def smollm2_client(default_model_path: Path) -> Iterator[openai.OpenAI]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AQUEDUCT_CACHE_DIR", str(default_model_path.parent))  # the session's cache
-        engine = LLMEngine(EngineConfig(model=ModelConfig(model="smollm2", max_model_len=1024),
+        engine = LLMEngine(EngineConfig(model=ModelConfig(quantization="none", dtype="float32", model="smollm2",
+                                                          max_model_len=1024),
                                         cache=CacheConfig(num_kv_blocks=128),
                                         scheduler=SchedulerConfig(max_num_batched_tokens=512)))
     with serving(EmbeddedBackend(engine), GatewayOptions(api_key=API_KEY)) as base_url:

@@ -36,7 +36,8 @@ def model_dir(default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 def _engine(model_dir: Path, setting: str = "auto") -> LLMEngine:
-    return LLMEngine(EngineConfig(model=ModelConfig(model=str(model_dir), generation_config=setting),
+    return LLMEngine(EngineConfig(model=ModelConfig(quantization="none", dtype="float32", model=str(model_dir),
+                                                    generation_config=setting),
                                   cache=CacheConfig(num_kv_blocks=64)))
 
 

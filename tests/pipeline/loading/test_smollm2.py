@@ -46,7 +46,8 @@ def smollm2(default_model_path: Path) -> Iterator[tuple[LLMEngine, object, objec
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AQUEDUCT_CACHE_DIR", str(default_model_path.parent))  # the session's cache
         engine = LLMEngine(EngineConfig(
-            model=ModelConfig(model="smollm2", max_model_len=512, cpu_linear="torch"),
+            model=ModelConfig(quantization="none", dtype="float32", model="smollm2", max_model_len=512,
+                              cpu_linear="torch"),
             cache=CacheConfig(num_kv_blocks=64), scheduler=SchedulerConfig(max_num_batched_tokens=512)))
         tokenizer = AutoTokenizer.from_pretrained(str(SMOLLM2_FILE.parent), gguf_file=SMOLLM2_FILE.name)
         yield engine, hf_model_from_gguf(SMOLLM2_FILE), tokenizer

@@ -30,7 +30,7 @@ def llama_with_adapters(tmp_path_factory):
 def lora_engine(base, adapters, *, max_loras=4, block_size=16, num_kv_blocks=512, max_num_batched_tokens=512,
                 max_num_seqs=32, max_lora_rank=64) -> LLMEngine:
     return LLMEngine(EngineConfig(
-        model=ModelConfig(model=str(base)),
+        model=ModelConfig(quantization="none", dtype="float32", model=str(base)),
         cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks),
         scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
         lora=LoRAConfig(modules=tuple((name, str(path)) for name, path in adapters.items()), max_loras=max_loras,

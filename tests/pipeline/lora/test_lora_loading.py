@@ -25,7 +25,8 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(base):
-    return LLMEngine(EngineConfig(model=ModelConfig(model=str(base)), cache=CacheConfig(num_kv_blocks=64),
+    return LLMEngine(EngineConfig(model=ModelConfig(quantization="none", dtype="float32", model=str(base)),
+                                  cache=CacheConfig(num_kv_blocks=64),
                                   lora=LoRAConfig(max_lora_rank=8)))
 
 
@@ -82,7 +83,8 @@ def test_unknown_adapter_name_is_a_request_error(engine):
 def test_lora_on_a_mixture_of_experts_model_is_a_clear_error(tmp_path):
     moe = make_tiny_hf_model("mixtral", tmp_path / "moe")
     with pytest.raises(ValueError, match="LoRA is not supported for mixture-of-experts"):
-        LLMEngine(EngineConfig(model=ModelConfig(model=str(moe)), cache=CacheConfig(num_kv_blocks=16),
+        LLMEngine(EngineConfig(model=ModelConfig(quantization="none", dtype="float32", model=str(moe)),
+                               cache=CacheConfig(num_kv_blocks=16),
                                lora=LoRAConfig()))
 
 

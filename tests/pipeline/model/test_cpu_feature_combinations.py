@@ -66,7 +66,7 @@ def test_kernel_reads_fp8_under_bfloat16_queries(kv_cache_dtype: str, heads: int
 
 def _bf16_engine(path, kv_cache_dtype: str) -> LLMEngine:
     return LLMEngine(EngineConfig(
-        model=ModelConfig(model=str(path), dtype="bfloat16"),
+        model=ModelConfig(quantization="none", model=str(path), dtype="bfloat16"),
         cache=CacheConfig(num_kv_blocks=64, kv_cache_dtype=kv_cache_dtype,
                           calculate_kv_scales=kv_cache_dtype != "auto"),
         scheduler=SchedulerConfig(max_num_batched_tokens=512)))
@@ -104,7 +104,7 @@ def test_fused_rope_write_is_kept_off_fp8_caches(tmp_path, monkeypatch) -> None:
 
 def test_quantization_with_tensor_parallelism_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="quantization='int8' does not support tensor_parallel_size > 1"):
-        ModelConfig(model="builtin", quantization="int8", tensor_parallel_size=2)
+        ModelConfig(dtype="float32", model="builtin", quantization="int8", tensor_parallel_size=2)
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     args = parser.parse_args(["--model", "builtin", "--quantization", "gguf", "--tensor-parallel-size", "2"])
@@ -120,7 +120,7 @@ def test_lora_wraps_quantized_projections(tmp_path) -> None:
     name = next(iter(ADAPTER_SPECS))
     adapters = make_adapters(base, tmp_path, [name])
     engine = LLMEngine(EngineConfig(
-        model=ModelConfig(model=str(base), quantization="int8"),
+        model=ModelConfig(dtype="float32", model=str(base), quantization="int8"),
         cache=CacheConfig(num_kv_blocks=128),
         scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8),
         lora=LoRAConfig(modules=((name, str(adapters[name])),), max_loras=2, max_lora_rank=64)))

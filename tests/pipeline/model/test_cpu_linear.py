@@ -69,7 +69,8 @@ def test_pack_linears_replaces_every_linear_and_leaves_tied_embeddings_alone() -
 
 
 def _runner(path: Path, cpu_linear: str) -> ModelRunner:
-    return ModelRunner(ModelConfig(device="cpu", cpu_linear=cpu_linear), CacheConfig(num_kv_blocks=16),
+    return ModelRunner(ModelConfig(quantization="none", dtype="float32", device="cpu", cpu_linear=cpu_linear),
+                       CacheConfig(num_kv_blocks=16),
                        SchedulerConfig(), str(path))
 
 

@@ -62,7 +62,8 @@ def _cuda_engine(path: Path, **model: object) -> LLMEngine:
 @cuda_only
 def test_profiled_cache_stays_within_the_utilization_share(tmp_path: Path) -> None:
     path = make_tiny_hf_model("qwen3", tmp_path / "m")
-    runner = ModelRunner(ModelConfig(device="cuda", dtype="bfloat16"), CacheConfig(gpu_memory_utilization=0.3),
+    runner = ModelRunner(ModelConfig(quantization="none", device="cuda", dtype="bfloat16"),
+                         CacheConfig(gpu_memory_utilization=0.3),
                          SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=64), str(path))
     free, total = torch.cuda.mem_get_info()
     assert runner.num_kv_blocks > 0 and runner.graph_runner is not None

@@ -136,7 +136,8 @@ def test_flex_matches_torch_backend_on_every_step_kind(heads: tuple[int, int], w
 
 
 def _flex_runner(path: Path, block_size: int) -> ModelRunner:
-    return ModelRunner(ModelConfig(device=DEVICE, dtype="float32", attention_backend="flex", enforce_eager=True),
+    return ModelRunner(ModelConfig(quantization="none", device=DEVICE, dtype="float32", attention_backend="flex",
+                                   enforce_eager=True),
                        CacheConfig(block_size=block_size, num_kv_blocks=256), SchedulerConfig(), str(path))
 
 
@@ -176,7 +177,8 @@ def test_flex_engine_greedy_matches_hf_with_window_chunks_and_prefix_hits(tmp_pa
     path = make_tiny_hf_model("mistral", tmp_path / "mistral", seed=5, sliding_window=21)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     engine = LLMEngine(EngineConfig(
-        model=ModelConfig(model=str(path), device=DEVICE, dtype="float32", attention_backend="flex"),
+        model=ModelConfig(quantization="none", model=str(path), device=DEVICE, dtype="float32",
+                          attention_backend="flex"),
         cache=CacheConfig(block_size=4, num_kv_blocks=36),
         scheduler=SchedulerConfig(max_num_batched_tokens=20, max_num_seqs=6)))
     rng = random.Random(2)

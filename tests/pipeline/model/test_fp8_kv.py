@@ -234,7 +234,7 @@ def test_chunked_prefill_preemption_prefix_hits_and_window_with_fp8(tmp_path) ->
     requests = {f"r{i}": (prompt, params) for i, prompt in enumerate(prompts)}
 
     def engine(kv_cache_dtype: str, num_kv_blocks: int, budget: int) -> LLMEngine:
-        return LLMEngine(EngineConfig(model=ModelConfig(model=str(path)),
+        return LLMEngine(EngineConfig(model=ModelConfig(quantization="none", dtype="float32", model=str(path)),
                                       cache=CacheConfig(block_size=4, num_kv_blocks=num_kv_blocks,
                                                         kv_cache_dtype=kv_cache_dtype,
                                                         calculate_kv_scales=kv_cache_dtype != "auto"),
@@ -259,7 +259,8 @@ def test_chunked_prefill_preemption_prefix_hits_and_window_with_fp8(tmp_path) ->
 def test_fp8_with_flex_attention_is_a_clear_error(tmp_path) -> None:
     """FlexAttention (the CUDA default) does not read an fp8 cache yet: asked for on CPU, a clear error."""
     path = make_tiny_hf_model("llama", tmp_path / "llama")
-    config = EngineConfig(model=ModelConfig(model=str(path), attention_backend="flex"),
+    config = EngineConfig(model=ModelConfig(quantization="none", dtype="float32", model=str(path),
+                                            attention_backend="flex"),
                           cache=CacheConfig(num_kv_blocks=8, kv_cache_dtype="fp8_e4m3"))
     with pytest.raises(ValueError, match="kv_cache_dtype fp8_e4m3 needs attention_backend 'torch'"):
         LLMEngine(config)

@@ -103,7 +103,8 @@ def test_transformers_4_config_without_layer_types_alternates_from_sliding(gemma
 def test_tied_checkpoint_without_lm_head_loads(gemma: Reference) -> None:
     with safe_open(str(gemma.path / "model.safetensors"), framework="pt") as f:
         assert "lm_head.weight" not in f.keys()  # noqa: SIM118 - safe_open handles are not iterable
-    runner = ModelRunner(ModelConfig(device="cpu", cpu_linear="torch"), CacheConfig(num_kv_blocks=4),
+    runner = ModelRunner(ModelConfig(quantization="none", dtype="float32", device="cpu", cpu_linear="torch"),
+                         CacheConfig(num_kv_blocks=4),
                          SchedulerConfig(), str(gemma.path))  # nn.Linear heads keep their .weight
     assert runner.model.lm_head.weight is runner.model.model.embed_tokens.weight
 
@@ -132,7 +133,7 @@ def test_gemma_norm_is_bitwise_hf_in_bfloat16() -> None:
 def test_embedding_scale_rounds_like_hf_in_bfloat16(tmp_path: Path) -> None:
     # sqrt(72) = 8.485 is 8.5 in bfloat16; HF multiplies by the rounded value.
     path = make_tiny_hf_model("gemma2", tmp_path / "m", hidden_size=72)
-    runner = ModelRunner(ModelConfig(device="cpu", dtype="bfloat16"), CacheConfig(num_kv_blocks=4),
+    runner = ModelRunner(ModelConfig(quantization="none", device="cpu", dtype="bfloat16"), CacheConfig(num_kv_blocks=4),
                          SchedulerConfig(), str(path))
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     ids = torch.arange(3, 200)
@@ -146,7 +147,7 @@ def test_embedding_scale_rounds_like_hf_in_bfloat16(tmp_path: Path) -> None:
 def test_bfloat16_logits_match_hf_bfloat16(gemma: Reference) -> None:
     """Rounding where HF rounds: measured bitwise equal here (bfloat16 vs float32 differs by up to
     0.5; a Llama-order norm by up to 1.4); allowed: 1/16, one bfloat16 step at |logits| 8-10."""
-    runner = ModelRunner(ModelConfig(device="cpu", dtype="bfloat16"),
+    runner = ModelRunner(ModelConfig(quantization="none", device="cpu", dtype="bfloat16"),
                          CacheConfig(block_size=4, num_kv_blocks=NUM_BLOCKS), SchedulerConfig(), str(gemma.path))
     # The native decode kernel attends in float32 over bfloat16 K/V (HF rounds scores and weights to
     # bfloat16): here it lands as far from HF float32 as HF bfloat16 does (0.22-0.28 vs 0.14-0.32)

@@ -50,7 +50,8 @@ def ref(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 
 def make_runner(path: Path, block_size: int = 16) -> ModelRunner:
-    return ModelRunner(ModelConfig(device="cpu"), CacheConfig(block_size=block_size, num_kv_blocks=NUM_BLOCKS),
+    return ModelRunner(ModelConfig(quantization="none", dtype="float32", device="cpu"),
+                       CacheConfig(block_size=block_size, num_kv_blocks=NUM_BLOCKS),
                        SchedulerConfig(), str(path))
 
 
@@ -193,7 +194,8 @@ def test_capture_sizes_step_by_eight_largest_first() -> None:
 
 def test_runner_reports_model_facts(tmp_path: Path) -> None:
     path = make_tiny_hf_model("qwen3", tmp_path / "m")
-    runner = ModelRunner(ModelConfig(device="cpu"), CacheConfig(kv_cache_memory=2**20), SchedulerConfig(),
+    runner = ModelRunner(ModelConfig(quantization="none", dtype="float32", device="cpu"),
+                         CacheConfig(kv_cache_memory=2**20), SchedulerConfig(),
                          str(path))
     # 2 (K, V) * 16 slots * 2 kv heads * head_dim 32 * 4 bytes * 2 layers = 16 KiB per block
     assert runner.num_kv_blocks == 2**20 // (16 * 2**10)
@@ -246,7 +248,7 @@ def test_missing_lm_head_falls_back_to_embeddings(tmp_path: Path) -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_runs_close_to_float32(tmp_path: Path, dtype: torch.dtype) -> None:
     path = make_tiny_hf_model("qwen3", tmp_path / "m")
-    runner = ModelRunner(ModelConfig(device="cpu", dtype=str(dtype).removeprefix("torch.")),
+    runner = ModelRunner(ModelConfig(quantization="none", device="cpu", dtype=str(dtype).removeprefix("torch.")),
                          CacheConfig(block_size=4, num_kv_blocks=NUM_BLOCKS), SchedulerConfig(), str(path))
     assert runner.kv_caches[0].dtype == dtype
     ref = Reference(path, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
@@ -266,7 +268,8 @@ def test_cuda_device_without_cuda_is_a_clear_error(tmp_path: Path) -> None:
         pytest.skip("CUDA is available here")
     path = make_tiny_hf_model("llama", tmp_path / "m")
     with pytest.raises(ValueError, match="CUDA is not available"):
-        ModelRunner(ModelConfig(device="cuda"), CacheConfig(num_kv_blocks=4), SchedulerConfig(), str(path))
+        ModelRunner(ModelConfig(quantization="none", dtype="float32", device="cuda"), CacheConfig(num_kv_blocks=4),
+                    SchedulerConfig(), str(path))
 
 
 def test_materialize_gives_real_storage_in_the_asked_dtype() -> None:

@@ -127,7 +127,8 @@ def test_switch_turns_it_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_fp8_cache_keeps_per_op_path(tmp_path: Path) -> None:
     """An fp8 KV cache is written by the quantizing torch path: the native decoder steps aside."""
     engine = LLMEngine(EngineConfig(
-        model=ModelConfig(model=str(make_tiny_hf_model("llama", tmp_path / "llama")), dtype="bfloat16"),
+        model=ModelConfig(quantization="none", model=str(make_tiny_hf_model("llama", tmp_path / "llama")),
+                          dtype="bfloat16"),
         cache=CacheConfig(block_size=8, num_kv_blocks=64, kv_cache_dtype="fp8_e4m3")))
     served, _ = _counting(engine)
     outputs = _outputs(engine, _requests(3))
