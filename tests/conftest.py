@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import structlog
 from hypothesis import settings
 
 from actors.kit.process_tuning import passive_omp_wait
@@ -55,6 +56,16 @@ def prefix(redis_url: str) -> Iterator[str]:
     if keys:
         client.delete(*keys)
     client.close()
+
+
+@pytest.fixture(autouse=True)
+def _structlog_configuration_restored() -> Iterator[None]:
+    """A test that runs the CLI in-process (`main([...])`) configures structlog to cache each logger on its
+    first use, which would blind every later test's `capture_logs` to loggers first used after it (which
+    test that is depends on the order). Each test gets back the configuration it started with."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 _REDIS_FIXTURES = {"redis_url", "prefix"}
