@@ -30,7 +30,8 @@ from tests.support.hf_models import make_tiny_hf_model
 
 
 def _engine(path: Path, tp: int, num_kv_blocks: int = 24, budget: int = 24, **model: object) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=ModelConfig(model=str(path), tensor_parallel_size=tp, **model),
+    return LLMEngine(EngineConfig(model=ModelConfig(model=str(path), tensor_parallel_size=tp,
+                                                    **{"dtype": "float32", **model}),
                                   cache=CacheConfig(block_size=4, num_kv_blocks=num_kv_blocks),
                                   scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=6)))
 

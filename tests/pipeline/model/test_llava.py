@@ -54,7 +54,7 @@ def hf(llava_dir: Path) -> HFReference:
 def make_engine(model_dir: Path, **overrides: Any) -> LLMEngine:
     model = {key: overrides.pop(key) for key in ("max_image_bytes", "max_image_pixels") if key in overrides}
     return LLMEngine(EngineConfig(
-        model=ModelConfig(model=str(model_dir), device="cpu", **model),
+        model=ModelConfig(model=str(model_dir), device="cpu", **{"dtype": "float32", **model}),
         cache=CacheConfig(block_size=overrides.pop("block_size", 8), num_kv_blocks=overrides.pop("num_kv_blocks", 256),
                           enable_prefix_caching=overrides.pop("prefix_caching", True)),
         scheduler=SchedulerConfig(**overrides)))
