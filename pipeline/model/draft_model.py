@@ -25,7 +25,7 @@ import structlog
 import torch
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
-from pipeline.loading.model_source import resolve_model
+from pipeline.loading.model_source import PACKAGED_MODELS, resolve_model
 from pipeline.model.loader import language_config, read_config, resolve_device, resolve_dtype
 from pipeline.model.runner import ModelRunner
 from pipeline.step.inputs import StepInputs
@@ -68,7 +68,7 @@ class DraftModelProposer:
                              f"and vocabulary")
         # A GGUF draft keeps its quantized weights like the target; a directory draft loads unquantized.
         quantization = model.quantization
-        if quantization == "gguf" and Path(spec.model).suffix != ".gguf":
+        if quantization == "gguf" and Path(spec.model).suffix != ".gguf" and spec.model not in PACKAGED_MODELS:
             quantization = "none"
         draft_model = replace(model, model=spec.model, max_model_len=max_model_len, quantization=quantization,
                               tensor_parallel_size=1)
