@@ -9,10 +9,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pipeline.config import SpeculativeConfig
+from pipeline.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from pipeline.model.draft_model import DraftModelProposer
+from pipeline.model.runner import ModelRunner
 from pipeline.request.sampling_params import SamplingParams
 from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
 from tests.support.hf_models import make_tiny_hf_model
+from tests.support.lora_adapters import make_peft_adapter, run_with_adapters
 
 PROMPT = [11, 12, 13, 14, 15, 16, 17, 18, 40, 41, 99, 7, 300, 301, 5, 6]
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -87,7 +90,7 @@ def test_sampled_requests_with_the_target_as_draft(target_dir):
     assert 0 < engine.stats.num_accepted_tokens < engine.stats.num_draft_tokens
 
 
-def test_preemption_with_a_tiny_kv_cache(target_dir, other_draft_dir):
+def test_preemption_with_a_tiny_kv_cache(target_dir):
     requests = {f"r{i}": (PROMPT[i:] * 2, SamplingParams(max_tokens=40, temperature=0.3 * (i % 2), seed=i,
                                                           ignore_eos=True))
                 for i in range(6)}
@@ -127,3 +130,37 @@ def test_a_draft_model_with_another_vocabulary_is_a_config_error(target_dir, tmp
 def test_a_missing_draft_model_is_a_config_error(target_dir, tmp_path):
     with pytest.raises(ValueError, match=r"speculative_config\.model: "):
         make_engine(target_dir, speculative=_draft(tmp_path / "nowhere"))
+
+
+def test_lora_requests_verify_with_their_adapter_while_the_draft_runs_without(target_dir, tmp_path):
+    """The base model drafts for an adapter's request: fewer drafts match, no token changes."""
+    adapter = make_peft_adapter(target_dir, tmp_path / "adapter", seed=1, r=8, lora_alpha=16,
+                                target_modules=["q_proj", "v_proj", "down_proj"])
+    lora = LoRAConfig(modules=(("a", str(adapter)),))
+    requests = {"base": (PROMPT, SamplingParams(max_tokens=24, **GREEDY), None),
+                "adapted": (PROMPT, SamplingParams(max_tokens=24, **GREEDY), "a"),
+                "sampled": (PROMPT, SamplingParams(max_tokens=24, temperature=0.5, seed=2, ignore_eos=True), "a")}
+    plain = run_with_adapters(make_engine(target_dir, lora=lora), requests)
+    engine = make_engine(target_dir, lora=lora, speculative=_draft(target_dir))
+    speculating = run_with_adapters(engine, requests)
+    for request_id in requests:
+        assert speculating[request_id]["tokens"] == plain[request_id]["tokens"], request_id
+    assert plain["adapted"]["tokens"] != plain["base"]["tokens"]  # the adapter matters
+    assert 0 < engine.stats.num_accepted_tokens < engine.stats.num_draft_tokens
+
+
+def test_a_full_draft_cache_evicts_the_least_recently_drafted_sequence(target_dir):
+    """Eight 4-token blocks hold one 16-token context and its 4-token draft: a second sequence evicts
+    the first, which recomputes its context and drafts the same tokens again."""
+    runner = ModelRunner(ModelConfig(model=str(target_dir)), CacheConfig(block_size=4, num_kv_blocks=8),
+                         SchedulerConfig(), str(target_dir))
+    proposer = DraftModelProposer(runner)
+    first = proposer.propose(1, PROMPT, 4)
+    second = proposer.propose(2, PROMPT[::-1], 4)
+    assert list(proposer.states) == [2]
+    assert proposer.propose(1, PROMPT, 4) == first  # recomputed after eviction
+    assert list(proposer.states) == [1]
+    assert proposer.propose(1, PROMPT + first[:2], 4)[:2] == first[2:]  # continues from its cache
+    assert proposer.propose(2, PROMPT[::-1], 4) == second
+    assert proposer.propose(3, PROMPT * 3, 4) == []  # more than the whole pool: no draft, nothing held
+    assert 3 not in proposer.states
