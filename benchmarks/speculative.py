@@ -1,13 +1,15 @@
-"""Prompt-lookup speculative decoding, single stream, side by side in one process.
+"""Speculative decoding (prompt lookup, and a draft model if given), single stream, side by side in one process.
 
     python benchmarks/speculative.py [--model smollm2] [--dtype float32] [--output-len 128] [--rounds 3] [--k 4]
+                                     [--draft-model DIR_OR_GGUF_OR_NAME] [--no-ngram]
 
 Each round runs every (prompt, speculation on/off) pair once, in turn, so load from other
 processes falls on all of them alike: one request through the engine's step loop, greedy,
 `--output-len` tokens ignoring EOS, decode only timed (from the first token on). Prompts: a
 copy-heavy one (repeat a ~150-word paragraph, which the answer copies) and a free-running story.
-Printed per prompt: median decode tokens/s without and with speculation, their ratio, the
-acceptance rate (accepted / drafted) and the tokens per verifying step; outputs are checked equal.
+Printed per prompt and speculating engine: median decode tokens/s without and with speculation,
+their ratio, the acceptance (accepted / drafted), and whether the outputs equal plain decoding's.
+`--draft-model` adds a draft-model engine (greedy drafts of k tokens, same vocabulary as --model).
 """
 
 from __future__ import annotations
@@ -72,12 +74,19 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--draft-model", default=None, help="also measure draft-model speculation with this draft")
+    parser.add_argument("--no-ngram", action="store_true", help="leave prompt lookup out")
     args = parser.parse_args()
-    speculative = SpeculativeConfig(num_speculative_tokens=args.k, prompt_lookup_max=4, prompt_lookup_min=1)
-    engines = {"plain": _engine(args, None), "ngram": _engine(args, speculative)}
+    engines = {"plain": _engine(args, None)}
+    if not args.no_ngram:
+        engines["ngram"] = _engine(args, SpeculativeConfig(num_speculative_tokens=args.k, prompt_lookup_max=4,
+                                                           prompt_lookup_min=1))
+    if args.draft_model is not None:
+        engines["draft"] = _engine(args, SpeculativeConfig.from_dict({"model": args.draft_model,
+                                                                      "num_speculative_tokens": args.k}))
     rates: dict[tuple[str, str], list[float]] = {}
     outputs: dict[tuple[str, str], list[int]] = {}
-    counts: dict[str, tuple[int, int, int]] = {}
+    counts: dict[tuple[str, str], tuple[int, int]] = {}
     for round_index in range(args.rounds):
         for prompt_name, text in PROMPTS.items():
             for name, engine in engines.items():
@@ -87,18 +96,22 @@ def main() -> None:
                 rates.setdefault((prompt_name, name), []).append(rate)
                 assert outputs.setdefault((prompt_name, name), tokens) == tokens
                 if stats is not None and round_index == 0:
-                    counts[prompt_name] = (stats.num_draft_tokens - before[0], stats.num_accepted_tokens - before[1],
-                                           len(tokens))
-    print(f"model {args.model} ({args.dtype}), {args.output_len} greedy tokens, k={args.k}, "
+                    counts[(prompt_name, name)] = (stats.num_draft_tokens - before[0],
+                                                   stats.num_accepted_tokens - before[1])
+    draft = f", draft {args.draft_model}" if args.draft_model else ""
+    print(f"model {args.model} ({args.dtype}){draft}, {args.output_len} greedy tokens, k={args.k}, "
           f"median of {args.rounds} rounds (decode tokens/s)")
-    print(f"{'prompt':8} {'plain':>8} {'ngram':>8} {'ratio':>6} {'accepted':>9} {'equal':>6}")
+    print(f"{'prompt':8} {'method':7} {'plain':>8} {'spec':>8} {'ratio':>6} {'accepted':>9} {'equal':>6}")
     for prompt_name in PROMPTS:
         plain = statistics.median(rates[(prompt_name, "plain")])
-        ngram = statistics.median(rates[(prompt_name, "ngram")])
-        drafted, accepted, _ = counts[prompt_name]
-        acceptance = f"{accepted}/{drafted}" if drafted else "0/0"
-        equal = outputs[(prompt_name, "plain")] == outputs[(prompt_name, "ngram")]
-        print(f"{prompt_name:8} {plain:8.1f} {ngram:8.1f} {ngram / plain:6.2f} {acceptance:>9} {equal!s:>6}")
+        for name in engines:
+            if name == "plain":
+                continue
+            rate = statistics.median(rates[(prompt_name, name)])
+            drafted, accepted = counts[(prompt_name, name)]
+            equal = outputs[(prompt_name, "plain")] == outputs[(prompt_name, name)]
+            print(f"{prompt_name:8} {name:7} {plain:8.1f} {rate:8.1f} {rate / plain:6.2f} "
+                  f"{f'{accepted}/{drafted}':>9} {equal!s:>6}")
 
 
 if __name__ == "__main__":

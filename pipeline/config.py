@@ -178,14 +178,18 @@ class RequestLimits:
                  f"max_prompt_chars_per_token must be >= 1, got {self.max_prompt_chars_per_token}")
 
 
-SPECULATIVE_METHODS = ("ngram",)  # draft-model speculation is not supported yet
+SPECULATIVE_METHODS = ("ngram", "draft_model")
+NGRAM_MODEL_NAMES = (None, "ngram", "[ngram]")  # a `model` that means prompt lookup (Aphrodite's spelling)
+_NGRAM_KEYS = ("prompt_lookup_max", "prompt_lookup_min")
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
-    """Prompt-lookup speculative decoding (docs/speculative.md): each decoding sequence drafts up to
-    `num_speculative_tokens` tokens by copying what followed the longest earlier occurrence (between
-    `prompt_lookup_min` and `prompt_lookup_max` tokens) of its own suffix, and the model verifies them."""
+    """Speculative decoding (docs/speculative.md): each decoding sequence drafts up to
+    `num_speculative_tokens` tokens, by prompt lookup (method "ngram": copy what followed the longest
+    earlier occurrence, between `prompt_lookup_min` and `prompt_lookup_max` tokens, of its own suffix)
+    or by a draft model's greedy tokens (method "draft_model", `model` a directory or GGUF file with
+    the target's vocabulary); the target verifies them."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
@@ -194,10 +198,18 @@ class SpeculativeConfig:
     # No drafting while more sequences than this run: on a busy batch the extra query rows cost more
     # compute than the saved steps give back (vLLM's key; None = always draft).
     disable_by_batch_size: int | None = 16
+    model: str | None = None  # the draft model (method "draft_model" only)
 
     def __post_init__(self) -> None:
         _require(self.method in SPECULATIVE_METHODS,
                  f"speculative_config.method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
+        if self.method == "draft_model":
+            _require(isinstance(self.model, str) and self.model != "",
+                     f"speculative_config.model must name the draft model (a directory or GGUF file) "
+                     f"for method 'draft_model', got {self.model!r}")
+        else:
+            _require(self.model is None, f"speculative_config.model: method 'ngram' takes no draft model, "
+                                         f"got {self.model!r}")
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
             value = getattr(self, name)
             _require(type(value) is int, f"speculative_config.{name} must be an integer, got {value!r}")
@@ -213,20 +225,35 @@ class SpeculativeConfig:
                  f"speculative_config.prompt_lookup_max must be in [prompt_lookup_min ({self.prompt_lookup_min}), "
                  f"1024], got {self.prompt_lookup_max}")
 
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method == "draft_model"
+
     @classmethod
     def from_dict(cls, data: object) -> SpeculativeConfig:
-        """vLLM's --speculative-config map; unknown keys and a draft `model` are errors that name them."""
+        """vLLM's --speculative-config map: a `model` other than "[ngram]" is a draft model (method
+        "draft_model"); unknown keys, and prompt-lookup keys beside a draft model, are errors that name them."""
         if not isinstance(data, dict):
             raise ValueError(f"speculative_config must be a JSON object, got {type(data).__name__}")
-        if "model" in data and data["model"] not in (None, "ngram", "[ngram]"):
-            raise ValueError(f"speculative_config.model: draft-model speculation is not supported yet "
-                             f"(got {data['model']!r}); use {{\"method\": \"ngram\"}}")
-        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"}
-        unknown = sorted(str(key) for key in data if key not in known | {"model"})
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+                 "disable_by_batch_size", "model"}
+        unknown = sorted(str(key) for key in data if key not in known)
         if unknown:
             raise ValueError(f"speculative_config: unknown key(s) {', '.join(unknown)} "
                              f"(known: {', '.join(sorted(known))})")
-        return cls(**{key: value for key, value in data.items() if key in known})
+        values = dict(data)
+        model = values.pop("model", None)
+        if model in NGRAM_MODEL_NAMES:
+            return cls(**values)
+        method = values.setdefault("method", "draft_model")
+        if method != "draft_model":
+            raise ValueError(f"speculative_config.model: method {method!r} takes no draft model, got {model!r} "
+                             f"(a draft model is method 'draft_model')")
+        beside = [key for key in _NGRAM_KEYS if key in values]
+        if beside:
+            raise ValueError(f"speculative_config: {', '.join(beside)} apply to prompt lookup only, "
+                             f"not to a draft model")
+        return cls(model=model, **values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from pipeline.loading.generation_config import load_generation_defaults
 from pipeline.loading.model_source import resolve_model
 from pipeline.loading.tokenizer import load_served_tokenizer
 from pipeline.lora.slots import LoRASlots
+from pipeline.model.draft_model import DraftModelProposer
 from pipeline.model.loader import resolve_device, resolve_dtype
 from pipeline.model.runner import ModelRunner
 from pipeline.output.output_processor import OutputProcessor
@@ -70,8 +71,9 @@ class LLMEngine:
                                   sliding_window=self.runner.info.attention.kv_window)
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids) \
             if self.tokenizer is not None else None
+        self.draft_model = self._draft_model(config)
         self.scheduler = Scheduler(config.scheduler, kv_cache, self.runner.max_model_len, self.lora_registry,
-                                   self.lora_slots, self.grammars, config.speculative)
+                                   self.lora_slots, self.grammars, config.speculative, self.draft_model)
         self.max_model_len = self.scheduler.max_model_len
         self.tensor_prep = TensorPrep(config.scheduler.max_num_seqs, self.max_model_len, config.cache.block_size)
         breakers = SequenceBreakers(token_decoder(self.tokenizer), self.vocab_size)
@@ -88,6 +90,14 @@ class LLMEngine:
         self.stats = EngineStats()
         log.info("engine ready", model=str(self.model_dir), num_kv_blocks=self.runner.num_kv_blocks,
                  block_size=config.cache.block_size, max_model_len=self.max_model_len)
+
+    def _draft_model(self, config: EngineConfig) -> DraftModelProposer | None:
+        """The draft model of draft-model speculation, beside the target in this process (None: none)."""
+        spec = config.speculative
+        if spec is None or not spec.uses_draft_model:
+            return None
+        return DraftModelProposer.load(spec, config.model, config.cache, config.scheduler, self.runner.vocab_size,
+                                       self.runner.max_model_len, self.runner.num_kv_blocks)
 
     def _generation_defaults(self, model: ModelConfig) -> GenerationDefaults:
         defaults = load_generation_defaults(self.model_dir, model.generation_config)

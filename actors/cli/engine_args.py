@@ -113,11 +113,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 def add_speculative_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("speculative decoding (docs/speculative.md)")
     group.add_argument("--speculative-config", default=None, metavar="JSON",
-                       help='prompt-lookup speculation, vLLM\'s form: {"method": "ngram", "num_speculative_tokens": '
-                            'K, "prompt_lookup_max": N, "prompt_lookup_min": M} (off by default)')
+                       help='speculative decoding, vLLM\'s form: prompt lookup {"method": "ngram", '
+                            '"num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M}, or a '
+                            'draft model {"model": DIR_OR_GGUF, "num_speculative_tokens": K} (off by default)')
     group.add_argument("--speculative-model", default=None,
-                       help="Aphrodite's form: [ngram] turns prompt-lookup speculation on (draft models are not "
-                            "supported yet)")
+                       help="Aphrodite's form: [ngram] turns prompt-lookup speculation on; a directory or GGUF file "
+                            "is a draft model with the served model's vocabulary")
     group.add_argument("--num-speculative-tokens", type=int, default=None,
                        help="with --speculative-model: the most tokens drafted per step (default 4)")
     group.add_argument("--ngram-prompt-lookup-max", type=int, default=None,
@@ -134,7 +135,8 @@ _SPECULATIVE_ALIASES = {"num_speculative_tokens": "num_speculative_tokens",
 
 
 def speculative_config_from_args(args: argparse.Namespace) -> SpeculativeConfig | None:
-    """--speculative-config, or Aphrodite's --speculative-model [ngram] with its companion flags; None = off."""
+    """--speculative-config, or Aphrodite's --speculative-model ([ngram] or a draft model) with its companion
+    flags; None = off."""
     given = {field: getattr(args, flag) for flag, field in _SPECULATIVE_ALIASES.items()
              if getattr(args, flag, None) is not None}
     text, model = getattr(args, "speculative_config", None), getattr(args, "speculative_model", None)
@@ -150,7 +152,8 @@ def speculative_config_from_args(args: argparse.Namespace) -> SpeculativeConfig 
     if model is None:
         if given:
             flag = "--" + next(flag for flag, field in _SPECULATIVE_ALIASES.items() if field in given).replace("_", "-")
-            raise ValueError(f"{flag} needs --speculative-model [ngram] (or use --speculative-config)")
+            raise ValueError(f"{flag} needs --speculative-model ([ngram] or a draft model; or use "
+                             f"--speculative-config)")
         return None
     return SpeculativeConfig.from_dict({"model": model, **given})
 

@@ -26,7 +26,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from actors.kit.base import arm_test_crash
-from actors.kit.device import device_thread
+from actors.kit.device import device_thread, draft_on_device
 from actors.kit.edges import Edges
 from actors.kit.runtime import ActorRuntime, Runnable, exit_after
 from actors.worker.admission import Admission
@@ -98,6 +98,7 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
             "scheduler", "tensor_prep", "gpu", "sampling", "output_events", "output_routes"))
     admission = Admission(max_in_flight)
     device = device or device_thread()
+    draft_on_device(engine, device)
     actors: list[Runnable] = [
         SchedulerActor(engine.scheduler, scheduler_inbox, to_prep, to_events, metrics, max_queue_wait_ms),
         TensorPrepActor(engine.tensor_prep, prep_inbox, to_gpu),

@@ -22,6 +22,7 @@ from pipeline.scheduling.grammar_masks import grammar_ends_here, token_bitmasks
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
 from pipeline.scheduling.lookahead import add_placeholders, drop_placeholder, fill_placeholder
 from pipeline.scheduling.speculation import Speculator
+from pipeline.speculative.proposer import DraftProposer
 from pipeline.step.plan import NewSequence, RunningSequence, StepPlan
 from pipeline.step.result import StepResult
 
@@ -29,9 +30,11 @@ from pipeline.step.result import StepResult
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
                  lora_registry: LoRARegistry | None = None, lora_slots: LoRASlots | None = None,
-                 grammars: GrammarCompiler | None = None, speculative: SpeculativeConfig | None = None) -> None:
+                 grammars: GrammarCompiler | None = None, speculative: SpeculativeConfig | None = None,
+                 draft_proposer: DraftProposer | None = None) -> None:
+        """draft_proposer: the draft model's, with a draft-model speculative config."""
         self.config = config
-        self.speculator = Speculator(speculative) if speculative is not None else None
+        self.speculator = Speculator(speculative, draft_proposer) if speculative is not None else None
         self.grammars = grammars
         self.lora_registry = lora_registry
         self.lora_slots = lora_slots

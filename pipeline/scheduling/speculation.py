@@ -1,7 +1,8 @@
-"""Speculator: the scheduler's side of prompt-lookup speculative decoding (docs/speculative.md).
+"""Speculator: the scheduler's side of speculative decoding (docs/speculative.md).
 
 A decoding sequence (one unconsumed token, no placeholder) gets a draft of up to k tokens from
-its own context (pipeline/speculative/ngram.py); the scheduler computes its last token and the
+its proposer: prompt lookup in its own context (pipeline/speculative/ngram.py) or a draft model's
+greedy tokens (pipeline/model/draft_model.py); the scheduler computes its last token and the
 draft in one chunk of 1 + k query tokens, and the sampler draws a token at each of the k + 1
 positions, position j seeing the history up to draft j - 1 and the uniform of output position
 j (docs/design.md §5). Verification keeps the target's own samples while they equal the draft:
@@ -15,13 +16,11 @@ outputs (their state follows each token), and requests with `speculative: false`
 
 from __future__ import annotations
 
-import numpy as np
-
 from pipeline.config import SpeculativeConfig
 from pipeline.request.request import Sequence
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.speculative.adaptive import DraftLength
-from pipeline.speculative.ngram import propose_draft
+from pipeline.speculative.proposer import DraftProposer, PromptLookupProposer
 
 
 def can_speculate(params: SamplingParams) -> bool:
@@ -30,8 +29,15 @@ def can_speculate(params: SamplingParams) -> bool:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, proposer: DraftProposer | None = None) -> None:
+        """proposer: the draft model's, for method "draft_model" (the engine loads it); prompt lookup's
+        is built here."""
+        if proposer is None:
+            if config.uses_draft_model:
+                raise ValueError("speculative_config.model: a draft model needs its proposer (the engine loads it)")
+            proposer = PromptLookupProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.config = config
+        self.proposer = proposer
         self.lengths: dict[int, DraftLength] = {}  # seq_id -> its adaptive draft length
         self.num_draft_tokens = 0  # drafted and verified
         self.num_accepted_tokens = 0
@@ -59,8 +65,7 @@ class Speculator:
             k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1)
         if k < 1 or seq.has_placeholder:  # (planned ahead: its last token is not known yet)
             return []
-        draft = propose_draft(np.asarray(seq.token_ids, np.int64), k, self.config.prompt_lookup_min,
-                              self.config.prompt_lookup_max)
+        draft = self.proposer.propose(seq.seq_id, seq.token_ids, k)
         if not draft:
             length.on_miss()
         return draft
@@ -72,6 +77,7 @@ class Speculator:
 
     def forget(self, seq_id: int) -> None:
         self.lengths.pop(seq_id, None)
+        self.proposer.forget(seq_id)
 
     def _length(self, seq: Sequence) -> DraftLength:
         length = self.lengths.get(seq.seq_id)

@@ -1,4 +1,5 @@
-"""--speculative-config (vLLM's form) and Aphrodite's --speculative-model [ngram] flags on every engine command."""
+"""--speculative-config (vLLM's form) and Aphrodite's --speculative-model ([ngram] or a draft model) flags
+on every engine command."""
 
 from __future__ import annotations
 
@@ -26,11 +27,17 @@ def test_both_forms_give_the_same_config(command):
     assert _parse(command=command) is None
 
 
+@pytest.mark.parametrize("command", ["worker", "serve", "batch"])
+def test_a_draft_model_in_both_forms(command):
+    vllm = _parse("--speculative-config", '{"model": "draft.gguf", "num_speculative_tokens": 3}', command=command)
+    aphrodite = _parse("--speculative-model", "draft.gguf", "--num-speculative-tokens", "3", command=command)
+    assert vllm == aphrodite == SpeculativeConfig(method="draft_model", num_speculative_tokens=3, model="draft.gguf")
+
+
 @pytest.mark.parametrize(("flags", "message"), [
     (["--speculative-config", "{not json"], "--speculative-config: not valid JSON"),
-    (["--speculative-config", '{"model": "draft.gguf", "num_speculative_tokens": 3}'],
-     "draft-model speculation is not supported yet"),
-    (["--speculative-model", "/models/draft"], "draft-model speculation is not supported yet"),
+    (["--speculative-model", "/models/draft", "--ngram-prompt-lookup-max", "3"],
+     "prompt_lookup_max apply to prompt lookup only"),
     (["--num-speculative-tokens", "3"], "--num-speculative-tokens needs --speculative-model"),
     (["--speculative-config", '{"method": "ngram"}', "--num-speculative-tokens", "3"], "give it alone"),
     (["--speculative-model", "[ngram]", "--ngram-prompt-lookup-min", "0"], "prompt_lookup_min must be >= 1"),

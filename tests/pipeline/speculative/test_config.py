@@ -9,8 +9,18 @@ def test_vllm_form_parses():
     assert config == SpeculativeConfig("ngram", 5, 3, 2)
 
 
+def test_a_model_other_than_ngram_is_a_draft_model():
+    config = SpeculativeConfig.from_dict({"model": "/models/draft", "num_speculative_tokens": 3})
+    assert (config.method, config.model, config.num_speculative_tokens) == ("draft_model", "/models/draft", 3)
+    assert config.uses_draft_model
+    assert SpeculativeConfig.from_dict({"model": "[ngram]"}) == SpeculativeConfig()
+
+
 @pytest.mark.parametrize(("data", "message"), [
-    ({"model": "/models/draft"}, "speculative_config.model: draft-model speculation is not supported yet"),
+    ({"method": "ngram", "model": "/models/draft"}, "speculative_config.model: method 'ngram' takes no draft model"),
+    ({"model": "/models/draft", "prompt_lookup_max": 3}, "prompt_lookup_max apply to prompt lookup"),
+    ({"model": 5}, "speculative_config.model must name the draft model"),
+    ({"method": "draft_model"}, "speculative_config.model must name the draft model"),
     ({"method": "eagle"}, "speculative_config.method must be one of"),
     ({"num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens must be in"),
     ({"num_speculative_tokens": True}, "speculative_config.num_speculative_tokens must be an integer"),
