@@ -9,6 +9,7 @@ import torch
 
 from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from pipeline.engine import LLMEngine
+from pipeline.request.request import ResumeState
 from pipeline.request.sampling_params import SamplingParams
 
 NEAR_TIE_MARGIN = 1e-3
@@ -80,3 +81,17 @@ def assert_greedy_equal(ours: list[int], theirs: list[int], their_logits: torch.
                 f"{label}: diverged at output {position} (ours {a}, HF {b}) with HF top-2 margin {margin:.2e}")
             return
     assert len(ours) == len(theirs), f"{label}: {len(ours)} tokens vs HF {len(theirs)}"
+
+
+def resumed_tokens(engine: LLMEngine, request: Any, cut: list[list[int]]) -> dict[int, list[int]]:
+    """Crash resume as a worker does it: `request` resumed from each choice's first tokens `cut` (the
+    client has them), stepped to the end; per choice index, the tokens generated after the cut."""
+    request.resume_from(ResumeState(next_seq=1, output_token_ids=cut, finish_reasons=[None] * len(cut),
+                                    stop_reasons=[None] * len(cut)))
+    engine.add(request)
+    rest: dict[int, list[int]] = {index: [] for index in range(len(cut))}
+    while engine.has_unfinished:
+        for delta in engine.step():
+            for choice in delta.choices:
+                rest[choice.index] += choice.token_ids
+    return rest

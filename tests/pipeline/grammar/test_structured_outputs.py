@@ -15,10 +15,9 @@ import pytest
 import torch
 import transformers
 
-from pipeline.request.request import ResumeState
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.sampling.grammar_mask import apply_token_bitmasks
-from tests.support.engine_helpers import make_engine, run_requests
+from tests.support.engine_helpers import make_engine, resumed_tokens, run_requests
 from tests.support.grammar_oracle import GrammarMask
 from tests.support.hf_models import make_tiny_hf_model
 
@@ -190,14 +189,7 @@ def test_a_resumed_request_continues_its_grammar(unseen_model: Path) -> None:
     engine = make_engine(unseen_model)
     request = engine.builder.build("r", params, prompt="Output:")
     cut = [whole[0]["token_ids"][:5], whole[1]["token_ids"][:9]]
-    request.resume_from(ResumeState(next_seq=1, output_token_ids=cut, finish_reasons=[None, None],
-                                    stop_reasons=[None, None]))
-    engine.add(request)
-    rest: dict[int, list[int]] = {0: [], 1: []}
-    while engine.has_unfinished:
-        for delta in engine.step():
-            for choice in delta.choices:
-                rest[choice.index] += choice.token_ids
+    rest = resumed_tokens(engine, request, cut)
     for index in (0, 1):
         assert cut[index] + rest[index] == whole[index]["token_ids"]
 

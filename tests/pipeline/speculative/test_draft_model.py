@@ -16,6 +16,7 @@ from pipeline.request.sampling_params import SamplingParams
 from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
 from tests.support.hf_models import make_tiny_hf_model
 from tests.support.lora_adapters import make_peft_adapter, run_with_adapters
+from tests.support.speculative_helpers import compare_with_plain
 
 PROMPT = [11, 12, 13, 14, 15, 16, 17, 18, 40, 41, 99, 7, 300, 301, 5, 6]
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -37,27 +38,9 @@ def _draft(path, k: int = 4, **extra) -> SpeculativeConfig:
     return SpeculativeConfig.from_dict({"model": str(path), "num_speculative_tokens": k, **extra})
 
 
-def _compare(model_dir, draft: SpeculativeConfig, requests, **engine_args):
-    """Run the requests with and without the draft; assert equal choices; the speculating engine."""
-    plain = run_requests(make_engine(model_dir, **engine_args), requests)
-    engine = make_engine(model_dir, speculative=draft, **engine_args)
-    speculating = run_requests(engine, requests)
-    for request_id in requests:
-        for index, choice in plain[request_id]["choices"].items():
-            other = speculating[request_id]["choices"][index]
-            label = f"{request_id}[{index}]"
-            assert other["token_ids"] == choice["token_ids"], label
-            assert other["finish_reason"] == choice["finish_reason"], label
-            assert len(other["logprobs"]) == len(choice["logprobs"]), label
-            for ours, theirs in zip(other["logprobs"], choice["logprobs"], strict=True):
-                assert ours.token_id == theirs.token_id and ours.rank == theirs.rank, label
-                assert ours.logprob == pytest.approx(theirs.logprob, abs=1e-4), label
-    return engine, speculating
-
-
 def test_the_target_as_its_own_draft_accepts_every_greedy_token_and_equals_hf(target_dir):
     requests = {"g": (PROMPT, SamplingParams(max_tokens=40, **GREEDY))}
-    engine, outputs = _compare(target_dir, _draft(target_dir), requests, block_size=4)
+    engine, outputs = compare_with_plain(target_dir, _draft(target_dir), requests, block_size=4)
     stats = engine.stats
     assert stats.num_draft_tokens >= 30  # (at most 40 / 5 steps without a draft)
     assert stats.num_accepted_tokens == stats.num_draft_tokens
@@ -76,7 +59,7 @@ def test_a_different_draft_changes_no_token_greedy_or_sampled(target_dir, other_
                                                  presence_penalty=0.3, **sampled)),
         "off": (PROMPT, SamplingParams(temperature=0.3, seed=5, speculative=False, **sampled)),
     }
-    engine, _ = _compare(target_dir, _draft(other_draft_dir, k=3), requests, block_size=4)
+    engine, _ = compare_with_plain(target_dir, _draft(other_draft_dir, k=3), requests, block_size=4)
     stats = engine.stats
     assert stats.num_draft_tokens > 0
     assert stats.num_accepted_tokens < stats.num_draft_tokens / 2  # a random stranger rarely agrees
@@ -86,7 +69,7 @@ def test_sampled_requests_with_the_target_as_draft(target_dir):
     """A greedy draft of the target itself is often rejected by a sampled row, and output is unchanged."""
     requests = {f"s{i}": (PROMPT, SamplingParams(temperature=0.4 * i, seed=i, max_tokens=30, ignore_eos=True))
                 for i in range(1, 4)}
-    engine, _ = _compare(target_dir, _draft(target_dir), requests)
+    engine, _ = compare_with_plain(target_dir, _draft(target_dir), requests)
     assert 0 < engine.stats.num_accepted_tokens < engine.stats.num_draft_tokens
 
 
@@ -94,7 +77,7 @@ def test_preemption_with_a_tiny_kv_cache(target_dir):
     requests = {f"r{i}": (PROMPT[i:] * 2, SamplingParams(max_tokens=40, temperature=0.3 * (i % 2), seed=i,
                                                           ignore_eos=True))
                 for i in range(6)}
-    engine, _ = _compare(target_dir, _draft(target_dir), requests, block_size=4, num_kv_blocks=40,
+    engine, _ = compare_with_plain(target_dir, _draft(target_dir), requests, block_size=4, num_kv_blocks=40,
                          max_num_batched_tokens=64)
     assert engine.scheduler.num_preemptions > 0
     assert engine.stats.num_accepted_tokens > 0
@@ -111,7 +94,7 @@ def test_stop_tokens_and_max_tokens_inside_an_accepted_run(target_dir):
     first_stop = tokens.index(stop)
     requests = {f"max{m}": (PROMPT, SamplingParams(max_tokens=m, **GREEDY)) for m in (7, 13, 22)}
     requests["stop"] = (PROMPT, SamplingParams(max_tokens=40, stop_token_ids=[stop], **GREEDY))
-    engine, outputs = _compare(target_dir, _draft(target_dir), requests)
+    engine, outputs = compare_with_plain(target_dir, _draft(target_dir), requests)
     # Every draft matches; only each request's last one may be cut short by its stop or max_tokens.
     stats = engine.stats
     assert 0 < stats.num_draft_tokens - stats.num_accepted_tokens <= 4 * len(requests)

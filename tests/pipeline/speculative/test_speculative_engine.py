@@ -11,10 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pipeline.config import SpeculativeConfig
-from pipeline.request.request import ResumeState
 from pipeline.request.sampling_params import SamplingParams
-from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
+from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, resumed_tokens, run_requests
 from tests.support.hf_models import make_tiny_hf_model
+from tests.support.speculative_helpers import compare_with_plain
 
 NGRAM = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1)
 PROMPT = [11, 12, 13, 14, 15, 16, 17, 18] * 6
@@ -25,31 +25,11 @@ def model_dir(tmp_path_factory):
     return make_tiny_hf_model("llama", tmp_path_factory.mktemp("llama"), seed=5)
 
 
-def _compare(model_dir, requests, **engine_args):
-    """Run the requests with and without speculation; assert equal choices; the speculating engine."""
-    plain = run_requests(make_engine(model_dir, **engine_args), requests)
-    engine = make_engine(model_dir, speculative=NGRAM, **engine_args)
-    speculating = run_requests(engine, requests)
-    for request_id in requests:
-        for index, choice in plain[request_id]["choices"].items():
-            other = speculating[request_id]["choices"][index]
-            label = f"{request_id}[{index}]"
-            assert other["token_ids"] == choice["token_ids"], label
-            assert other["finish_reason"] == choice["finish_reason"], label
-            assert other["text"] == choice["text"], label
-            assert len(other["logprobs"]) == len(choice["logprobs"]), label
-            for ours, theirs in zip(other["logprobs"], choice["logprobs"], strict=True):
-                assert ours.token_id == theirs.token_id and ours.rank == theirs.rank, label
-                assert ours.logprob == pytest.approx(theirs.logprob, abs=1e-4), label
-                assert [t for t, _ in ours.top] == [t for t, _ in theirs.top], label
-    return engine, speculating
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2"])
 def test_greedy_equals_hf_and_plain_decoding(arch, tmp_path):
     path = make_tiny_hf_model(arch, tmp_path / arch, seed=5)
     requests = {"g": (PROMPT, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))}
-    engine, outputs = _compare(path, requests, block_size=4)
+    engine, outputs = compare_with_plain(path, NGRAM, requests, block_size=4)
     assert engine.stats.num_accepted_tokens > 0
     hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     theirs, logits = hf_greedy(hf, PROMPT, 48)
@@ -68,7 +48,7 @@ def test_sampled_requests_with_stateful_samplers_equal_plain_decoding(model_dir)
         "best_of": (PROMPT, SamplingParams(temperature=0.4, seed=4, n=1, best_of=3, **sampled)),
         "greedy_logprobs": (PROMPT, SamplingParams(temperature=0, logprobs=3, logit_bias={7: 1.5}, **sampled)),
     }
-    engine, _ = _compare(model_dir, requests)
+    engine, _ = compare_with_plain(model_dir, NGRAM, requests)
     assert engine.stats.num_accepted_tokens > 0
 
 
@@ -82,7 +62,7 @@ def test_mixed_batch_of_prefills_decodes_and_opted_out_requests(model_dir):
         "late": (PROMPT[:20], SamplingParams(max_tokens=25, temperature=0.3, seed=9, ignore_eos=True)),
     }
     # A 24-token budget chunks the long prompt over several steps while the others decode and speculate.
-    engine, _ = _compare(model_dir, requests, max_num_batched_tokens=24, block_size=4)
+    engine, _ = compare_with_plain(model_dir, NGRAM, requests, max_num_batched_tokens=24, block_size=4)
     assert engine.stats.num_accepted_tokens > 0
 
 
@@ -90,7 +70,8 @@ def test_preemption_with_a_tiny_kv_cache(model_dir):
     requests = {f"r{i}": (PROMPT[i:], SamplingParams(max_tokens=40, temperature=0.3 * (i % 2), seed=i,
                                                       ignore_eos=True))
                 for i in range(6)}
-    engine, _ = _compare(model_dir, requests, block_size=4, num_kv_blocks=40, max_num_batched_tokens=64)
+    engine, _ = compare_with_plain(model_dir, NGRAM, requests, block_size=4, num_kv_blocks=40,
+                                   max_num_batched_tokens=64)
     assert engine.scheduler.num_preemptions > 0
     assert engine.stats.num_accepted_tokens > 0
     assert engine.scheduler.kv_cache.num_free_blocks == 40
@@ -106,7 +87,7 @@ def test_stop_tokens_and_max_tokens_inside_an_accepted_run(model_dir):
     requests["stop"] = (PROMPT, SamplingParams(max_tokens=48, stop_token_ids=[stop], **greedy))
     requests["stop_shown"] = (PROMPT, SamplingParams(max_tokens=48, stop_token_ids=[stop], min_tokens=first_stop + 1,
                                                      **greedy))
-    engine, outputs = _compare(model_dir, requests)
+    engine, outputs = compare_with_plain(model_dir, NGRAM, requests)
     assert engine.stats.num_accepted_tokens > 0
     for m in (17, 22, 29, 33):
         assert outputs[f"max{m}"]["choices"][0]["token_ids"] == tokens[:m]
@@ -124,7 +105,7 @@ def test_stop_strings_with_a_tokenizer(default_model_path):
                                                     include_stop_str_in_output=bool(i)))
                 for i, stop in enumerate(stops)}
     requests["free"] = (prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
-    engine, outputs = _compare(default_model_path, requests)
+    engine, outputs = compare_with_plain(default_model_path, NGRAM, requests)
     assert engine.stats.num_draft_tokens > 0
     for i, stop in enumerate(stops):
         assert outputs[f"stop{i}"]["choices"][0]["finish_reason"] == "stop"
@@ -138,14 +119,7 @@ def test_a_resumed_request_continues_as_without_speculation(model_dir):
     engine = make_engine(model_dir, speculative=NGRAM)
     request = engine.builder.build("r", params, prompt_token_ids=PROMPT)
     cut = [whole[0]["token_ids"][:7], whole[1]["token_ids"][:13]]
-    request.resume_from(ResumeState(next_seq=1, output_token_ids=cut, finish_reasons=[None, None],
-                                    stop_reasons=[None, None]))
-    engine.add(request)
-    rest: dict[int, list[int]] = {0: [], 1: []}
-    while engine.has_unfinished:
-        for delta in engine.step():
-            for choice in delta.choices:
-                rest[choice.index] += choice.token_ids
+    rest = resumed_tokens(engine, request, cut)
     assert engine.stats.num_accepted_tokens > 0
     for index in (0, 1):
         assert cut[index] + rest[index] == whole[index]["token_ids"]
