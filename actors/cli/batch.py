@@ -22,10 +22,11 @@ from typing import Any
 import structlog
 from tqdm import tqdm
 
-from actors.http.chat_request import CHAT_URL, parse_chat_body
+from actors.http.chat_request import CHAT_URL, parse_chat_request
 from actors.http.completion_request import parse_completion_body
 from actors.http.openai_shapes import completion_body
 from actors.http.prompt_results import merge_prompt_results
+from actors.http.tool_parsers.plan import ToolPlan
 from actors.kit.runtime import ActorRuntime
 from actors.worker.intake import build_request
 from actors.worker.replies import MemoryReplySink, to_wire
@@ -47,20 +48,21 @@ class BatchLine:
     error: str | None = None
     chat: bool = False  # a /v1/chat/completions line: answered with a chat.completion body
     echo: bool = False  # a completions line's `echo`: its prompt comes first in each choice
+    tool_plan: ToolPlan | None = None  # a chat line with tools: what its answers' text becomes
 
 
-def read_batch_file(path: Path) -> list[BatchLine]:
+def read_batch_file(path: Path, tool_parser: str | None = None) -> list[BatchLine]:
     lines: list[BatchLine] = []
     seen: set[str] = set()
     # Bytes, line by line: a line that is not UTF-8 is that line's error, not the file's. (str's
     # splitlines would also split inside JSON strings, at U+2028 and other separators.)
     for number, text in enumerate(path.read_bytes().splitlines(), start=1):
         if text.strip():
-            lines.append(_parse_line(text, number, seen))
+            lines.append(_parse_line(text, number, seen, tool_parser))
     return lines
 
 
-def _parse_line(text: bytes, number: int, seen: set[str]) -> BatchLine:
+def _parse_line(text: bytes, number: int, seen: set[str], tool_parser: str | None) -> BatchLine:
     custom_id = f"line-{number}"
     try:
         item = loads_json(text, "the line")
@@ -73,14 +75,16 @@ def _parse_line(text: bytes, number: int, seen: set[str]) -> BatchLine:
         seen.add(custom_id)
         chat = item["url"] == CHAT_URL
         if chat:
-            messages, params, images = parse_chat_body(item["body"])  # validates the sampling fields
-            prompt_fields: dict[str, Any] = {"messages": messages, "images": images or None}
+            body = parse_chat_request(item["body"], tool_parser)  # validates the sampling and tool fields
+            params, tool_plan = body.params, body.tool_plan
+            prompt_fields: dict[str, Any] = {"messages": body.messages, "images": body.images or None,
+                                             "tools": body.tools}
             echo = False
         else:
             completion = parse_completion_body(item["body"])  # validates the sampling fields
             if len(completion.prompts) != 1:
                 raise ValueError(f"prompt must be one prompt per batch line, got a list of {len(completion.prompts)}")
-            prompt, params, echo = completion.prompts[0], completion.params, completion.echo
+            prompt, params, echo, tool_plan = completion.prompts[0], completion.params, completion.echo, None
             prompt_fields = {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt}
         # Unseeded sampling is seeded from the custom_id (not the line's wire id), so a line's
         # output does not depend on where it sits in the file.
@@ -91,7 +95,7 @@ def _parse_line(text: bytes, number: int, seen: set[str]) -> BatchLine:
         model = item["body"].get("model")
         lora = model if isinstance(model, str) and model else None
         return BatchLine(custom_id, WireRequest(id=f"batch-line-{number}", params=params, lora=lora, **prompt_fields),
-                         chat=chat, echo=echo)
+                         chat=chat, echo=echo, tool_plan=tool_plan)
     except (ValueError, CodecError) as error:  # UntrustedValueError is a ValueError
         log.warning("rejected batch line", line=number, custom_id=custom_id, error=str(error))
         return BatchLine(custom_id, None, str(error))
@@ -224,15 +228,15 @@ def write_results(lines: list[BatchLine], results: dict[str, dict], output_path:
             else:
                 if not line.chat:  # choices carry their prompt's logprobs, and echo's prompt
                     result = _with_prompt(line, result, tokenizer)
-                record = _response_line(line.custom_id, result, model_name, tokenizer, line.chat)
+                record = _response_line(line, result, model_name, tokenizer)
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
     return {"lines": len(lines), "errors": errors}
 
 
-def _response_line(custom_id: str, result: dict, model_name: str, tokenizer: Any | None,
-                   chat: bool) -> dict[str, Any]:
-    response_id = f"chatcmpl-{custom_id}" if chat else f"cmpl-{custom_id}"
-    body = completion_body(response_id, result, model_name, tokenizer, chat)
+def _response_line(line: BatchLine, result: dict, model_name: str, tokenizer: Any | None) -> dict[str, Any]:
+    custom_id = line.custom_id
+    response_id = f"chatcmpl-{custom_id}" if line.chat else f"cmpl-{custom_id}"
+    body = completion_body(response_id, result, model_name, tokenizer, line.chat, line.tool_plan)
     return {"id": f"batch-{custom_id}", "custom_id": custom_id,
             "response": {"status_code": 200, "body": body}, "error": None}
 

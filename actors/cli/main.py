@@ -21,8 +21,9 @@ log = structlog.get_logger(__name__)
 def _batch(args: argparse.Namespace) -> int:
     with startup_collector_paused():
         from actors.cli.batch import read_batch_file, run_embedded, run_remote, write_results
+        from actors.http.serve_args import tool_parser_from_args
 
-        lines = read_batch_file(Path(args.input))
+        lines = read_batch_file(Path(args.input), tool_parser_from_args(args))
         if not args.redis_url:
             from actors.kit.device import device_thread, load_engine
 
@@ -159,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     log_level = argparse.ArgumentParser(add_help=False)
     log_level.add_argument("--log-level", default=argparse.SUPPRESS)
 
+    from actors.http.serve_args import add_serve_args, add_tool_args
+
     batch = commands.add_parser("batch", parents=[log_level],
                                  help="run an OpenAI batch file (/v1/completions) offline")
     batch.add_argument("-i", "--input", required=True, help="input .jsonl")
@@ -169,13 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--actor-graph", action="store_true",
                        help="run through the worker's actor graph over memory streams (default: the engine loop)")
     batch.add_argument("--prefix", default=_env("AQUEDUCT_PREFIX", "aqueduct"), help="deployment key prefix")
+    add_tool_args(batch)
     add_engine_args(batch)
     batch.set_defaults(handler=_batch)
 
     serve = commands.add_parser("serve", parents=[log_level],
                                  help="OpenAI-compatible HTTP server (embedded, or a gateway to Redis)")
-    from actors.http.serve_args import add_serve_args
-
     add_serve_args(serve, _env)
     add_engine_args(serve)
     serve.set_defaults(handler=_serve)

@@ -40,14 +40,6 @@ class ChatBody:
     tool_plan: ToolPlan | None  # what becomes of the answer's text; None: it is content
 
 
-def parse_chat_body(body: Any) -> tuple[list[ChatMessage], dict[str, Any], list[bytes]]:
-    """A batch line's body: (messages, wire params, images). Tools are served by `aqueduct serve` only."""
-    if isinstance(body, dict) and body.get("tools"):
-        raise ValueError("not supported yet: tools (in batch files; aqueduct serve takes them)")
-    chat = parse_chat_request(body, tool_parser=None)
-    return chat.messages, chat.params, chat.images
-
-
 def parse_chat_request(body: Any, tool_parser: str | None) -> ChatBody:
     """Every field checked, ValueError naming the field for anything we cannot run as asked.
     `tool_parser`: the server's --tool-call-parser when --enable-auto-tool-choice is on."""

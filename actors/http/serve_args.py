@@ -36,23 +36,35 @@ def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., s
     parser.add_argument("--strict-fields", action="store_true",
                         help="answer an unknown request field with a 400 (default: ignore it, log it and name it "
                              "in the X-Ignored-Fields response header, as vLLM accepts extra fields)")
+    add_tool_args(parser)
+    parser.add_argument("--metrics-open", action="store_true",
+                        help="serve /metrics without the API key (by default it needs --api-key when one is set)")
+
+
+def add_tool_args(parser: argparse.ArgumentParser) -> None:
+    """vLLM's tool-calling flags (serve and batch)."""
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help='serve tool_choice "auto": the model\'s text becomes tool_calls through '
                              "--tool-call-parser (without it, auto with tools is a 400, as in vLLM)")
     parser.add_argument("--tool-call-parser", choices=sorted(PARSERS), default=None,
                         help="the model's tool-call format, for --enable-auto-tool-choice")
-    parser.add_argument("--metrics-open", action="store_true",
-                        help="serve /metrics without the API key (by default it needs --api-key when one is set)")
+
+
+def tool_parser_from_args(args: argparse.Namespace) -> str | None:
+    """The parser `tool_choice: "auto"` reads calls with (None: auto is refused); ValueError when
+    --enable-auto-tool-choice comes without --tool-call-parser."""
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser "
+                         f"({', '.join(sorted(PARSERS))})")
+    return args.tool_call_parser if args.enable_auto_tool_choice else None
 
 
 def options_from_args(args: argparse.Namespace) -> GatewayOptions:
     """ValueError for flags that do not go together."""
-    if args.enable_auto_tool_choice and args.tool_call_parser is None:
-        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser "
-                         f"({', '.join(sorted(PARSERS))})")
+    tool_call_parser = tool_parser_from_args(args)
     return GatewayOptions(api_key=args.api_key or None, max_pending=args.max_pending,
                           worker_timeout_s=args.worker_timeout, request_timeout_s=args.request_timeout,
                           max_request_bytes=args.max_request_bytes, metrics_open=args.metrics_open,
                           served_model_names=tuple(args.served_model_name or ()),
                           allowed_origins=tuple(args.allowed_origins or ()), strict_fields=args.strict_fields,
-                          tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None)
+                          tool_call_parser=tool_call_parser)

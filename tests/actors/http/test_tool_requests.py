@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema_rs
 import pytest
 
-from actors.http.chat_request import AUTO_NEEDS_PARSER, parse_chat_body, parse_chat_request
+from actors.http.chat_request import AUTO_NEEDS_PARSER, parse_chat_request
 from actors.http.openapi import chat_body
 
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
@@ -46,9 +46,6 @@ def test_tool_messages_reach_the_wire_shape() -> None:
     assert assistant["content"] == "" and assistant["tool_calls"] == [
         {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}]
     assert tool == {"role": "tool", "content": "Sunny", "tool_call_id": "call_1"}
-    with pytest.raises(ValueError, match=r"not supported yet: tools \(in batch files"):
-        parse_chat_body({"messages": USER, "tools": [WEATHER], "tool_choice": "required"})
-    assert len(parse_chat_body({"messages": [*USER, CALLED, ANSWERED]})[0]) == 3  # history is fine in batches
 
 
 EXAMPLES: list[dict[str, Any]] = [

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from actors.cli.batch import read_batch_file, run_embedded, run_offline
 from actors.http.backends import EmbeddedBackend
-from actors.http.chat_request import parse_chat_body
+from actors.http.chat_request import parse_chat_request
 from actors.http.options import GatewayOptions
 from actors.kit.message_codec import decode_message, encode_message
 from actors.kit.messages import Admit
@@ -94,7 +94,8 @@ def test_chat_image_url_parts_become_image_parts_and_bytes() -> None:
     body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is"}, image_part(image),
                                                       {"type": "image_url", "image_url": {"url": data_uri(b"x"),
                                                                                           "detail": "auto"}}]}]}
-    messages, _, images = parse_chat_body(body)
+    chat = parse_chat_request(body, tool_parser=None)
+    messages, images = chat.messages, chat.images
     assert images == [image, b"x"]
     assert [type(part) for part in messages[0].content] == [TextPart, ImagePart, ImagePart]
 
@@ -108,7 +109,7 @@ def test_chat_image_url_parts_become_image_parts_and_bytes() -> None:
 ])
 def test_bad_image_url_parts_are_errors_naming_the_part(part: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=r"messages\[0\].content\[0\]") as error:
-        parse_chat_body({"messages": [{"role": "user", "content": [part]}]})
+        parse_chat_request({"messages": [{"role": "user", "content": [part]}]}, tool_parser=None)
     assert message in str(error.value)
 
 
