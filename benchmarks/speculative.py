@@ -7,7 +7,8 @@
 Each round runs every (prompt, speculation on/off) pair once, in turn, so load from other
 processes falls on all of them alike: one request through the engine's step loop, greedy,
 `--output-len` tokens ignoring EOS, decode only timed (from the first token on). Prompts: a
-copy-heavy one (repeat a ~150-word paragraph, which the answer copies) and a free-running story.
+copy-heavy one (repeat a ~150-word paragraph, which the answer copies), the same with a second paragraph
+(~300 tokens, longer than a 256-token answer) and a free-running story.
 Printed per prompt and speculating engine: median decode tokens/s without and with speculation,
 their ratio, the acceptance (accepted / drafted), and whether the outputs equal plain decoding's.
 `--draft-model` adds a draft-model engine (greedy drafts of k tokens, same vocabulary as --model).
@@ -36,8 +37,20 @@ PARAGRAPH = (
     "boats that sank long ago, and on the first market day of summer the whole town walks to the mill to watch "
     "the wheel turn again."
 )
+SECOND_PARAGRAPH = (
+    "Upstream, the valley narrows between two wooded ridges, and the road follows the water past a row of "
+    "cottages where the mill workers once lived. Each cottage has a small garden of beans and onions, a shed "
+    "for firewood and a gate painted the colour its first owner chose. The school stands at the end of the row, "
+    "one room with tall windows and a stove in the corner, and every winter the children carry a log each "
+    "morning to keep it burning. When the snow comes early the teacher reads aloud from the ledger, and the "
+    "class votes on which lost boat deserves a song. Last year they chose a small grey barge that carried apples, "
+    "and the song they wrote is still sung at the harvest fair by everyone who remembers the words."
+)
 PROMPTS = {
     "copy": f"Repeat the following paragraph exactly, word for word.\n\n{PARAGRAPH}",
+    # The input-grounded workload: a ~300-token passage, longer than the output, so the whole
+    # answer can copy (the short "copy" runs out of passage before 256 tokens and writes freely after).
+    "copy-300": f"Repeat the following text exactly, word for word.\n\n{PARAGRAPH}\n\n{SECOND_PARAGRAPH}",
     "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
 
