@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import msgspec
 
-from queue_adapters.codec import ChatMessage, ImagePart, ImageUrlPart, WireRequest
+from queue_adapters.chat_message import ChatMessage, ImagePart, ImageUrlPart
+from queue_adapters.codec import WireRequest
 from queue_adapters.data_uri import decode_data_uri
 
 

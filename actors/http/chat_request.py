@@ -23,7 +23,7 @@ from pipeline.request.sampling_params import SamplingParams
 from pipeline.request.structured_output import ALIASES, MAX_SPEC_CHARS
 from pipeline.request.tools import MAX_NAME_CHARS, MAX_TOOL_CALLS, arguments_object
 from pipeline.request.untrusted import UntrustedValueError
-from queue_adapters.codec import ChatMessage, WireFunctionCall, WireToolCall, check_tool_roles
+from queue_adapters.chat_message import ChatMessage, WireFunctionCall, WireToolCall, check_tool_roles
 
 CHAT_URL = "/v1/chat/completions"
 _UNSUPPORTED = {"functions", "function_call", "stream_options", "audio", "modalities", "prediction"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queue_adapters.codec import ImagePart, TextPart
+from queue_adapters.chat_message import ImagePart, TextPart
 from queue_adapters.data_uri import decode_data_uri
 
 _DETAILS = (None, "auto")  # LLaVA sees one resolution: "low"/"high" would silently mean nothing

@@ -154,20 +154,11 @@ class Scheduler:
     def schedule_ahead(self) -> StepPlan | None:
         """The next plan while a step is still running (pipeline/scheduling/lookahead.py); None when a
         sequence of the running step needs its result before it can be planned."""
-        if self._speculates_next() or not add_placeholders(self.running, self.max_model_len):
+        if self.speculator is not None and self.speculator.holds_back_lookahead(self.running):
+            return None
+        if not add_placeholders(self.running, self.max_model_len):
             return None
         return self.schedule()
-
-    def _speculates_next(self) -> bool:
-        """A draft is being verified, or a sequence sampling now will draft next: such a step is
-        planned once the tokens are known (a draft continues the last token)."""
-        speculator = self.speculator
-        if speculator is None:
-            return False
-        active = speculator.active(len(self.running))
-        return any(seq.draft_token_ids or (active and seq.num_computed_tokens == seq.num_tokens
-                                           and speculator.wants_draft(seq))
-                   for seq in self.running)
 
     def _schedule_running(self, plan: StepPlan, budget: int) -> tuple[int, bool]:
         preempted = False
@@ -323,7 +314,7 @@ class Scheduler:
             seq = self.sequences.get(seq_id)
             if seq is not None and seq.choice_index == 0:  # every choice scores the same prompt
                 events.append(PromptLogprobsEvent(seq.request.request_id, entries))
-        for seq_id, rows in _rows_by_sequence(result):
+        for seq_id, rows in result.rows_by_sequence():
             seq = self.sequences.get(seq_id)
             if seq is None:
                 continue  # ended (aborted, stop string) while the step was running
@@ -411,14 +402,3 @@ class Scheduler:
                 or seq.num_tokens >= self.max_model_len:
             self.finish_sequence(seq, FinishReason.LENGTH)
 
-
-def _rows_by_sequence(result: StepResult) -> list[tuple[int, list[tuple[int, TokenLogprob | None]]]]:
-    """The result's rows grouped by sequence: a speculating sequence has 1 + k consecutive rows.
-    seq_ids [4, 7, 7, 7, 9] -> [(4, [row 0]), (7, [rows 1-3]), (9, [row 4])]."""
-    grouped: list[tuple[int, list[tuple[int, TokenLogprob | None]]]] = []
-    for seq_id, token_id, logprob in zip(result.seq_ids, result.token_ids, result.logprobs, strict=True):
-        if grouped and grouped[-1][0] == seq_id:
-            grouped[-1][1].append((token_id, logprob))
-        else:
-            grouped.append((seq_id, [(token_id, logprob)]))
-    return grouped

@@ -51,6 +51,14 @@ class Speculator:
         """Whether the sequence's next decode would carry a draft (so it should not be planned ahead)."""
         return can_speculate(seq.params) and self._length(seq).drafting
 
+    def holds_back_lookahead(self, running: list[Sequence]) -> bool:
+        """A draft is being verified, or a sequence sampling now will draft next: the next step is
+        planned once the tokens are known (a draft continues the last token)."""
+        active = self.active(len(running))
+        return any(seq.draft_token_ids or (active and seq.num_computed_tokens == seq.num_tokens
+                                           and self.wants_draft(seq))
+                   for seq in running)
+
     def draft(self, seq: Sequence, budget: int, max_model_len: int) -> list[int]:
         """Draft tokens for a sequence about to decode, within the step's token budget, its
         max_tokens and the context length ([] for none)."""

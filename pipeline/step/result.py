@@ -20,3 +20,14 @@ class StepResult:
     prompt_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
     # seq_id -> mirostat's mu after this step's token, for the choices that use mirostat
     mirostat_mu: dict[int, float] = field(default_factory=dict)
+
+    def rows_by_sequence(self) -> list[tuple[int, list[tuple[int, TokenLogprob | None]]]]:
+        """The rows grouped by sequence: a speculating sequence has 1 + k consecutive rows.
+        seq_ids [4, 7, 7, 7, 9] -> [(4, [row 0]), (7, [rows 1-3]), (9, [row 4])]."""
+        grouped: list[tuple[int, list[tuple[int, TokenLogprob | None]]]] = []
+        for seq_id, token_id, logprob in zip(self.seq_ids, self.token_ids, self.logprobs, strict=True):
+            if grouped and grouped[-1][0] == seq_id:
+                grouped[-1][1].append((token_id, logprob))
+            else:
+                grouped.append((seq_id, [(token_id, logprob)]))
+        return grouped

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from queue_adapters.codec import ImagePart, TextPart, WireRequest, decode_request, encode
+from queue_adapters.chat_message import ImagePart, TextPart
+from queue_adapters.codec import WireRequest, decode_request, encode
 from queue_adapters.data_uri import decode_data_uri
 from queue_adapters.wire_images import resolve_image_urls
 

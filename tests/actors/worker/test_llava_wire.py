@@ -22,7 +22,8 @@ from actors.kit.message_codec import decode_message, encode_message
 from actors.kit.messages import Admit
 from actors.worker.intake import build_request
 from pipeline.engine import LLMEngine
-from queue_adapters.codec import CodecError, ImagePart, TextPart, WireRequest, decode_request, encode
+from queue_adapters.chat_message import ImagePart, TextPart
+from queue_adapters.codec import CodecError, WireRequest, decode_request, encode
 from tests.support.engine_helpers import assert_greedy_equal, make_engine
 from tests.support.gateway_helpers import serving
 from tests.support.hf_llava import MAX_TOKENS, HFReference, make_tiny_llava, random_image_bytes
