@@ -10,7 +10,8 @@ processes falls on all of them alike: one request through the engine's step loop
 copy-heavy one (repeat a ~150-word paragraph, which the answer copies), the same with a second paragraph
 (~300 tokens, longer than a 256-token answer) and a free-running story.
 Printed per prompt and speculating engine: median decode tokens/s without and with speculation,
-their ratio, the acceptance (accepted / drafted), and whether the outputs equal plain decoding's.
+their ratio, the acceptance (accepted / drafted, first round), and in how many rounds the output equals
+plain decoding's in the same round (no prefix caching: every round prefills alike).
 `--draft-model` adds a draft-model engine (greedy drafts of k tokens, same vocabulary as --model).
 """
 
