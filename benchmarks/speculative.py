@@ -7,8 +7,8 @@
 Each round runs every (prompt, speculation on/off) pair once, in turn, so load from other
 processes falls on all of them alike: one request through the engine's step loop, greedy,
 `--output-len` tokens ignoring EOS, decode only timed (from the first token on). Prompts: a
-copy-heavy one (repeat a ~150-word paragraph, which the answer copies), the same with a second paragraph
-(~300 tokens, longer than a 256-token answer) and a free-running story.
+copy-heavy one (repeat a ~150-word paragraph, which the answer copies), a ~300-token passage to repeat
+and the same to edit (both longer than a 256-token answer) and a free-running story.
 Printed per prompt and speculating engine: median decode tokens/s without and with speculation,
 their ratio, the acceptance (accepted / drafted, first round), and in how many rounds the output equals
 plain decoding's in the same round (no prefix caching: every round prefills alike).
@@ -49,9 +49,12 @@ SECOND_PARAGRAPH = (
 )
 PROMPTS = {
     "copy": f"Repeat the following paragraph exactly, word for word.\n\n{PARAGRAPH}",
-    # The input-grounded workload: a ~300-token passage, longer than the output, so the whole
-    # answer can copy (the short "copy" runs out of passage before 256 tokens and writes freely after).
-    "copy-300": f"Repeat the following text exactly, word for word.\n\n{PARAGRAPH}\n\n{SECOND_PARAGRAPH}",
+    # The input-grounded workloads: a ~300-token passage, longer than a 256-token answer, so the whole
+    # answer can copy or edit it (the short "copy" runs out of passage before 256 tokens and writes
+    # freely after). One paragraph: given two, SmolLM2 repeats the first and ends its answer.
+    "copy-300": f"Repeat the following text exactly, word for word.\n\n{PARAGRAPH} {SECOND_PARAGRAPH}",
+    "edit-300": (f"Rewrite the following text, changing only the town's name from Ashford to Millbrook.\n\n"
+                 f"{PARAGRAPH} {SECOND_PARAGRAPH}"),
     "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
 

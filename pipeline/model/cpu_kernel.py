@@ -157,7 +157,8 @@ class PanelLinearKernel:
 
 
 class QuantizedLinearKernel:
-    """y = x W^T + b with W kept as 4-bit groups or per-row int8 (csrc/quantized_linear.c)."""
+    """y = x W^T + b with W kept as 4-bit groups in blocks of 16 columns (csrc/int4_linear.c) or per-row int8
+    (csrc/quantized_linear.c)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -167,25 +168,29 @@ class QuantizedLinearKernel:
         self._dequantize_int8 = bind(library, "dequantize_int8", [p, p, p, i64, i64, i32, i32], None)
         self._scratch = torch.empty(0, dtype=torch.bfloat16)  # dequantized weights, one layer at a time
 
-    def int4(self, x: torch.Tensor, nibbles: torch.Tensor, scales_offsets: torch.Tensor,
+    def int4(self, x: torch.Tensor, column_blocks: torch.Tensor, block_scales: torch.Tensor, out_features: int,
              bias: torch.Tensor | None, gated: bool = False, float32_out: bool = False) -> torch.Tensor:
-        """x [M, I] float32 or bfloat16 (others through float32); nibbles [O, I / 2] uint8 and
-        scales_offsets [O, 2, I / 32] float16 in the kernel's layout -> [M, O] in x's dtype.
+        """x [M, I] float32 or bfloat16 (others through float32); column_blocks [ceil(O / 16), I * 8] uint8
+        and block_scales [ceil(O / 16), I / 32, 2, 16] float16 in the kernel's layout (csrc/int4_linear.c)
+        -> [M, O] in x's dtype.
         gated: x is [M, 2 I], a SiLU-gated MLP's [gate | up], and the input is silu(gate) * up.
         float32_out: [M, O] float32 holding what x's dtype would (the result's .float())."""
-        return self._run(self._int4, x, nibbles, scales_offsets, bias, 2 * nibbles.shape[1], gated, float32_out)
+        return self._run(self._int4, x, column_blocks, block_scales, bias, out_features, column_blocks.shape[1] // 8,
+                         gated, float32_out)
 
     def int8(self, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor,
              bias: torch.Tensor | None, gated: bool = False, float32_out: bool = False) -> torch.Tensor:
         """x [M, I]; values [O, I] int8 and scales [O] float32 -> [M, O] in x's dtype; gated and
         float32_out as int4."""
-        return self._run(self._int8, x, values, scales, bias, values.shape[1], gated, float32_out)
+        return self._run(self._int8, x, values, scales, bias, values.shape[0], values.shape[1], gated, float32_out)
 
-    def dequantize_int4(self, nibbles: torch.Tensor, scales_offsets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The plain [O, I] weight (float32 or bfloat16) in a scratch buffer this kernel reuses: valid
-        until its next call, so for one layer's product at a time (the model runs layers in turn)."""
-        out = self._scratch_for(nibbles.shape[0], 2 * nibbles.shape[1], dtype)
-        if self._dequantize_int4(out.data_ptr(), nibbles.data_ptr(), scales_offsets.data_ptr(), out.shape[0],
+    def dequantize_int4(self, column_blocks: torch.Tensor, block_scales: torch.Tensor, out_features: int,
+                        dtype: torch.dtype) -> torch.Tensor:
+        """The plain [O, I] weight (float32 or bfloat16; columns [0, out_features) of the blocks) in a
+        scratch buffer this kernel reuses: valid until its next call, so for one layer's product at a time
+        (the model runs layers in turn)."""
+        out = self._scratch_for(out_features, column_blocks.shape[1] // 8, dtype)
+        if self._dequantize_int4(out.data_ptr(), column_blocks.data_ptr(), block_scales.data_ptr(), out.shape[0],
                                  out.shape[1], int(dtype == torch.bfloat16), torch.get_num_threads()):
             raise ValueError(f"4-bit weights need in_features divisible by 32, got {out.shape[1]}")
         return out
@@ -206,13 +211,13 @@ class QuantizedLinearKernel:
         return self._scratch[:needed].view(dtype).view(out_features, in_features)
 
     @staticmethod
-    def _run(function: Any, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor,
-             bias: torch.Tensor | None, in_features: int, gated: bool, float32_out: bool) -> torch.Tensor:
+    def _run(function: Any, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+             out_features: int, in_features: int, gated: bool, float32_out: bool) -> torch.Tensor:
         x_in, io_bf16 = _linear_input(x)
         bias = _float32_bias(bias)  # held here until the call returns
-        out = torch.empty(x_in.shape[0], values.shape[0], dtype=torch.float32 if float32_out else x_in.dtype)
+        out = torch.empty(x_in.shape[0], out_features, dtype=torch.float32 if float32_out else x_in.dtype)
         failed = function(out.data_ptr(), x_in.data_ptr(), values.data_ptr(), scales.data_ptr(), _address(bias),
-                          x_in.shape[0], values.shape[0], in_features, _io_mode(io_bf16, float32_out), int(gated),
+                          x_in.shape[0], out_features, in_features, _io_mode(io_bf16, float32_out), int(gated),
                           torch.get_num_threads())
         if failed == 1:
             raise ValueError(f"4-bit weights need in_features divisible by 32 (and at most 65536), got {in_features}")

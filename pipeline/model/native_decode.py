@@ -184,7 +184,7 @@ def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
     """(kind, pointers, shape) of a projection whose native kernel the C side can call, and its row limit."""
     bias = _float32_bias(module, kept)
     if type(module) is Int4Linear and module.native is not None:  # more rows take the per-op path's product
-        return _Linear(_LINEAR_INT4, 0, module.nibbles.data_ptr(), module.scales_offsets.data_ptr(), bias,
+        return _Linear(_LINEAR_INT4, 0, module.column_blocks.data_ptr(), module.block_scales.data_ptr(), bias,
                        module.out_features, module.in_features), min(ANY_ROWS, dequantize_min_rows(dtype) - 1)
     if type(module) is Int8Linear and module.native is not None:
         return _Linear(_LINEAR_INT8, 0, module.weight_int8.data_ptr(), module.scales.data_ptr(), bias,

@@ -4,10 +4,12 @@ Each runs either our native kernel (csrc/quantized_linear.c: `cpu_linear="auto"`
 torch's CPU weight-packed kernels (otherwise, or without a C compiler); a layer holds only its
 kernel's layout.
 
-The native kernel reads GGUF's 4-bit layout as it is (nibbles, float16 scale and offset per group)
-and quantizes each group of 32 input values to int16 (one scale each), so a group's dot product is
-exact integer arithmetic (csrc/quantized_linear.c has the measurements: on SmolLM2 Q4_1, top-1
-agreement with the float32 model of the same weights 98.8%, mean KL 0.0019 nats).
+The native 4-bit kernel keeps GGUF's values (4 bits, float16 scale and offset per group of 32) in
+blocks of 16 output columns, one column per vector lane (csrc/int4_linear.c; pack_column_blocks
+writes the layout), and both native kernels quantize each group of 32 input values to int16 (one
+scale each), so a group's dot product is exact integer arithmetic (csrc/quantized_inputs.h has the
+measurements: on SmolLM2 Q4_1, top-1 agreement with the float32 model of the same weights 98.8%,
+mean KL 0.0019 nats). A row's 4-bit result is the same bits whatever other rows share the call.
 
 Many rows at once (a prefill, a large decode batch) are compute-bound in those kernels, where a
 plain matrix product is faster: from `dequantize_min_rows` rows on, a layer writes its weight out
@@ -45,6 +47,8 @@ from pipeline.model.cpu_kernel import QuantizedLinearKernel, load_quantized_line
 from pipeline.model.kernel_library import cpu_has_bfloat16_arithmetic
 
 GROUP_SIZE = 32  # GGUF's Q4_0/Q4_1/Q8_0 block length
+BLOCK_COLUMNS = 16  # output columns side by side in the native 4-bit layout (csrc/int4_linear.c)
+_CHUNKS, _BLOCK_GROUP_BYTES = 8, 256  # per block and group: 8 chunks of 32 bytes
 COMPUTE_DTYPE = torch.bfloat16
 
 
@@ -81,10 +85,10 @@ def per_group_kernel_only(active: bool = True) -> Iterator[None]:
 
 
 def _dequantized_product(rows: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-                         dequantize: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+                         dequantize: Callable[[int, int], torch.Tensor], multiple: int = 1) -> torch.Tensor:
     """rows W^T + b, W's output rows [begin, end) dequantized by dequantize(begin, end) a chunk at a time
-    (a 128k-token int8 LM head would take 1 GiB at once in bfloat16)."""
-    step = max(1, _DEQUANTIZE_CHUNK // rows.shape[1])
+    (a 128k-token int8 LM head would take 1 GiB at once in bfloat16); chunks start at multiples of `multiple`."""
+    step = max(multiple, _DEQUANTIZE_CHUNK // rows.shape[1] // multiple * multiple)
     bias = None if bias is None else bias.to(rows.dtype)
     parts = [F.linear(rows, dequantize(begin, min(begin + step, out_features)),
                       None if bias is None else bias[begin:begin + step])
@@ -179,11 +183,10 @@ class Int4Linear(nn.Module):
         self.native = native
         self.bias = bias
         if native is not None:
-            self.register_buffer("nibbles", pack_nibbles(values))
-            # w = q * d + m with m = zero - 8 d: GGUF's own (d, m) for Q4_1, (d, -8 d) for Q4_0;
-            # [N, 2, G]: each row's d, then its m (the kernel converts eight of either at once).
+            # w = q * d + m with m = zero - 8 d: GGUF's own (d, m) for Q4_1, (d, -8 d) for Q4_0.
             offsets = zeros.double() - 8.0 * scales.double()
-            self.register_buffer("scales_offsets", torch.stack([scales.double(), offsets], dim=1).half().contiguous())
+            self.register_buffer("column_blocks", pack_column_blocks(values))
+            self.register_buffer("block_scales", pack_block_scales(scales.double().half(), offsets.half()))
             return
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             values.to(torch.int32).contiguous(), 1))
@@ -195,10 +198,11 @@ class Int4Linear(nn.Module):
         if self.native is not None:
             rows = x.reshape(-1, self.in_features)
             if rows.shape[0] >= dequantize_min_rows(rows.dtype):
-                out = _dequantized_product(rows, self.bias, self.out_features, lambda begin, end: (
-                    self.native.dequantize_int4(self.nibbles[begin:end], self.scales_offsets[begin:end], rows.dtype)))
+                out = _dequantized_product(rows, self.bias, self.out_features,
+                                           lambda begin, end: self._dequantize(begin, end, rows.dtype),
+                                           multiple=BLOCK_COLUMNS)
                 return out.view(*x.shape[:-1], self.out_features)
-            out = self.native.int4(rows, self.nibbles, self.scales_offsets, self.bias)
+            out = self.native.int4(rows, self.column_blocks, self.block_scales, self.out_features, self.bias)
             return out.view(*x.shape[:-1], self.out_features)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(_rows_of(x, self.in_features), self.packed, GROUP_SIZE,
                                                          self.scales_and_zeros)
@@ -206,28 +210,34 @@ class Int4Linear(nn.Module):
             out = out + self.bias.to(out.dtype)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
+    def _dequantize(self, begin: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+        """Output rows [begin, end) as a plain weight of `dtype`; begin a multiple of 16."""
+        blocks = slice(begin // BLOCK_COLUMNS, -(-end // BLOCK_COLUMNS))
+        return self.native.dequantize_int4(self.column_blocks[blocks], self.block_scales[blocks], end - begin, dtype)
+
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """self(silu(gate) * up) from a gated MLP's [gate | up] in one native call, else None."""
         if self.native is None or gate_up.reshape(-1, 2 * self.in_features).shape[0] >= dequantize_min_rows(
                 gate_up.dtype):
             return None
-        out = self.native.int4(gate_up.reshape(-1, 2 * self.in_features), self.nibbles, self.scales_offsets,
-                               self.bias, gated=True)
+        out = self.native.int4(gate_up.reshape(-1, 2 * self.in_features), self.column_blocks, self.block_scales,
+                               self.out_features, self.bias, gated=True)
         return out.view(*gate_up.shape[:-1], self.out_features)
 
     def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
         """self(x).float() in one native call (an LM head's logits), else None."""
         if self.native is None or x.reshape(-1, self.in_features).shape[0] >= dequantize_min_rows(x.dtype):
             return None
-        out = self.native.int4(x.reshape(-1, self.in_features), self.nibbles, self.scales_offsets, self.bias,
-                               float32_out=True)
+        out = self.native.int4(x.reshape(-1, self.in_features), self.column_blocks, self.block_scales,
+                               self.out_features, self.bias, float32_out=True)
         return out.view(*x.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight this layer multiplies by."""
         if self.native is not None:
-            values = unpack_nibbles(self.nibbles).float()
-            scales, offsets = (self.scales_offsets[:, i].float().repeat_interleave(GROUP_SIZE, dim=1) for i in (0, 1))
+            values = unpack_column_blocks(self.column_blocks, self.out_features).float()
+            scales, offsets = (unpack_block_scales(self.block_scales, self.out_features)[i].float()
+                               .repeat_interleave(GROUP_SIZE, dim=1) for i in (0, 1))
             return values * scales + offsets
         eye = torch.eye(self.in_features, dtype=COMPUTE_DTYPE)  # torch's kernel applied to the identity
         return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP_SIZE,
@@ -238,20 +248,44 @@ class Int4Linear(nn.Module):
                 f"bias={self.bias is not None}, native={self.native is not None}")
 
 
-def pack_nibbles(values: torch.Tensor) -> torch.Tensor:
-    """values [N, K] in 0..15 -> [N, K / 2] uint8 in GGUF's order: in each group of 32, byte j holds
-    value j (low half) and value j + 16 (high half). Worked example: value 0 = 3 and value 16 = 10
-    -> byte 0 = 3 | 10 << 4 = 0xA3."""
-    rows, columns = values.shape
-    halves = values.to(torch.uint8).view(rows, columns // GROUP_SIZE, 2, GROUP_SIZE // 2)
-    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(rows, columns // 2).contiguous()
+def pack_column_blocks(values: torch.Tensor) -> torch.Tensor:
+    """values [N, K] in 0..15 -> [ceil(N / 16), K * 8] uint8, csrc/int4_linear.c's layout: columns in
+    blocks of 16 (the last padded with zeros), per block and group of 32 inputs eight chunks of 32
+    bytes, chunk i's byte 2 c + h holding column c's value 2 i + h (low half) and 2 i + h + 16 (high
+    half). Worked example: column 3's values 4 and 20 of group 0 -> chunk 2, byte 6 = v4 | v20 << 4."""
+    columns, inputs = values.shape
+    blocks, groups = -(-columns // BLOCK_COLUMNS), inputs // GROUP_SIZE
+    padded = torch.zeros(blocks * BLOCK_COLUMNS, inputs, dtype=torch.uint8)
+    padded[:columns] = values.to(torch.uint8)
+    # [block, column, group, half (low/high), chunk, h] -> [block, group, chunk, column, h, half]
+    split = padded.view(blocks, BLOCK_COLUMNS, groups, 2, _CHUNKS, 2).permute(0, 2, 4, 1, 5, 3)
+    return (split[..., 0] | (split[..., 1] << 4)).reshape(blocks, groups * _BLOCK_GROUP_BYTES).contiguous()
 
 
-def unpack_nibbles(nibbles: torch.Tensor) -> torch.Tensor:
-    """pack_nibbles' inverse: [N, K / 2] uint8 -> [N, K] values 0..15."""
-    rows = nibbles.shape[0]
-    groups = nibbles.view(rows, -1, GROUP_SIZE // 2)
-    return torch.cat([groups & 0x0F, groups >> 4], dim=-1).reshape(rows, -1)
+def unpack_column_blocks(column_blocks: torch.Tensor, columns: int) -> torch.Tensor:
+    """pack_column_blocks' inverse: -> [columns, K] values 0..15."""
+    blocks, groups = column_blocks.shape[0], column_blocks.shape[1] // _BLOCK_GROUP_BYTES
+    split = column_blocks.view(blocks, groups, _CHUNKS, BLOCK_COLUMNS, 2)
+    halves = torch.stack([split & 0x0F, split >> 4], dim=-1)  # [block, group, chunk, column, h, half]
+    values = halves.permute(0, 3, 1, 5, 2, 4).reshape(blocks * BLOCK_COLUMNS, groups * GROUP_SIZE)
+    return values[:columns]
+
+
+def pack_block_scales(scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """d and m [N, G] float16 -> [ceil(N / 16), G, 2, 16]: per block and group its 16 columns' d, then
+    their m (the last block padded with zeros)."""
+    columns, groups = scales.shape
+    blocks = -(-columns // BLOCK_COLUMNS)
+    padded = torch.zeros(2, blocks * BLOCK_COLUMNS, groups, dtype=torch.float16)
+    padded[0, :columns], padded[1, :columns] = scales, offsets
+    return padded.view(2, blocks, BLOCK_COLUMNS, groups).permute(1, 3, 0, 2).contiguous()
+
+
+def unpack_block_scales(block_scales: torch.Tensor, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """pack_block_scales' inverse: (d, m), each [columns, G] float16."""
+    blocks, groups = block_scales.shape[:2]
+    both = block_scales.permute(2, 0, 3, 1).reshape(2, blocks * BLOCK_COLUMNS, groups)
+    return both[0, :columns], both[1, :columns]
 
 
 def native_kernel_for(cpu_linear: str) -> QuantizedLinearKernel | None:

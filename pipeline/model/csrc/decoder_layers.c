@@ -24,8 +24,8 @@ enum { LINEAR_INT4 = 0, LINEAR_INT8 = 1, LINEAR_FLOAT = 2 };
 typedef struct {
     int64_t kind;        /* LINEAR_* */
     int64_t weight_bf16; /* LINEAR_FLOAT: bfloat16 weight (else float32) */
-    const void *values;  /* int4: nibbles; int8: values; float: the weight */
-    const void *scales;  /* int4: scales and offsets; int8: per-row scales; float: unused */
+    const void *values;  /* int4: column blocks (int4_linear.c); int8: values; float: the weight */
+    const void *scales;  /* int4: block scales and offsets; int8: per-row scales; float: unused */
     const float *bias;   /* [out_features] float32 or NULL */
     int64_t out_features, in_features;
     const void *panels;  /* LINEAR_FLOAT: the weight in panel_linear.c's layout (float32, or bfloat16
@@ -54,7 +54,7 @@ typedef struct {
 
 /* The kernels this file chains (their own files document them). */
 void rms_norm(void *y, const void *x, const void *w, int64_t rows, int64_t dim, float eps, int bf16, int num_threads);
-int quantized_linear_int4(void *y, const void *x, const uint8_t *nibbles, const uint16_t *scales_offsets,
+int quantized_linear_int4(void *y, const void *x, const uint8_t *column_blocks, const uint16_t *block_scales,
                           const float *bias, int64_t rows, int64_t out_features, int64_t in_features, int io_bf16,
                           int gated, int num_threads);
 int quantized_linear_int8(void *y, const void *x, const int8_t *values, const float *scales, const float *bias,

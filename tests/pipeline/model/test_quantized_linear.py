@@ -17,9 +17,7 @@ from pipeline.model.quantized_linear import (
     Int4Linear,
     Int8Linear,
     native_kernel_for,
-    pack_nibbles,
     quantized_kernels_work,
-    unpack_nibbles,
 )
 from pipeline.request.sampling_params import SamplingParams
 from tests.support.engine_helpers import run_requests
@@ -75,14 +73,6 @@ def _native():
     if kernel is None:
         pytest.skip("no C compiler")
     return kernel
-
-
-def test_nibbles_pack_in_gguf_order_and_unpack():
-    values = torch.arange(64).remainder(16).view(1, 64).flip(1).contiguous()
-    packed = pack_nibbles(values)
-    assert packed.shape == (1, 32) and packed.dtype == torch.uint8
-    assert int(packed[0, 0]) == int(values[0, 0]) | int(values[0, 16]) << 4
-    assert torch.equal(unpack_nibbles(packed), values.to(torch.uint8))
 
 
 def _group_exact_inputs(rng: np.random.Generator, rows: int, in_features: int) -> torch.Tensor:
@@ -150,8 +140,8 @@ def test_native_many_rows_multiply_by_the_dequantized_weight(monkeypatch, kind, 
     bias = torch.from_numpy(rng.standard_normal(48).astype(np.float32))
     if kind == "int4":
         layer = Int4Linear(*decode_q4(gguf.quants.quantize(weight, Q.Q4_1), "Q4_1"), bias, _native())
-        dequantized = layer.native.dequantize_int4(layer.nibbles, layer.scales_offsets, dtype)
-        kernel = lambda rows: layer.native.int4(rows, layer.nibbles, layer.scales_offsets, bias)  # noqa: E731
+        dequantized = layer.native.dequantize_int4(layer.column_blocks, layer.block_scales, 48, dtype)
+        kernel = lambda rows: layer.native.int4(rows, layer.column_blocks, layer.block_scales, 48, bias)  # noqa: E731
     else:
         layer = Int8Linear.from_float(torch.from_numpy(weight), bias, _native())
         dequantized = layer.native.dequantize_int8(layer.weight_int8, layer.scales, dtype)
@@ -167,7 +157,8 @@ def test_native_many_rows_multiply_by_the_dequantized_weight(monkeypatch, kind, 
     torch.testing.assert_close(ours.float(), kernel(x[:, :128]).float(), atol=tolerance, rtol=0.0)
     assert layer.forward_gated(x) is None and layer.forward_float32(x[:, :128]) is None  # per op from 16 rows
     assert layer.forward_gated(x[:8]) is not None and layer(x[:8, :128]).shape == (8, 48)
-    monkeypatch.setattr(quantized_linear, "_DEQUANTIZE_CHUNK", 128 * 20)  # 20 output rows a chunk: 20, 20, 8
+    # 20 output rows a chunk: 20, 20, 8 (int4: whole blocks of 16 columns, so 16, 16, 16)
+    monkeypatch.setattr(quantized_linear, "_DEQUANTIZE_CHUNK", 128 * 20)
     torch.testing.assert_close(layer(x[:, :128]), ours, atol=1e-4, rtol=1e-5)  # the product's blocking may differ
 
 
