@@ -6,6 +6,7 @@ lookup drafts that the model accepts."""
 
 from __future__ import annotations
 
+import gguf
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -13,9 +14,11 @@ from transformers import AutoModelForCausalLM
 from pipeline.config import SpeculativeConfig
 from pipeline.request.sampling_params import SamplingParams
 from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, resumed_tokens, run_requests
+from tests.support.gguf_files import write_gguf
 from tests.support.hf_models import make_tiny_hf_model
 from tests.support.speculative_helpers import compare_with_plain
 
+Q4_1 = gguf.GGMLQuantizationType.Q4_1
 NGRAM = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1)
 PROMPT = [11, 12, 13, 14, 15, 16, 17, 18] * 6
 
@@ -34,6 +37,26 @@ def test_greedy_equals_hf_and_plain_decoding(arch, tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     theirs, logits = hf_greedy(hf, PROMPT, 48)
     assert_greedy_equal(outputs["g"]["choices"][0]["token_ids"], theirs, logits, arch)
+
+
+def test_bfloat16_with_4bit_weights_kept_equals_plain_decoding_bit_for_bit(tmp_path):
+    """The CPU defaults (bfloat16, a GGUF file's 4-bit weights kept): a verified position's logits are the
+    one-row step's bits (csrc/int4_linear.c computes each row alike whatever its neighbours), so outputs
+    and logprobs equal plain decoding's exactly, not only up to ties. bfloat16 rounding of each layer's
+    output hides most last-bit differences, so the kernel's property itself is pinned in float32 by
+    tests/pipeline/model/test_int4_layout.py."""
+    path = write_gguf(make_tiny_hf_model("llama", tmp_path / "llama", seed=4), tmp_path / "tiny-q4_1.gguf", Q4_1)
+    sampled = {"max_tokens": 40, "ignore_eos": True, "logprobs": 3}
+    requests = {"greedy": (PROMPT, SamplingParams(temperature=0, **sampled)),
+                "sampled": (PROMPT, SamplingParams(temperature=0.5, seed=3, **sampled))}
+    engine, outputs = compare_with_plain(path, NGRAM, requests, dtype="bfloat16", quantization="gguf")
+    assert engine.stats.num_accepted_tokens > 0
+    assert any(type(module).__name__ == "Int4Linear" for module in engine.runner.model.modules())
+    plain = run_requests(make_engine(path, dtype="bfloat16", quantization="gguf"), requests)
+    for request_id in requests:
+        ours, theirs = outputs[request_id]["choices"][0]["logprobs"], plain[request_id]["choices"][0]["logprobs"]
+        assert [entry.logprob for entry in ours] == [entry.logprob for entry in theirs]
+        assert [entry.top for entry in ours] == [entry.top for entry in theirs]
 
 
 def test_sampled_requests_with_stateful_samplers_equal_plain_decoding(model_dir):
