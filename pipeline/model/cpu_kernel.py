@@ -1,7 +1,7 @@
 """Native CPU kernels (built by kernel_library.py on first use): paged decode attention
 (csrc/paged_decode_attention.c), the rotary embedding fused with the KV cache write
 (csrc/rope_kv_write.c), linear layers for a few rows (csrc/few_rows_linear.c), weight-only
-quantized linear layers (csrc/quantized_linear.c), RMSNorm (csrc/rms_norm.c), and all of them
+quantized linear layers (csrc/int8_linear.c, csrc/int4_linear.c), RMSNorm (csrc/rms_norm.c), and all of them
 chained into whole decoder layers (csrc/decoder_layers.c, used by native_decode.py).
 
 They are plain C, loaded through ctypes, so building takes about a second and needs no torch
@@ -158,7 +158,7 @@ class PanelLinearKernel:
 
 class QuantizedLinearKernel:
     """y = x W^T + b with W kept as 4-bit groups in blocks of 16 columns (csrc/int4_linear.c) or per-row int8
-    (csrc/quantized_linear.c)."""
+    (csrc/int8_linear.c)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -178,11 +178,13 @@ class QuantizedLinearKernel:
         return self._run(self._int4, x, column_blocks, block_scales, bias, out_features, column_blocks.shape[1] // 8,
                          gated, float32_out)
 
-    def int8(self, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor,
-             bias: torch.Tensor | None, gated: bool = False, float32_out: bool = False) -> torch.Tensor:
-        """x [M, I]; values [O, I] int8 and scales [O] float32 -> [M, O] in x's dtype; gated and
-        float32_out as int4."""
-        return self._run(self._int8, x, values, scales, bias, values.shape[0], values.shape[1], gated, float32_out)
+    def int8(self, x: torch.Tensor, column_blocks: torch.Tensor, scales: torch.Tensor, out_features: int,
+             in_features: int, bias: torch.Tensor | None, gated: bool = False,
+             float32_out: bool = False) -> torch.Tensor:
+        """x [M, I]; column_blocks [ceil(O / 16), ceil(I / 32) * 512] int8 and scales [ceil(O / 16) * 16]
+        float32 in the kernel's layout (csrc/int8_linear.c) -> [M, O] in x's dtype; gated and float32_out
+        as int4."""
+        return self._run(self._int8, x, column_blocks, scales, bias, out_features, in_features, gated, float32_out)
 
     def dequantize_int4(self, column_blocks: torch.Tensor, block_scales: torch.Tensor, out_features: int,
                         dtype: torch.dtype) -> torch.Tensor:
@@ -195,10 +197,11 @@ class QuantizedLinearKernel:
             raise ValueError(f"4-bit weights need in_features divisible by 32, got {out.shape[1]}")
         return out
 
-    def dequantize_int8(self, values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """As dequantize_int4, for int8 values [O, I] with float32 scales [O]."""
-        out = self._scratch_for(values.shape[0], values.shape[1], dtype)
-        self._dequantize_int8(out.data_ptr(), values.data_ptr(), scales.data_ptr(), out.shape[0], out.shape[1],
+    def dequantize_int8(self, column_blocks: torch.Tensor, scales: torch.Tensor, out_features: int,
+                        in_features: int, dtype: torch.dtype) -> torch.Tensor:
+        """As dequantize_int4, for int8 blocks with float32 scales."""
+        out = self._scratch_for(out_features, in_features, dtype)
+        self._dequantize_int8(out.data_ptr(), column_blocks.data_ptr(), scales.data_ptr(), out.shape[0], out.shape[1],
                               int(dtype == torch.bfloat16), torch.get_num_threads())
         return out
 

@@ -187,7 +187,7 @@ def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
         return _Linear(_LINEAR_INT4, 0, module.column_blocks.data_ptr(), module.block_scales.data_ptr(), bias,
                        module.out_features, module.in_features), min(ANY_ROWS, dequantize_min_rows(dtype) - 1)
     if type(module) is Int8Linear and module.native is not None:
-        return _Linear(_LINEAR_INT8, 0, module.weight_int8.data_ptr(), module.scales.data_ptr(), bias,
+        return _Linear(_LINEAR_INT8, 0, module.column_blocks.data_ptr(), module.scales.data_ptr(), bias,
                        module.out_features, module.in_features), min(ANY_ROWS, dequantize_min_rows(dtype, bits=8) - 1)
     if type(module) is PackedLinear and module.panels is not None:  # every row count it takes: the panels
         return _Linear(_LINEAR_FLOAT, int(module.panels.dtype == torch.bfloat16), None, None, bias,

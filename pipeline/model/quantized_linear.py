@@ -1,6 +1,6 @@
 """Weight-only quantized linear layers for the CPU: int8 per output channel, int4 in groups of 32.
 
-Each runs either our native kernel (csrc/quantized_linear.c: `cpu_linear="auto"`, the default) or
+Each runs either our native kernel (csrc/int8_linear.c, csrc/int4_linear.c: `cpu_linear="auto"`, the default) or
 torch's CPU weight-packed kernels (otherwise, or without a C compiler); a layer holds only its
 kernel's layout.
 
@@ -108,11 +108,15 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight_int8.shape
         self.native = native
-        self.register_buffer("weight_int8", weight_int8.contiguous())
-        # The native kernel reads float32 scales; both hold the bfloat16 values q was computed against.
-        scale_dtype = torch.float32 if native is not None else COMPUTE_DTYPE
-        self.register_buffer("scales", scales.to(COMPUTE_DTYPE).to(scale_dtype).contiguous())
         self.bias = bias
+        if native is not None:  # csrc/int8_linear.c's layout; float32 scales holding the bfloat16 values
+            self.register_buffer("column_blocks", pack_int8_blocks(weight_int8))
+            padded = torch.zeros(self.column_blocks.shape[0] * BLOCK_COLUMNS)
+            padded[:self.out_features] = scales.to(COMPUTE_DTYPE).float()
+            self.register_buffer("scales", padded)
+            return
+        self.register_buffer("weight_int8", weight_int8.contiguous())
+        self.register_buffer("scales", scales.to(COMPUTE_DTYPE).contiguous())
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -124,40 +128,72 @@ class Int8Linear(nn.Module):
         if self.native is not None:
             rows = x.reshape(-1, self.in_features)
             if rows.shape[0] >= dequantize_min_rows(rows.dtype, bits=8):
-                out = _dequantized_product(rows, self.bias, self.out_features, lambda begin, end: (
-                    self.native.dequantize_int8(self.weight_int8[begin:end], self.scales[begin:end], rows.dtype)))
+                out = _dequantized_product(rows, self.bias, self.out_features,
+                                           lambda begin, end: self._dequantize(begin, end, rows.dtype),
+                                           multiple=BLOCK_COLUMNS)
                 return out.view(*x.shape[:-1], self.out_features)
-            out = self.native.int8(rows, self.weight_int8, self.scales, self.bias)
+            out = self.native.int8(rows, self.column_blocks, self.scales, self.out_features, self.in_features,
+                                   self.bias)
             return out.view(*x.shape[:-1], self.out_features)
         out = torch.ops.aten._weight_int8pack_mm(_rows_of(x, self.in_features), self.weight_int8, self.scales)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
+    def _dequantize(self, begin: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+        """Output rows [begin, end) as a plain weight of `dtype`; begin a multiple of 16."""
+        blocks = slice(begin // BLOCK_COLUMNS, -(-end // BLOCK_COLUMNS))
+        scales = self.scales[blocks.start * BLOCK_COLUMNS:blocks.stop * BLOCK_COLUMNS]
+        return self.native.dequantize_int8(self.column_blocks[blocks], scales, end - begin, self.in_features, dtype)
+
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """self(silu(gate) * up) from a gated MLP's [gate | up] in one native call, else None."""
         if self.native is None or gate_up.reshape(-1, 2 * self.in_features).shape[0] >= dequantize_min_rows(
                 gate_up.dtype, bits=8):
             return None
-        out = self.native.int8(gate_up.reshape(-1, 2 * self.in_features), self.weight_int8, self.scales, self.bias,
-                               gated=True)
+        out = self.native.int8(gate_up.reshape(-1, 2 * self.in_features), self.column_blocks, self.scales,
+                               self.out_features, self.in_features, self.bias, gated=True)
         return out.view(*gate_up.shape[:-1], self.out_features)
 
     def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
         """self(x).float() in one native call (an LM head's logits), else None."""
         if self.native is None or x.reshape(-1, self.in_features).shape[0] >= dequantize_min_rows(x.dtype, bits=8):
             return None
-        out = self.native.int8(x.reshape(-1, self.in_features), self.weight_int8, self.scales, self.bias,
-                               float32_out=True)
+        out = self.native.int8(x.reshape(-1, self.in_features), self.column_blocks, self.scales, self.out_features,
+                               self.in_features, self.bias, float32_out=True)
         return out.view(*x.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight this layer multiplies by (for tests and accuracy checks)."""
+        if self.native is not None:
+            values = unpack_int8_blocks(self.column_blocks, self.out_features, self.in_features)
+            return values.float() * self.scales[:self.out_features, None]
         return self.weight_int8.float() * self.scales.float()[:, None]
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"native={self.native is not None}")
+
+
+def pack_int8_blocks(values: torch.Tensor) -> torch.Tensor:
+    """int8 [N, K] -> [ceil(N / 16), ceil(K / 32) * 512] int8, csrc/int8_linear.c's layout: columns in
+    blocks of 16 and inputs to a multiple of 32, padded with zeros; per block and group of 32 inputs
+    sixteen chunks of 32 bytes, chunk i's byte 2 c + h holding column c's value 2 i + h. Worked
+    example: column 5's values 32 + 6 and 32 + 7 -> group 1, chunk 3, bytes 10 and 11."""
+    columns, inputs = values.shape
+    blocks, groups = -(-columns // BLOCK_COLUMNS), -(-inputs // GROUP_SIZE)
+    padded = torch.zeros(blocks * BLOCK_COLUMNS, groups * GROUP_SIZE, dtype=torch.int8)
+    padded[:columns, :inputs] = values
+    # [block, column, group, chunk, h] -> [block, group, chunk, column, h]
+    split = padded.view(blocks, BLOCK_COLUMNS, groups, GROUP_SIZE // 2, 2).permute(0, 2, 3, 1, 4)
+    return split.reshape(blocks, groups * 2 * _BLOCK_GROUP_BYTES).contiguous()
+
+
+def unpack_int8_blocks(column_blocks: torch.Tensor, columns: int, inputs: int) -> torch.Tensor:
+    """pack_int8_blocks' inverse: -> int8 [columns, inputs]."""
+    blocks, groups = column_blocks.shape[0], column_blocks.shape[1] // (2 * _BLOCK_GROUP_BYTES)
+    split = column_blocks.view(blocks, groups, GROUP_SIZE // 2, BLOCK_COLUMNS, 2).permute(0, 3, 1, 2, 4)
+    return split.reshape(blocks * BLOCK_COLUMNS, groups * GROUP_SIZE)[:columns, :inputs]
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,7 @@
  *     hidden += o_proj(attention(rope(qkv_proj(input_norm(hidden)))))
  *     hidden += down_proj(silu(gate) * up),  [gate | up] = gate_up_proj(post_norm(hidden))
  *
- * Each stage is the kernel the per-op path calls (rms_norm.c, quantized_linear.c,
+ * Each stage is the kernel the per-op path calls (rms_norm.c, int4_linear.c, int8_linear.c,
  * few_rows_linear.c, rope_kv_write.c, paged_decode_attention.c) on the same inputs in the same
  * order, and the residual adds round as torch's do (the float sum, rounded to bfloat16 to nearest
  * even), so the hidden states are bit for bit those of the per-op path. What goes is the Python

@@ -251,7 +251,7 @@ int quantized_linear_int4(void *y, const void *x, const uint8_t *chunks, const u
                           int num_threads) {
     if (in_features % GROUP || in_features / GROUP > MAX_GROUPS) return 1;
     Problem p = {y, {0}, chunks, scales, bias, rows, out_features, in_features, io_bf16};
-    if (quantize_rows(&p.x, x, rows, in_features, io_bf16, gated)) return 2;
+    if (quantize_rows(&p.x, x, rows, in_features, in_features, io_bf16, gated)) return 2;
     const int64_t blocks = blocks_of(out_features), passes = (rows + ROWS_PER_PASS - 1) / ROWS_PER_PASS;
     /* Work in threads.h's units: the bytes a bfloat16 weight of this shape would take, per pass over
      * the rows (widening the 4-bit values costs about what reading bfloat16 does). */

@@ -1,4 +1,4 @@
-/* What the quantized linear kernels (int4_linear.c, quantized_linear.c) share: float16 scales widened
+/* What the quantized linear kernels (int4_linear.c, int8_linear.c) share: float16 scales widened
  * to float32, and each call's input rows widened to float32 and quantized per group of 32.
  *
  * The products are integer: each group of 32 input values is quantized to int16 with one scale
@@ -48,13 +48,15 @@ static inline float half_to_float(uint16_t h) {
 }
 #endif
 
-/* x's rows as float32 [rows, in_features] (gated: silu(gate) * up, input_rows.h); NULL when out of memory. */
-static inline float *widened(const void *x, int64_t rows, int64_t in_features, int io_bf16, int gated) {
-    float *out = malloc(sizeof(float) * (rows * in_features > 0 ? rows * in_features : 1));
+/* x's rows as float32 [rows, padded_in], zeros after in_features (gated: silu(gate) * up, input_rows.h);
+ * NULL when out of memory. */
+static inline float *widened(const void *x, int64_t rows, int64_t in_features, int64_t padded_in, int io_bf16,
+                             int gated) {
+    float *out = calloc(rows * padded_in > 0 ? rows * padded_in : 1, sizeof(float));
     if (out)
         for (int64_t m = 0; m < rows; m++)
             for (int64_t i = 0; i < in_features; i++)
-                out[m * in_features + i] = input_value(x, io_bf16, gated, in_features, m, i);
+                out[m * padded_in + i] = input_value(x, io_bf16, gated, in_features, m, i);
     return out;
 }
 
@@ -76,7 +78,7 @@ static inline void quantize_groups(int16_t *x_q, float *scales, float *sums, con
     }
 }
 
-/* One call's input rows, quantized: x_q [rows, in_features], scales and sums [rows, in_features / 32]. */
+/* One call's input rows, quantized: x_q [rows, padded_in], scales and sums [rows, padded_in / 32]. */
 typedef struct {
     int16_t *x_q;
     float *scales, *sums;
@@ -88,11 +90,12 @@ static inline void free_quantized_rows(QuantizedRows *q) {
     free(q->sums);
 }
 
-/* Returns 0, or 2 when out of memory (nothing then stays allocated). */
-static inline int quantize_rows(QuantizedRows *q, const void *x, int64_t rows, int64_t in_features, int io_bf16,
-                                int gated) {
-    const int64_t count = rows * in_features, groups = count / GROUP > 0 ? count / GROUP : 1;
-    float *x_f32 = widened(x, rows, in_features, io_bf16, gated);
+/* padded_in: in_features rounded up to a multiple of 32 (zeros after x's own values).
+ * Returns 0, or 2 when out of memory (nothing then stays allocated). */
+static inline int quantize_rows(QuantizedRows *q, const void *x, int64_t rows, int64_t in_features, int64_t padded_in,
+                                int io_bf16, int gated) {
+    const int64_t count = rows * padded_in, groups = count / GROUP > 0 ? count / GROUP : 1;
+    float *x_f32 = widened(x, rows, in_features, padded_in, io_bf16, gated);
     q->x_q = malloc(sizeof(int16_t) * (count > 0 ? count : 1));
     q->scales = malloc(sizeof(float) * groups);
     q->sums = malloc(sizeof(float) * groups);

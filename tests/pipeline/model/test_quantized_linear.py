@@ -79,18 +79,18 @@ def _group_exact_inputs(rng: np.random.Generator, rows: int, in_features: int) -
     """x whose groups of 32 are whole multiples of their max / 32767: the kernel's int16 copy of x is exact."""
     steps = torch.from_numpy(rng.integers(-32767, 32768, (rows, in_features))).float()
     steps[:, ::32] = 32767.0  # each group's largest magnitude is 32767 steps
-    group_scales = torch.from_numpy(rng.uniform(0.01, 2.0, (rows, in_features // 32))).float()
-    return steps * group_scales.repeat_interleave(32, dim=1)
+    group_scales = torch.from_numpy(rng.uniform(0.01, 2.0, (rows, -(-in_features // 32)))).float()
+    return steps * group_scales.repeat_interleave(32, dim=1)[:, :in_features]
 
 
-@pytest.mark.parametrize("in_features", [56, 64])  # 56: float32 rows; 64: rows quantized per group of 32
+@pytest.mark.parametrize("in_features", [56, 64])  # 56: the last group padded with zeros
 def test_native_int8_linear_is_the_float32_product_with_the_dequantized_weight(in_features):
     rng = np.random.default_rng(in_features)
     weight = torch.from_numpy(rng.standard_normal((70, in_features)).astype(np.float32))
     bias = torch.from_numpy(rng.standard_normal(70).astype(np.float32))
     layer = Int8Linear.from_float(weight, bias, _native())
     torch.testing.assert_close(layer.dequantized(), Int8Linear.from_float(weight, bias).dequantized())
-    x = _group_exact_inputs(rng, 19, in_features) if in_features % 32 == 0 else torch.randn(19, in_features)
+    x = _group_exact_inputs(rng, 19, in_features)
     weight = layer.dequantized().double()
     expected = x.double() @ weight.t() + bias.double()
     magnitude = x.double().abs() @ weight.abs().t()  # float32 sums round relative to their terms
@@ -144,8 +144,8 @@ def test_native_many_rows_multiply_by_the_dequantized_weight(monkeypatch, kind, 
         kernel = lambda rows: layer.native.int4(rows, layer.column_blocks, layer.block_scales, 48, bias)  # noqa: E731
     else:
         layer = Int8Linear.from_float(torch.from_numpy(weight), bias, _native())
-        dequantized = layer.native.dequantize_int8(layer.weight_int8, layer.scales, dtype)
-        kernel = lambda rows: layer.native.int8(rows, layer.weight_int8, layer.scales, bias)  # noqa: E731
+        dequantized = layer.native.dequantize_int8(layer.column_blocks, layer.scales, 48, 128, dtype)
+        kernel = lambda rows: layer.native.int8(rows, layer.column_blocks, layer.scales, 48, 128, bias)  # noqa: E731
     assert torch.equal(dequantized, layer.dequantized().to(dtype))  # the same float32 math, then rounded
     x = torch.from_numpy(rng.standard_normal((40, 256)).astype(np.float32)).to(dtype)
     monkeypatch.setattr(quantized_linear, "dequantize_min_rows", lambda _dtype, bits=4: 16)

@@ -1,5 +1,5 @@
-"""The native 4-bit kernel's column-block layout (csrc/int4_linear.c): packing, rows computed
-independently of each other, and its AVX-512, AVX2 and portable paths giving the same bits."""
+"""The native quantized kernels' column-block layouts (csrc/int4_linear.c, csrc/int8_linear.c): packing,
+rows computed independently of each other, and the AVX-512, AVX2 and portable paths giving the same bits."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ from pipeline.model import kernel_library
 from pipeline.model.cpu_kernel import QuantizedLinearKernel, load_quantized_linear_kernel
 from pipeline.model.quantized_linear import (
     Int4Linear,
+    Int8Linear,
     pack_block_scales,
     pack_column_blocks,
+    pack_int8_blocks,
     unpack_block_scales,
     unpack_column_blocks,
+    unpack_int8_blocks,
 )
 
 Q = gguf.GGMLQuantizationType
@@ -31,11 +34,14 @@ def _native() -> QuantizedLinearKernel:
     return kernel
 
 
-def _layer(out_features: int, in_features: int, seed: int, kernel: QuantizedLinearKernel) -> Int4Linear:
+def _layer(out_features: int, in_features: int, seed: int, kernel: QuantizedLinearKernel,
+           bits: int = 4) -> Int4Linear | Int8Linear:
     rng = np.random.default_rng(seed)
-    raw = gguf.quants.quantize(rng.standard_normal((out_features, in_features)).astype(np.float32), Q.Q4_1)
+    weight = rng.standard_normal((out_features, in_features)).astype(np.float32)
     bias = torch.from_numpy(rng.standard_normal(out_features).astype(np.float32))
-    return Int4Linear(*decode_q4(raw, "Q4_1"), bias, kernel)
+    if bits == 8:
+        return Int8Linear.from_float(torch.from_numpy(weight), bias, kernel)
+    return Int4Linear(*decode_q4(gguf.quants.quantize(weight, Q.Q4_1), "Q4_1"), bias, kernel)
 
 
 def test_column_blocks_hold_each_value_where_the_layout_says_and_unpack():
@@ -54,10 +60,21 @@ def test_column_blocks_hold_each_value_where_the_layout_says_and_unpack():
     assert all(torch.equal(a, b) for a, b in zip(unpack_block_scales(scales, 21), (d, m), strict=True))
 
 
+def test_int8_blocks_hold_each_value_where_the_layout_says_and_unpack():
+    values = torch.randint(-127, 128, (21, 56), generator=torch.Generator().manual_seed(0), dtype=torch.int8)
+    packed = pack_int8_blocks(values)  # 2 blocks (the last padded), 2 groups (the last padded)
+    assert packed.shape == (2, 2 * 512) and packed.dtype == torch.int8
+    assert int(packed[0, 512 + 32 * 3 + 10]) == int(values[5, 38])  # the module docstring's example
+    assert int(packed[0, 512 + 32 * 3 + 11]) == int(values[5, 39])
+    assert int(packed[1, 512 + 32 * 15 + 2 * 4 + 1]) == 0  # column 20, input 63: padding
+    assert torch.equal(unpack_int8_blocks(packed, 21, 56), values)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_rows_result_is_the_same_bits_whatever_rows_share_the_call(dtype):
+def test_a_rows_result_is_the_same_bits_whatever_rows_share_the_call(dtype, bits):
     """What lets a verified draft position get the logits a one-row decode step gives."""
-    layer = _layer(40, 96, seed=1, kernel=_native())
+    layer = _layer(40, 96, seed=1, kernel=_native(), bits=bits)
     x = torch.randn(19, 96, generator=torch.Generator().manual_seed(2)).to(dtype)
     together = layer(x)
     for row in range(19):
@@ -71,26 +88,30 @@ def test_a_rows_result_is_the_same_bits_whatever_rows_share_the_call(dtype):
 
 def _kernel_built_for(march: str) -> QuantizedLinearKernel | None:
     flags = [("-march=" + march if flag == "-march=native" else flag) for flag in kernel_library._POOL_FLAGS]
-    library = kernel_library._load_library(f"int4_{march}", flags, ("thread_pool", "quantized_linear", "int4_linear"))
+    library = kernel_library._load_library(f"int4_{march}", flags, ("thread_pool", "int8_linear", "int4_linear"))
     return None if library is None else QuantizedLinearKernel(library)
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 vector paths")
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])  # AVX2 + FMA; no vector extensions (portable C)
-def test_every_vector_path_gives_the_native_paths_bits(march):
+def test_every_vector_path_gives_the_native_paths_bits(march, bits):
     """One order of operations in every path (integer dot products, then the same fused multiply-adds),
     so the AVX2 and portable builds give the bits of the build for this CPU (AVX-512 where it has it)."""
     native = _native()
     other = _kernel_built_for(march)
     if other is None:
         pytest.skip("no C compiler")
-    layer = _layer(72, 128, seed=4, kernel=native)
+    layer = _layer(72, 128 if bits == 4 else 120, seed=4, kernel=native, bits=bits)
     for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(11, 128, generator=torch.Generator().manual_seed(5)).to(dtype)
+        x = torch.randn(11, layer.in_features, generator=torch.Generator().manual_seed(5)).to(dtype)
         ours = layer(x)
         layer.native = other
         theirs = layer(x)
         layer.native = native
         assert torch.equal(ours, theirs)
-    assert torch.equal(other.dequantize_int4(layer.column_blocks, layer.block_scales, 72, torch.float32),
-                       layer.dequantized())
+    if bits == 4:
+        dequantized = other.dequantize_int4(layer.column_blocks, layer.block_scales, 72, torch.float32)
+    else:
+        dequantized = other.dequantize_int8(layer.column_blocks, layer.scales, 72, 120, torch.float32)
+    assert torch.equal(dequantized, layer.dequantized())
