@@ -62,7 +62,9 @@ def llama_cpp_rates(gguf_path: Path, prompts: dict[str, list[int]], output_len: 
                     lookup_tokens: int) -> dict[tuple[str, str], list[float]] | None:
     """{(prompt, "plain" | "lookup"): decode tokens/s per round} through llama.cpp, in a child process (a
     native crash there ends the child, not the benchmark; None then)."""
-    context = max(map(len, prompts.values())) + output_len + lookup_tokens + 8
+    # Room for drafts past the last token; a multiple of 256, as llama.cpp rounds its context up to one
+    # while 0.3.36's logits buffer keeps the size asked for.
+    context = -(-(max(map(len, prompts.values())) + output_len + 256) // 256) * 256
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         with peer_omp_defaults():
             future = pool.submit(_llama_cpp_child, gguf_path, prompts, output_len, rounds, threads, lookup_tokens,
@@ -78,12 +80,13 @@ def _llama_cpp_child(gguf_path: Path, prompts: dict[str, list[int]], output_len:
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     models = {"plain": load_llama_cpp(gguf_path, context, threads)}
-    lookup = load_llama_cpp(gguf_path, context, threads)
-    # llama-cpp-python's prompt lookup: the continuation of the latest earlier match of the last
-    # 1..max_ngram_size tokens, up to num_pred_tokens of them, verified in one batch.
-    lookup.draft_model = LlamaPromptLookupDecoding(max_ngram_size=4, num_pred_tokens=lookup_tokens)
-    lookup._logits_all = True  # what its constructor sets when given a draft model: logits at every position
-    models["lookup"] = lookup
+    # llama-cpp-python's prompt lookup: the continuation of the first earlier match of the last
+    # max_ngram_size .. 1 tokens, up to num_pred_tokens of them, verified in one batch. logits_all too:
+    # 0.3.36 sizes its logits buffer by that argument, not by the draft model's need for every
+    # position's logits, and overflows it past n_batch (512) tokens otherwise.
+    models["lookup"] = load_llama_cpp(gguf_path, context, threads, logits_all=True,
+                                      draft_model=LlamaPromptLookupDecoding(max_ngram_size=4,
+                                                                            num_pred_tokens=lookup_tokens))
     rates: dict[tuple[str, str], list[float]] = {}
     for _ in range(rounds):
         for name, prompt in prompts.items():

@@ -127,11 +127,12 @@ def llama_cpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def load_llama_cpp(gguf_path: Path, context: int, threads: int) -> object:
+def load_llama_cpp(gguf_path: Path, context: int, threads: int, **options: object) -> object:
+    """llama-cpp-python's Llama on the file; `options` go to its constructor (e.g. draft_model)."""
     from llama_cpp import Llama
 
     return Llama(model_path=str(gguf_path), n_ctx=context, n_threads=threads, n_threads_batch=threads,
-                 verbose=False)
+                 verbose=False, **options)
 
 
 def run_llama_cpp(llama: object, workload: Workload) -> float:
