@@ -14,11 +14,14 @@ mean KL 0.0019 nats). A row's 4-bit result is the same bits whatever other rows 
 Many rows at once (a prefill, a large decode batch) are compute-bound in those kernels, where a
 plain matrix product is faster: from `dequantize_min_rows` rows on, a layer writes its weight out
 (bit for bit what `dequantized()` gives, rounded to bfloat16 for bfloat16 inputs) into a scratch
-buffer, up to 2^24 weights at a time, and multiplies by it with torch. Measured on a Zen 4 (2
-threads; dequantize + product vs kernel): 4-bit 3072 x 576, bfloat16 (oneDNN's AVX512-BF16 product)
-0.67 vs 0.57 ms at 16 rows, 0.83 vs 1.22 at 32, 2.5 vs 10.1 at 256; float32 1.62 vs 1.07 ms at 32
-rows, 2.2 vs 2.1 at 64, 5.9 vs 8.6 at 256. int8 bfloat16, the 49152 x 576 head: 14.6 vs 12.2 ms at
-32 rows, 16.7 vs 24.2 at 64, 44 vs 94 at 256 (3072 x 576: ahead from 16 rows); int8 float32 lost up
+buffer, up to 2^24 weights at a time, and multiplies by it with torch. Measured with the column-block
+kernels on a 2-core Xeon VM (AVX-512, 2 threads; kernel vs dequantize + product): 4-bit 3072 x 576,
+bfloat16, 0.79 vs 3.43 ms at 32 rows, 2.20 vs 3.56 at 64, 3.66 vs 4.02 at 128, 5.67 vs 4.60 at 256;
+int8 bfloat16, the 49152 x 576 head: 9.0 vs 60 ms at 32 rows, 33 vs 81 at 128, 64 vs 60 at 256.
+(On a Zen 4 with the earlier per-column kernels, 2.5-3x slower per row, dequantizing won from 32
+rows for 4-bit and 64 for int8; oneDNN's product there was faster than on this VM.) float32 4-bit
+and int8 keep their earlier limits: float32 4-bit 1.62 vs 1.07 ms at 32 rows, 2.2 vs 2.1 at 64, 5.9
+vs 8.6 at 256 on the Zen 4 with the earlier kernel; int8 float32 lost up
 to 256 rows. CPUs without bfloat16 arithmetic (no AVX512-BF16 or AMX) multiply bfloat16 slowly, so
 there bfloat16 keeps the kernels.
 
@@ -53,7 +56,7 @@ COMPUTE_DTYPE = torch.bfloat16
 
 
 # (bits, dtype) -> rows, measured (module docstring); int8 in float32 was never faster dequantized.
-_DEQUANTIZE_MIN_ROWS = {(4, torch.bfloat16): 32, (4, torch.float32): 128, (8, torch.bfloat16): 64}
+_DEQUANTIZE_MIN_ROWS = {(4, torch.bfloat16): 128, (4, torch.float32): 128, (8, torch.bfloat16): 256}
 ALWAYS_KERNEL = 1 << 30  # dequantize_min_rows where the kernel takes every row count
 _DEQUANTIZE_CHUNK = 1 << 24  # weights dequantized at a time: the scratch buffer stays within 64 MiB
 

@@ -164,9 +164,9 @@ def test_native_many_rows_multiply_by_the_dequantized_weight(monkeypatch, kind, 
 
 def test_dequantize_rows_by_dtype_bits_and_cpu(monkeypatch):
     monkeypatch.setattr(quantized_linear, "_bfloat16_arithmetic", lambda: True)
-    assert quantized_linear.dequantize_min_rows(torch.bfloat16) == 32
+    assert quantized_linear.dequantize_min_rows(torch.bfloat16) == 128
     assert quantized_linear.dequantize_min_rows(torch.float32) == 128
-    assert quantized_linear.dequantize_min_rows(torch.bfloat16, bits=8) == 64
+    assert quantized_linear.dequantize_min_rows(torch.bfloat16, bits=8) == 256
     assert quantized_linear.dequantize_min_rows(torch.float32, bits=8) == quantized_linear.ALWAYS_KERNEL
     monkeypatch.setattr(quantized_linear, "_bfloat16_arithmetic", lambda: False)  # torch's bf16 product is slow
     assert quantized_linear.dequantize_min_rows(torch.bfloat16) == quantized_linear.ALWAYS_KERNEL
