@@ -1,5 +1,6 @@
 """Single-stream decode speed on the CPU, side by side in one process: float32, bfloat16, GGUF's
-Q4 blocks kept quantized, int8 per channel, and llama.cpp on the same file when installed.
+Q4 blocks kept quantized (also with prompt lookup), int8 per channel, and llama.cpp on the same file
+when installed (also with its prompt lookup).
 
     python benchmarks/cpu_speed.py --model smollm2 --output-len 128 --rounds 3 [--threads N]
 
@@ -27,7 +28,7 @@ import torch
 from safetensors import safe_open
 
 from actors.cli.bench import Workload, gguf_file_of, llama_cpp_available, time_llama_cpp
-from pipeline.config import CacheConfig, EngineConfig, ModelConfig
+from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from pipeline.engine import LLMEngine
 from pipeline.loading.model_source import resolve_model
 from pipeline.model.loader import weight_files
@@ -38,6 +39,9 @@ CONFIGS = {  # name -> (dtype, quantization, cpu_linear, quantized layers on the
     "float32": ("float32", "none", "auto", False),
     "bfloat16": ("bfloat16", "none", "auto", False),
     "gguf-q4 (bf16)": ("bfloat16", "gguf", "auto", False),
+    # Prompt lookup (k = 4; docs/speculative.md): what it gains on this workload, whose output copies
+    # only what the model itself repeats.
+    "gguf-q4 ngram": ("bfloat16", "gguf", "auto", False),
     # The prefill too on the per-group kernels: what the dequantized product for many rows gains
     # (quantized_linear.py).
     "gguf-q4 kernel": ("bfloat16", "gguf", "auto", True),
@@ -60,11 +64,16 @@ def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
     return buffer.numel() * 4 / best
 
 
+LOOKUP_TOKENS = 4  # the ngram configuration's k, and llama.cpp's prompt lookup's
+
+
 def engine_runner(model: str, dtype: str, quantization: str, cpu_linear: str, kernel_only: bool,
-                  prompt: list[int]) -> Callable[[int], float | None]:
+                  prompt: list[int], speculative: bool = False) -> Callable[[int], float | None]:
     engine = LLMEngine(EngineConfig(model=ModelConfig(model=model, dtype=dtype, quantization=quantization,
                                                       cpu_linear=cpu_linear),
-                                    cache=CacheConfig(kv_cache_memory=64 * 2**20)))
+                                    cache=CacheConfig(kv_cache_memory=64 * 2**20),
+                                    speculative=SpeculativeConfig(num_speculative_tokens=LOOKUP_TOKENS)
+                                    if speculative else None))
     counter = iter(range(10**9))
 
     def run(output_len: int) -> float | None:
@@ -78,8 +87,10 @@ def engine_runner(model: str, dtype: str, quantization: str, cpu_linear: str, ke
     return run
 
 
-def llama_cpp_runner(model: str, prompt: list[int]) -> Callable[[int], float | None] | None:
-    """llama.cpp on the model's GGUF file, timed in a child process (actors/cli/bench.py says why)."""
+def llama_cpp_runner(model: str, prompt: list[int],
+                     lookup_tokens: int | None = None) -> Callable[[int], float | None] | None:
+    """llama.cpp on the model's GGUF file (with its prompt lookup of `lookup_tokens` tokens when given),
+    timed in a child process (actors/cli/bench.py says why)."""
     path = gguf_file_of(model)
     if path is None or not llama_cpp_available():
         return None
@@ -87,7 +98,7 @@ def llama_cpp_runner(model: str, prompt: list[int]) -> Callable[[int], float | N
 
     def run(output_len: int) -> float | None:
         workload = Workload([prompt], [output_len])
-        return time_llama_cpp(path, workload, threads)
+        return time_llama_cpp(path, workload, threads, lookup_tokens)
 
     return run
 
@@ -105,17 +116,18 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     prompt = list(range(100, 100 + args.prompt_len))
-    runners = {name: engine_runner(args.model, *config, prompt)
+    runners = {name: engine_runner(args.model, *config, prompt, speculative=name.endswith("ngram"))
                for name, config in CONFIGS.items() if args.only is None or name in args.only}
-    if args.only is None or "llama.cpp" in args.only:
-        peer = llama_cpp_runner(args.model, prompt)
-        if peer is not None:
-            runners["llama.cpp"] = peer
-        else:
-            print("llama.cpp: skipped (llama-cpp-python not installed, or the model is not a GGUF file)")
+    for name, lookup in (("llama.cpp", None), ("llama.cpp lookup", LOOKUP_TOKENS)):
+        if args.only is None or name in args.only:
+            peer = llama_cpp_runner(args.model, prompt, lookup)
+            if peer is not None:
+                runners[name] = peer
+            else:
+                print(f"{name}: skipped (llama-cpp-python not installed, or the model is not a GGUF file)")
     bf16_bytes = 2 * checkpoint_parameters(str(resolve_model(args.model, torch.bfloat16).path))
     for name, run in list(runners.items()):
-        if name != "llama.cpp":  # llama.cpp warms up in its own process, each time
+        if not name.startswith("llama.cpp"):  # llama.cpp warms up in its own process, each time
             run(8)
     walls: dict[str, list[float]] = {name: [] for name in runners}
     cpus: dict[str, list[float]] = {name: [] for name in runners}
@@ -127,7 +139,7 @@ def main() -> None:
             seconds = run(args.output_len)  # llama.cpp: its own timing, taken in its process
             if seconds is not None:
                 walls[name].append(seconds)
-            elif name == "llama.cpp":
+            elif name.startswith("llama.cpp"):
                 continue  # it crashed; reported below
             else:
                 walls[name].append(time.perf_counter() - wall)

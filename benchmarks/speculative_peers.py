@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from actors.cli.bench import load_llama_cpp
+from actors.cli.bench import load_llama_cpp, load_llama_cpp_lookup
 from actors.kit.process_tuning import peer_omp_defaults
 from actors.worker.run import WorkerOptions, run_worker
 from pipeline.engine import LLMEngine
@@ -77,16 +77,8 @@ def llama_cpp_rates(gguf_path: Path, prompts: dict[str, list[int]], output_len: 
 
 def _llama_cpp_child(gguf_path: Path, prompts: dict[str, list[int]], output_len: int, rounds: int, threads: int,
                      lookup_tokens: int, context: int) -> dict[tuple[str, str], list[float]]:
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-    models = {"plain": load_llama_cpp(gguf_path, context, threads)}
-    # llama-cpp-python's prompt lookup: the continuation of the first earlier match of the last
-    # max_ngram_size .. 1 tokens, up to num_pred_tokens of them, verified in one batch. logits_all too:
-    # 0.3.36 sizes its logits buffer by that argument, not by the draft model's need for every
-    # position's logits, and overflows it past n_batch (512) tokens otherwise.
-    models["lookup"] = load_llama_cpp(gguf_path, context, threads, logits_all=True,
-                                      draft_model=LlamaPromptLookupDecoding(max_ngram_size=4,
-                                                                            num_pred_tokens=lookup_tokens))
+    models = {"plain": load_llama_cpp(gguf_path, context, threads),
+              "lookup": load_llama_cpp_lookup(gguf_path, context, threads, lookup_tokens)}
     rates: dict[tuple[str, str], list[float]] = {}
     for _ in range(rounds):
         for name, prompt in prompts.items():

@@ -135,6 +135,17 @@ def load_llama_cpp(gguf_path: Path, context: int, threads: int, **options: objec
                  verbose=False, **options)
 
 
+def load_llama_cpp_lookup(gguf_path: Path, context: int, threads: int, lookup_tokens: int) -> object:
+    """llama.cpp with its prompt lookup (`LlamaPromptLookupDecoding`): the continuation of the first
+    earlier match of the last 4 .. 1 tokens, up to `lookup_tokens` of them, verified in one batch.
+    logits_all too: llama-cpp-python 0.3.36 sizes its logits buffer by that argument, not by the draft
+    model's need for every position's logits, and overflows it past 512 tokens otherwise."""
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    return load_llama_cpp(gguf_path, context, threads, logits_all=True,
+                          draft_model=LlamaPromptLookupDecoding(max_ngram_size=4, num_pred_tokens=lookup_tokens))
+
+
 def run_llama_cpp(llama: object, workload: Workload) -> float:
     """Seconds for the workload through llama.cpp, one request at a time, greedy, ignoring EOS."""
     started = time.perf_counter()
@@ -145,20 +156,25 @@ def run_llama_cpp(llama: object, workload: Workload) -> float:
     return time.perf_counter() - started
 
 
-def _peer_seconds(gguf_path: Path, workload: Workload, context: int, threads: int) -> float:
-    """In a child process: load llama.cpp, warm up, time the workload."""
-    llama = load_llama_cpp(gguf_path, context, threads)
+def _peer_seconds(gguf_path: Path, workload: Workload, context: int, threads: int,
+                  lookup_tokens: int | None = None) -> float:
+    """In a child process: load llama.cpp (with its prompt lookup of `lookup_tokens` draft tokens when
+    given), warm up, time the workload."""
+    llama = (load_llama_cpp(gguf_path, context, threads) if lookup_tokens is None
+             else load_llama_cpp_lookup(gguf_path, context, threads, lookup_tokens))
     run_llama_cpp(llama, Workload([[1, 2, 3, 4, 5, 6, 7, 8]], [4]))
     return run_llama_cpp(llama, workload)
 
 
-def time_llama_cpp(gguf_path: Path, workload: Workload, threads: int) -> float | None:
-    """Seconds for the workload through llama.cpp, in a child process: a native crash there (seen with
-    a build whose AMX path segfaults in a VM) ends the child, not the benchmark. None if it crashed."""
-    context = max(len(p) for p in workload.prompts) + max(workload.output_lens) + 8
+def time_llama_cpp(gguf_path: Path, workload: Workload, threads: int, lookup_tokens: int | None = None) -> float | None:
+    """Seconds for the workload through llama.cpp (with its prompt lookup when `lookup_tokens` is given),
+    in a child process: a native crash there (seen with a build whose AMX path dies in a VM,
+    docs/benchmarks.md) ends the child, not the benchmark. None if it crashed."""
+    # Room for drafts past the last token; a multiple of 256, as llama.cpp rounds its context up to one.
+    context = -(-(max(len(p) for p in workload.prompts) + max(workload.output_lens) + 64) // 256) * 256
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         with peer_omp_defaults():  # the child starts here, with llama.cpp's own OpenMP wait policy
-            future = pool.submit(_peer_seconds, gguf_path, workload, context, threads)
+            future = pool.submit(_peer_seconds, gguf_path, workload, context, threads, lookup_tokens)
         try:
             return future.result()
         except BrokenProcessPool:
@@ -173,12 +189,16 @@ def _print_peer(engine: LLMEngine, workload: Workload, ours_rate: float) -> None
         return
     import torch
 
-    seconds = time_llama_cpp(gguf_path, workload, torch.get_num_threads())
+    speculative = engine.config.speculative
+    # Against our prompt lookup, llama.cpp's own (the same number of draft tokens).
+    lookup = speculative.num_speculative_tokens if speculative is not None and speculative.method == "ngram" else None
+    seconds = time_llama_cpp(gguf_path, workload, torch.get_num_threads(), lookup)
     if seconds is None:
         print("llama.cpp: its process crashed (a native fault in llama-cpp-python); no peer figures")
         return
     rate = workload.useful_tokens / seconds
-    print(f"llama.cpp ({gguf_path.name}, one request at a time): {seconds:.2f} s, {rate:.1f} useful tokens/s")
+    how = "one request at a time" + ("" if lookup is None else f", prompt lookup of {lookup} tokens")
+    print(f"llama.cpp ({gguf_path.name}, {how}): {seconds:.2f} s, {rate:.1f} useful tokens/s")
     print(f"ratio aqueduct / llama.cpp: {ours_rate / rate:.2f}x")
 
 
@@ -197,6 +217,11 @@ def run_bench(args: argparse.Namespace) -> None:
     print(f"aqueduct: {ours_seconds:.2f} s, {ours_rate:.1f} useful tokens/s, "
           f"model forward {forward_share:.0%} of wall time, sampling {sample_share:.0%}, "
           f"{engine.stats.num_steps} steps, preemptions {engine.scheduler.num_preemptions}")
+    speculator = engine.scheduler.speculator
+    if speculator is not None:
+        drafted, accepted = speculator.num_draft_tokens, speculator.num_accepted_tokens
+        print(f"speculative decoding ({speculator.config.method}, k={speculator.config.num_speculative_tokens}): "
+              f"{accepted} of {drafted} drafted tokens accepted ({accepted / max(drafted, 1):.0%}), warm-up included")
     if not args.skip_peer:
         _print_peer(engine, workload, ours_rate)
     if args.skip_hf:
