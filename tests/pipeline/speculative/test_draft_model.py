@@ -147,3 +147,27 @@ def test_a_full_draft_cache_evicts_the_least_recently_drafted_sequence(target_di
     assert proposer.propose(2, PROMPT[::-1], 4) == second
     assert proposer.propose(3, PROMPT * 3, 4) == []  # more than the whole pool: no draft, nothing held
     assert 3 not in proposer.states
+
+
+def test_unseeded_samples_are_distributed_as_without_speculation(target_dir, other_draft_dir):
+    """The issue's statistical check, beside the per-seed identity above: unseeded requests draw fresh
+    randomness, so runs with and without a draft model give different samples, and a two-sample
+    chi-square test over the first three tokens (top_k 3: 27 outcomes) finds their distributions
+    alike. A biased verification (accepting a draft token more often than the target would draw it)
+    fails it: the draft's greedy tokens would then be over-represented."""
+    from scipy.stats import chi2
+
+    params = SamplingParams(max_tokens=3, temperature=1.0, top_k=3, ignore_eos=True)
+    requests = {f"r{i}": (PROMPT, params) for i in range(600)}
+    samples = []
+    for speculative in (None, _draft(other_draft_dir, k=2, disable_by_batch_size=None)):
+        engine = make_engine(target_dir, speculative=speculative)
+        results = run_requests(engine, requests)
+        samples.append([tuple(result["choices"][0]["token_ids"]) for result in results.values()])
+    assert engine.stats.num_draft_tokens > 0
+    outcomes = sorted(set(samples[0]) | set(samples[1]))
+    plain = torch.tensor([samples[0].count(outcome) for outcome in outcomes], dtype=torch.float64)
+    drafted = torch.tensor([samples[1].count(outcome) for outcome in outcomes], dtype=torch.float64)
+    statistic = float(((plain - drafted) ** 2 / (plain + drafted)).sum())  # equal sample sizes
+    assert len(outcomes) > 5  # a real spread, not one dominant path
+    assert chi2.sf(statistic, len(outcomes) - 1) > 1e-3, (statistic, len(outcomes))
