@@ -35,14 +35,13 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "column_blocks.h"
 #include "quantized_inputs.h"
 #include "threads.h"
 
-#define BLOCK 16              /* output columns per block */
 #define BLOCK_GROUP_BYTES 256 /* one group of 32 inputs for a block's 16 columns */
 #define CHUNKS 8              /* of 32 bytes per block and group */
 #define MAX_GROUPS 2048       /* in_features up to 65536 */
-#define BLOCKS_PER_TASK 2     /* the fewest blocks a task takes (threads.h spreads larger weights) */
 
 typedef struct {
     void *y;
@@ -54,14 +53,6 @@ typedef struct {
     int io_bf16;
 } Problem;
 
-/* x_q[k] and x_q[k + 1] as one 32-bit value (little-endian: x_q[k] in the low half), the pair a lane
- * multiplies by its column's two weights. */
-static inline int32_t x_pair(const int16_t *xq, int k) {
-    int32_t pair;
-    memcpy(&pair, xq + k, sizeof pair);
-    return pair;
-}
-
 /* Row m's 16 results of block b into y (the last block's padding columns dropped). */
 static void store_block(const Problem *p, int64_t m, int64_t b, const float *sums) {
     const int64_t first = b * BLOCK, count = p->out_features - first < BLOCK ? p->out_features - first : BLOCK;
@@ -70,17 +61,9 @@ static void store_block(const Problem *p, int64_t m, int64_t b, const float *sum
                      sums[c] + (p->bias ? p->bias[first + c] : 0.0f));
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
-#define ROWS_PER_PASS 8
+typedef void (*block_fn)(const Problem *, int64_t, int64_t);
 
-static inline __m512i pair_dot(__m512i acc, __m512i w, __m512i x) {
-#if defined(__AVX512VNNI__)
-    return _mm512_dpwssd_epi32(acc, w, x);
-#else
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(w, x));
-#endif
-}
+#if defined(COLUMN_BLOCKS_AVX512)
 
 /* Rows first .. first + M - 1 of block b. Each row's group dot products run in CHAINS independent
  * integer sums (one chain of 16 multiply-adds would wait on each one's latency with few rows); the
@@ -136,21 +119,10 @@ DEFINE_INT4_BLOCK(5, 1)
 DEFINE_INT4_BLOCK(6, 1)
 DEFINE_INT4_BLOCK(7, 1)
 DEFINE_INT4_BLOCK(8, 1)
-typedef void (*block_fn)(const Problem *, int64_t, int64_t);
 static const block_fn BLOCKS[ROWS_PER_PASS] = {int4_block_1, int4_block_2, int4_block_3, int4_block_4,
                                                int4_block_5, int4_block_6, int4_block_7, int4_block_8};
 
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define ROWS_PER_PASS 4
-
-static inline __m256i pair_dot(__m256i acc, __m256i w, __m256i x) {
-#if defined(__AVXVNNI__)
-    return _mm256_dpwssd_avx_epi32(acc, w, x);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
-#endif
-}
+#elif defined(COLUMN_BLOCKS_AVX2)
 
 /* As the AVX-512 block, in two halves of 8 columns (bytes 0-15 and 16-31 of each chunk), at most 4
  * rows at a time (16 vector registers). */
@@ -201,12 +173,9 @@ DEFINE_INT4_BLOCK(1, 4)
 DEFINE_INT4_BLOCK(2, 2)
 DEFINE_INT4_BLOCK(3, 1)
 DEFINE_INT4_BLOCK(4, 1)
-typedef void (*block_fn)(const Problem *, int64_t, int64_t);
 static const block_fn BLOCKS[ROWS_PER_PASS] = {int4_block_1, int4_block_2, int4_block_3, int4_block_4};
 
 #else /* portable: the same sums, one lane at a time */
-#define ROWS_PER_PASS 1
-
 static void int4_block_1(const Problem *p, int64_t m, int64_t b) {
     const int64_t groups = p->in_features / GROUP;
     const uint8_t *chunks = p->chunks + b * groups * BLOCK_GROUP_BYTES;
@@ -229,21 +198,11 @@ static void int4_block_1(const Problem *p, int64_t m, int64_t b) {
     }
     store_block(p, m, b, sums);
 }
-typedef void (*block_fn)(const Problem *, int64_t, int64_t);
 static const block_fn BLOCKS[ROWS_PER_PASS] = {int4_block_1};
 #endif
 
-/* Blocks [begin, end) for every row, ROWS_PER_PASS rows at a time: a task's blocks stay in cache across the passes. */
-static void run_blocks(void *context, int64_t begin, int64_t end) {
-    const Problem *p = (const Problem *)context;
-    const int64_t full_passes = p->rows / ROWS_PER_PASS, rest = p->rows % ROWS_PER_PASS;
-    for (int64_t b = begin; b < end; b++) {
-        for (int64_t pass = 0; pass < full_passes; pass++) BLOCKS[ROWS_PER_PASS - 1](p, pass * ROWS_PER_PASS, b);
-        if (rest) BLOCKS[rest - 1](p, full_passes * ROWS_PER_PASS, b);
-    }
-}
+DEFINE_RUN_BLOCKS(Problem, BLOCKS)
 
-static int64_t blocks_of(int64_t out_features) { return (out_features + BLOCK - 1) / BLOCK; }
 
 /* Returns 0, 1 when in_features is not a multiple of 32 (or above 32 * MAX_GROUPS), 2 when out of memory. */
 int quantized_linear_int4(void *y, const void *x, const uint8_t *chunks, const uint16_t *scales, const float *bias,

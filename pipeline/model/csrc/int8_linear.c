@@ -24,13 +24,12 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "column_blocks.h"
 #include "quantized_inputs.h"
 #include "threads.h"
 
-#define BLOCK 16              /* output columns per block */
 #define BLOCK_GROUP_BYTES 512 /* one group of 32 inputs for a block's 16 columns */
 #define CHUNKS 16             /* of 32 bytes per block and group */
-#define BLOCKS_PER_TASK 2     /* the fewest blocks a task takes (threads.h spreads larger weights) */
 
 typedef struct {
     void *y;
@@ -42,12 +41,6 @@ typedef struct {
     int io_bf16;
 } Problem;
 
-static inline int32_t x_pair(const int16_t *xq, int k) {
-    int32_t pair;
-    memcpy(&pair, xq + k, sizeof pair);
-    return pair;
-}
-
 /* Row m's 16 sums of block b, times the columns' scales, plus the bias, into y (padding dropped). */
 static void store_block(const Problem *p, int64_t m, int64_t b, const float *sums) {
     const int64_t first = b * BLOCK, count = p->out_features - first < BLOCK ? p->out_features - first : BLOCK;
@@ -56,17 +49,9 @@ static void store_block(const Problem *p, int64_t m, int64_t b, const float *sum
                      sums[c] * p->scales[first + c] + (p->bias ? p->bias[first + c] : 0.0f));
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
-#define ROWS_PER_PASS 8
+typedef void (*block_fn)(const Problem *, int64_t, int64_t);
 
-static inline __m512i pair_dot(__m512i acc, __m512i w, __m512i x) {
-#if defined(__AVX512VNNI__)
-    return _mm512_dpwssd_epi32(acc, w, x);
-#else
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(w, x));
-#endif
-}
+#if defined(COLUMN_BLOCKS_AVX512)
 
 #define DEFINE_INT8_BLOCK(M, CHAINS)                                                                   \
     static void int8_block_##M(const Problem *p, int64_t first, int64_t b) {                           \
@@ -108,21 +93,10 @@ DEFINE_INT8_BLOCK(5, 1)
 DEFINE_INT8_BLOCK(6, 1)
 DEFINE_INT8_BLOCK(7, 1)
 DEFINE_INT8_BLOCK(8, 1)
-typedef void (*block_fn)(const Problem *, int64_t, int64_t);
 static const block_fn BLOCKS[ROWS_PER_PASS] = {int8_block_1, int8_block_2, int8_block_3, int8_block_4,
                                                int8_block_5, int8_block_6, int8_block_7, int8_block_8};
 
-#elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define ROWS_PER_PASS 4
-
-static inline __m256i pair_dot(__m256i acc, __m256i w, __m256i x) {
-#if defined(__AVXVNNI__)
-    return _mm256_dpwssd_avx_epi32(acc, w, x);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
-#endif
-}
+#elif defined(COLUMN_BLOCKS_AVX2)
 
 /* As the AVX-512 block, in two halves of 8 columns (bytes 0-15 and 16-31 of each chunk). */
 #define DEFINE_INT8_BLOCK(M, CHAINS)                                                                   \
@@ -161,12 +135,9 @@ DEFINE_INT8_BLOCK(1, 4)
 DEFINE_INT8_BLOCK(2, 2)
 DEFINE_INT8_BLOCK(3, 1)
 DEFINE_INT8_BLOCK(4, 1)
-typedef void (*block_fn)(const Problem *, int64_t, int64_t);
 static const block_fn BLOCKS[ROWS_PER_PASS] = {int8_block_1, int8_block_2, int8_block_3, int8_block_4};
 
 #else /* portable: the same sums, one lane at a time */
-#define ROWS_PER_PASS 1
-
 static void int8_block_1(const Problem *p, int64_t m, int64_t b) {
     const int8_t *chunks = p->chunks + b * p->groups * BLOCK_GROUP_BYTES;
     float sums[BLOCK] = {0};
@@ -181,20 +152,11 @@ static void int8_block_1(const Problem *p, int64_t m, int64_t b) {
     }
     store_block(p, m, b, sums);
 }
-typedef void (*block_fn)(const Problem *, int64_t, int64_t);
 static const block_fn BLOCKS[ROWS_PER_PASS] = {int8_block_1};
 #endif
 
-static void run_blocks(void *context, int64_t begin, int64_t end) {
-    const Problem *p = (const Problem *)context;
-    const int64_t full_passes = p->rows / ROWS_PER_PASS, rest = p->rows % ROWS_PER_PASS;
-    for (int64_t b = begin; b < end; b++) {
-        for (int64_t pass = 0; pass < full_passes; pass++) BLOCKS[ROWS_PER_PASS - 1](p, pass * ROWS_PER_PASS, b);
-        if (rest) BLOCKS[rest - 1](p, full_passes * ROWS_PER_PASS, b);
-    }
-}
+DEFINE_RUN_BLOCKS(Problem, BLOCKS)
 
-static int64_t blocks_of(int64_t out_features) { return (out_features + BLOCK - 1) / BLOCK; }
 static int64_t groups_of(int64_t in_features) { return (in_features + GROUP - 1) / GROUP; }
 
 /* Returns 0, or 2 when out of memory. */
