@@ -157,8 +157,8 @@ class PanelLinearKernel:
 
 
 class QuantizedLinearKernel:
-    """y = x W^T + b with W kept as 4-bit groups in blocks of 16 columns (csrc/int4_linear.c) or per-row int8
-    (csrc/int8_linear.c)."""
+    """y = x W^T + b with W kept as 4-bit groups (csrc/int4_linear.c) or int8 with per-row scales
+    (csrc/int8_linear.c), both in blocks of 16 output columns."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int

@@ -9,7 +9,8 @@ blocks of 16 output columns, one column per vector lane (csrc/int4_linear.c; pac
 writes the layout), and both native kernels quantize each group of 32 input values to int16 (one
 scale each), so a group's dot product is exact integer arithmetic (csrc/quantized_inputs.h has the
 measurements: on SmolLM2 Q4_1, top-1 agreement with the float32 model of the same weights 98.8%,
-mean KL 0.0019 nats). A row's 4-bit result is the same bits whatever other rows share the call.
+mean KL 0.0019 nats). The int8 kernel keeps its values in blocks of 16 columns alike (csrc/int8_linear.c).
+Either computes a row's result to the same bits whatever other rows share the call.
 
 Many rows at once (a prefill, a large decode batch) are compute-bound in those kernels, where a
 plain matrix product is faster: from `dequantize_min_rows` rows on, a layer writes its weight out
@@ -51,7 +52,8 @@ from pipeline.model.kernel_library import cpu_has_bfloat16_arithmetic
 
 GROUP_SIZE = 32  # GGUF's Q4_0/Q4_1/Q8_0 block length
 BLOCK_COLUMNS = 16  # output columns side by side in the native 4-bit layout (csrc/int4_linear.c)
-_CHUNKS, _BLOCK_GROUP_BYTES = 8, 256  # per block and group: 8 chunks of 32 bytes
+_CHUNKS, _BLOCK_GROUP_BYTES = 8, 256  # 4-bit, per block and group: 8 chunks of 32 bytes
+_INT8_BLOCK_GROUP_BYTES = 512  # int8, per block and group: 16 chunks of 32 bytes
 COMPUTE_DTYPE = torch.bfloat16
 
 
@@ -189,12 +191,12 @@ def pack_int8_blocks(values: torch.Tensor) -> torch.Tensor:
     padded[:columns, :inputs] = values
     # [block, column, group, chunk, h] -> [block, group, chunk, column, h]
     split = padded.view(blocks, BLOCK_COLUMNS, groups, GROUP_SIZE // 2, 2).permute(0, 2, 3, 1, 4)
-    return split.reshape(blocks, groups * 2 * _BLOCK_GROUP_BYTES).contiguous()
+    return split.reshape(blocks, groups * _INT8_BLOCK_GROUP_BYTES).contiguous()
 
 
 def unpack_int8_blocks(column_blocks: torch.Tensor, columns: int, inputs: int) -> torch.Tensor:
     """pack_int8_blocks' inverse: -> int8 [columns, inputs]."""
-    blocks, groups = column_blocks.shape[0], column_blocks.shape[1] // (2 * _BLOCK_GROUP_BYTES)
+    blocks, groups = column_blocks.shape[0], column_blocks.shape[1] // _INT8_BLOCK_GROUP_BYTES
     split = column_blocks.view(blocks, groups, GROUP_SIZE // 2, BLOCK_COLUMNS, 2).permute(0, 3, 1, 2, 4)
     return split.reshape(blocks * BLOCK_COLUMNS, groups * GROUP_SIZE)[:columns, :inputs]
 
