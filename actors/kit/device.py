@@ -40,6 +40,10 @@ class DraftOnDevice:
     def propose(self, seq_id: int, token_ids: Sequence[int], k: int) -> list[int]:
         return self.device.submit(self.proposer.propose, seq_id, list(token_ids), k).result()
 
+    def propose_many(self, requests: list[tuple[int, Sequence[int], int]]) -> dict[int, list[int]]:
+        requests = [(seq_id, list(token_ids), k) for seq_id, token_ids, k in requests]
+        return self.device.submit(self.proposer.propose_many, requests).result()
+
     def forget(self, seq_id: int) -> None:
         self.proposer.forget(seq_id)  # bookkeeping only; the scheduler never drafts meanwhile
 

@@ -4,7 +4,8 @@ It runs in the target's process on its own ModelRunner (its own weights and its 
 cache; no LoRA, no CUDA graphs). Per sequence it remembers the tokens whose keys and values sit in
 its cache; a draft call keeps the longest prefix of those that still matches the sequence's tokens
 (rejected draft tokens fall off here), computes the rest of the context in one chunk, then decodes
-k tokens by argmax, one forward each. Preemption of the target's blocks does not concern it: its
+k tokens by argmax, one forward each; the sequences of a step draft together (propose_many: one
+forward per draft position for all of them). Preemption of the target's blocks does not concern it: its
 cache stays valid as long as the tokens match. When its pool runs out it evicts the sequence
 drafted least recently, which simply recomputes its context at its next draft.
 
@@ -85,34 +86,48 @@ class DraftModelProposer:
 
     def propose(self, seq_id: int, token_ids: Sequence[int], k: int) -> list[int]:
         """k greedy draft tokens after `token_ids`; [] when the draft cache cannot hold them."""
-        state = self.states.pop(seq_id, None) or DraftState()
-        self.states[seq_id] = state  # now the most recently drafted
-        # Keep the cached prefix that still matches, less the last token: its logits give draft 0.
-        kept = min(_common_prefix(state.token_ids, token_ids), len(token_ids) - 1)
-        del state.token_ids[kept:]
-        if not self._reserve(seq_id, state, len(token_ids) + k - 1):
-            self.forget(seq_id)
-            return []
-        draft: list[int] = []
-        feed = list(token_ids[kept:])
+        return self.propose_many([(seq_id, token_ids, k)])[seq_id]
+
+    def propose_many(self, requests: list[tuple[int, Sequence[int], int]]) -> dict[int, list[int]]:
+        """{seq_id: up to k greedy draft tokens} for each (seq_id, token_ids, k), batched: one forward
+        computes every sequence's uncached context, then one forward per draft position decodes all the
+        sequences still drafting. [] for a sequence whose draft the cache cannot hold."""
+        drafts: dict[int, list[int]] = {seq_id: [] for seq_id, _, _ in requests}
+        batch: list[tuple[int, DraftState, list[int], int]] = []  # (seq_id, state, feed, k)
+        protected = {seq_id for seq_id, _, _ in requests}
+        for seq_id, token_ids, k in requests:
+            state = self.states.pop(seq_id, None) or DraftState()
+            self.states[seq_id] = state  # now the most recently drafted
+            # Keep the cached prefix that still matches, less the last token: its logits give draft 0.
+            kept = min(_common_prefix(state.token_ids, token_ids), len(token_ids) - 1)
+            del state.token_ids[kept:]
+            if k < 1 or not self._reserve(seq_id, state, len(token_ids) + k - 1, protected):
+                self.forget(seq_id)
+                continue
+            batch.append((seq_id, state, list(token_ids[kept:]), k))
         with torch.inference_mode():
-            for _ in range(k):
-                logits = self.runner.execute(self._inputs(state, feed))
-                state.token_ids.extend(feed)
-                draft.append(int(torch.argmax(logits[-1]).item()))
-                feed = draft[-1:]
-        return draft
+            for position in range(max((k for *_, k in batch), default=0)):
+                batch = [entry for entry in batch if entry[3] > position]
+                logits = self.runner.execute(self._inputs([(state, feed) for _, state, feed, _ in batch]))
+                tokens = torch.argmax(logits, dim=-1).tolist()
+                for (seq_id, state, feed, _), token in zip(batch, tokens, strict=True):
+                    state.token_ids.extend(feed)
+                    drafts[seq_id].append(token)
+                batch = [(seq_id, state, [token], k)
+                         for (seq_id, state, _, k), token in zip(batch, tokens, strict=True)]
+        return drafts
 
     def forget(self, seq_id: int) -> None:
         state = self.states.pop(seq_id, None)
         if state is not None:
             self.free_blocks.extend(state.block_ids)
 
-    def _reserve(self, seq_id: int, state: DraftState, num_tokens: int) -> bool:
-        """Blocks for num_tokens positions, evicting the least recently drafted other sequences."""
+    def _reserve(self, seq_id: int, state: DraftState, num_tokens: int, protected: set[int]) -> bool:
+        """Blocks for num_tokens positions, evicting the least recently drafted sequences outside
+        `protected` (the ones drafting in this call)."""
         needed = _cdiv(num_tokens, self.block_size) - len(state.block_ids)
         while needed > len(self.free_blocks):
-            victim = next((other for other in self.states if other != seq_id), None)
+            victim = next((other for other in self.states if other not in protected), None)
             if victim is None:
                 return False
             self.forget(victim)
@@ -120,17 +135,27 @@ class DraftModelProposer:
             state.block_ids.append(self.free_blocks.pop())
         return True
 
-    def _inputs(self, state: DraftState, feed: list[int]) -> StepInputs:
-        """One sequence's chunk of `feed` tokens after the state's cached ones."""
-        start, count = len(state.token_ids), len(feed)
-        positions = np.arange(start, start + count, dtype=np.int64)
-        blocks = np.asarray(state.block_ids, dtype=np.int64)
-        slots = blocks[positions // self.block_size] * self.block_size + positions % self.block_size
+    def _inputs(self, chunks: list[tuple[DraftState, list[int]]]) -> StepInputs:
+        """One forward over each sequence's chunk of `feed` tokens after its cached ones (a prefill
+        chunk of any length, or one decode token), logits at each chunk's last token."""
+        lengths = np.array([len(feed) for _, feed in chunks], dtype=np.int64)
+        starts = np.array([len(state.token_ids) for state, _ in chunks], dtype=np.int64)
+        positions = np.concatenate([np.arange(start, start + count)
+                                    for start, count in zip(starts, lengths, strict=True)])
+        width = max(len(state.block_ids) for state, _ in chunks)
+        block_tables = np.zeros((len(chunks), width), dtype=np.int32)
+        for row, (state, _) in enumerate(chunks):
+            block_tables[row, :len(state.block_ids)] = state.block_ids
+        owner = np.repeat(np.arange(len(chunks)), lengths)  # each token's row
+        slots = block_tables[owner, positions // self.block_size].astype(np.int64) * self.block_size \
+            + positions % self.block_size
+        query_start_loc = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        seq_lens = (starts + lengths).astype(np.int32)
         return StepInputs(
-            input_ids=np.asarray(feed, dtype=np.int64), positions=positions, slot_mapping=slots,
-            query_start_loc=np.array([0, count], dtype=np.int32), seq_lens=np.array([start + count], dtype=np.int32),
-            block_tables=blocks.astype(np.int32)[None, :], logits_indices=np.array([count - 1], dtype=np.int64),
-            num_tokens=count, max_query_len=count, max_seq_len=start + count)
+            input_ids=np.concatenate([np.asarray(feed, dtype=np.int64) for _, feed in chunks]),
+            positions=positions.astype(np.int64), slot_mapping=slots, query_start_loc=query_start_loc,
+            seq_lens=seq_lens, block_tables=block_tables, logits_indices=query_start_loc[1:].astype(np.int64) - 1,
+            num_tokens=int(lengths.sum()), max_query_len=int(lengths.max()), max_seq_len=int(seq_lens.max()))
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -163,6 +163,8 @@ class Scheduler:
     def _schedule_running(self, plan: StepPlan, budget: int) -> tuple[int, bool]:
         preempted = False
         index = 0
+        if self.speculator is not None and self.speculator.active(len(self.running)):
+            self.speculator.prefetch(self.running, budget, self.max_model_len)
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)

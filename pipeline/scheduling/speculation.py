@@ -41,6 +41,7 @@ class Speculator:
         self.lengths: dict[int, DraftLength] = {}  # seq_id -> its adaptive draft length
         self.num_draft_tokens = 0  # drafted and verified
         self.num_accepted_tokens = 0
+        self._prefetched: dict[int, list[int]] = {}  # seq_id -> this step's batched draft (prefetch)
 
     def active(self, num_running: int) -> bool:
         """Whether a batch of this many running sequences drafts at all (disable_by_batch_size)."""
@@ -59,6 +60,20 @@ class Speculator:
                                            and self.wants_draft(seq))
                    for seq in running)
 
+    def prefetch(self, running: list[Sequence], budget: int, max_model_len: int) -> None:
+        """Before a step is planned: the drafts its decoding sequences may ask for, in one batched call
+        when the proposer drafts in batches (a draft model: one forward per draft position for all of
+        them, instead of per sequence). draft() then takes a sequence's prefetched tokens, cut to the
+        budget left at its turn (greedy drafts: a shorter draft is the longer one's start)."""
+        self._prefetched.clear()
+        propose_many = getattr(self.proposer, "propose_many", None)
+        if propose_many is None:
+            return
+        requests = [(seq.seq_id, seq.token_ids, k) for seq in running
+                    if self._wants_now(seq) and (k := self._draft_length(seq, budget, max_model_len)) >= 1]
+        if requests:
+            self._prefetched = propose_many(requests)
+
     def draft(self, seq: Sequence, budget: int, max_model_len: int) -> list[int]:
         """Draft tokens for a sequence about to decode, within the step's token budget, its
         max_tokens and the context length ([] for none)."""
@@ -68,15 +83,25 @@ class Speculator:
         if not length.drafting:
             length.on_plain_step()
             return []
-        k = min(length.k, budget - 1, max_model_len - seq.num_tokens)
-        if seq.params.max_tokens is not None:
-            k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1)
+        k = self._draft_length(seq, budget, max_model_len)
         if k < 1 or seq.has_placeholder:  # (planned ahead: its last token is not known yet)
             return []
-        draft = self.proposer.propose(seq.seq_id, seq.token_ids, k)
+        prefetched = self._prefetched.pop(seq.seq_id, None)
+        draft = prefetched[:k] if prefetched is not None else self.proposer.propose(seq.seq_id, seq.token_ids, k)
         if not draft:
             length.on_miss()
         return draft
+
+    def _wants_now(self, seq: Sequence) -> bool:
+        """Whether draft() would propose for the sequence now (without touching its adaptive length)."""
+        return (can_speculate(seq.params) and seq.num_computed_tokens == seq.num_tokens - 1
+                and not seq.has_placeholder and self._length(seq).drafting)
+
+    def _draft_length(self, seq: Sequence, budget: int, max_model_len: int) -> int:
+        k = min(self._length(seq).k, budget - 1, max_model_len - seq.num_tokens)
+        if seq.params.max_tokens is not None:
+            k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1)
+        return k
 
     def on_verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         self.num_draft_tokens += num_drafted

@@ -6,6 +6,9 @@ a draft model (pipeline/model/draft_model.py, built by the engine) decodes them 
 proposer, the draft must be a deterministic function of the context: verification accepts draft
 token j exactly when the target's own sample at that position equals it, which is exact only when
 the draft does not depend on the target's randomness (docs/speculative.md).
+
+A proposer may also draft in batches, `propose_many([(seq_id, token_ids, k), ...]) -> {seq_id: draft}`
+(the draft model does); the Speculator then asks once per step for every decoding sequence.
 """
 
 from __future__ import annotations

@@ -34,13 +34,13 @@ def model_dir(tmp_path_factory):
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 async def test_worker_with_speculation_answers_as_the_plain_engine(model_dir, prefix, method, monkeypatch):
     draft_threads: set[str] = set()
-    propose = DraftModelProposer.propose
+    propose_many = DraftModelProposer.propose_many
 
-    def spy(self, seq_id, token_ids, k):
+    def spy(self, requests):
         draft_threads.add(threading.current_thread().name)
-        return propose(self, seq_id, token_ids, k)
+        return propose_many(self, requests)
 
-    monkeypatch.setattr(DraftModelProposer, "propose", spy)
+    monkeypatch.setattr(DraftModelProposer, "propose_many", spy)  # the worker drafts a step's sequences together
     plain = run_requests(make_engine(model_dir, block_size=4),
                          {r: (PROMPT, SamplingParams(**params)) for r, params in REQUESTS.items()})
     speculative = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=3) if method == "ngram" else \
