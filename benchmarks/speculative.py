@@ -33,9 +33,10 @@ import statistics
 import time
 
 import torch
-from speculative_peers import WorkerPath, llama_cpp_rates
+from speculative_peers import llama_cpp_rates, worker_decode
 
 from actors.cli.bench import gguf_file_of, llama_cpp_available
+from actors.cli.bench_redis import RedisPath
 from actors.kit import event_loop
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from pipeline.engine import LLMEngine
@@ -123,11 +124,11 @@ def _rounds(args: argparse.Namespace, engines: dict[str, LLMEngine]) -> tuple[Ra
     rates: Rates = {}
     outputs: Outputs = {}  # (prompt, engine, round) -> tokens
     counts: dict[tuple[str, str], tuple[int, int]] = {}
-    workers: dict[str, WorkerPath] = {}
+    workers: dict[str, RedisPath] = {}
 
     async def run_all() -> None:
         if args.worker:
-            workers.update({name: WorkerPath(engine, args.redis_url) for name, engine in engines.items()})
+            workers.update({name: RedisPath(engine, args.redis_url) for name, engine in engines.items()})
             await asyncio.sleep(0.5)  # each worker creates its group and starts reading
         try:
             for round_index in range(args.rounds):
@@ -144,7 +145,7 @@ def _rounds(args: argparse.Namespace, engines: dict[str, LLMEngine]) -> tuple[Ra
         request_id = f"{prompt_name}-{round_index}-{name}"
         if args.worker:
             prompt = engine.tokenizer.encode(_chat(engine, text), add_special_tokens=False)
-            rate, tokens = await workers[name].decode(prompt, args.output_len, request_id)
+            rate, tokens = await worker_decode(workers[name], prompt, args.output_len, request_id)
         else:
             rate, tokens = _decode(engine, _chat(engine, text), args.output_len, request_id)
         rates.setdefault((prompt_name, name), []).append(rate)

@@ -127,6 +127,13 @@ def llama_cpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+def llama_cpp_context(prompt_len: int, output_len: int) -> int:
+    """llama.cpp's context for such requests: room for prompt lookup's drafts past the last token, in a
+    multiple of 256, as llama.cpp rounds its context up to one while llama-cpp-python 0.3.36 sizes its
+    logits buffer by the size asked for."""
+    return -(-(prompt_len + output_len + 256) // 256) * 256
+
+
 def load_llama_cpp(gguf_path: Path, context: int, threads: int, **options: object) -> object:
     """llama-cpp-python's Llama on the file; `options` go to its constructor (e.g. draft_model)."""
     from llama_cpp import Llama
@@ -170,8 +177,7 @@ def time_llama_cpp(gguf_path: Path, workload: Workload, threads: int, lookup_tok
     """Seconds for the workload through llama.cpp (with its prompt lookup when `lookup_tokens` is given),
     in a child process: a native crash there (seen with a build whose AMX path dies in a VM,
     docs/benchmarks.md) ends the child, not the benchmark. None if it crashed."""
-    # Room for drafts past the last token; a multiple of 256, as llama.cpp rounds its context up to one.
-    context = -(-(max(len(p) for p in workload.prompts) + max(workload.output_lens) + 64) // 256) * 256
+    context = llama_cpp_context(max(len(p) for p in workload.prompts), max(workload.output_lens))
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         with peer_omp_defaults():  # the child starts here, with llama.cpp's own OpenMP wait policy
             future = pool.submit(_peer_seconds, gguf_path, workload, context, threads, lookup_tokens)
