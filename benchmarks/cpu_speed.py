@@ -31,8 +31,8 @@ from actors.cli.bench import Workload, gguf_file_of, llama_cpp_available, time_l
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from pipeline.engine import LLMEngine
 from pipeline.loading.model_source import resolve_model
+from pipeline.model.layers.quantized_linear import per_group_kernel_only
 from pipeline.model.loader import weight_files
-from pipeline.model.quantized_linear import per_group_kernel_only
 from pipeline.request.sampling_params import SamplingParams
 
 CONFIGS = {  # name -> (dtype, quantization, cpu_linear, quantized layers on their kernels for every row count)

@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from pipeline.config import EngineConfig, ModelConfig
 from pipeline.engine import LLMEngine
-from pipeline.model import cpu_kernel
+from pipeline.model.cpu import kernels as native_kernels
 from pipeline.request.sampling_params import SamplingParams
 
 
@@ -80,9 +80,9 @@ def step_seconds(engine: LLMEngine, steps: int) -> float:
 def native_kernels_stubbed(model: torch.nn.Module) -> Iterator[None]:
     """The loaded native kernels' C functions (and the model's native decoder layers' one) replaced
     by no-ops returning 0, then restored."""
-    kernels = [load() for load in (cpu_kernel.load_decode_kernel, cpu_kernel.load_few_rows_linear_kernel,
-                                   cpu_kernel.load_quantized_linear_kernel, cpu_kernel.load_rms_norm_kernel,
-                                   cpu_kernel.load_rope_kv_kernel)]
+    kernels = [load() for load in (native_kernels.load_decode_kernel, native_kernels.load_few_rows_linear_kernel,
+                                   native_kernels.load_quantized_linear_kernel, native_kernels.load_rms_norm_kernel,
+                                   native_kernels.load_rope_kv_kernel)]
     kernels.append(getattr(getattr(model, "language_model", model), "native_decoder", None))
     saved = [(kernel, name, getattr(kernel, name)) for kernel in kernels if kernel is not None
              for name in ("_fn", "_int4", "_int8", "_function") if hasattr(kernel, name)]

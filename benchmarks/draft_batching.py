@@ -24,7 +24,7 @@ from speculative import PROMPTS
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from pipeline.engine import LLMEngine
 from pipeline.request.sampling_params import SamplingParams
-from pipeline.scheduling.speculation import Speculator
+from pipeline.speculative.speculator import Speculator
 
 BATCHED_PREFETCH = Speculator.prefetch
 

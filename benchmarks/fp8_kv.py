@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.config import parse_size
-from pipeline.model.cpu_kernel import load_decode_kernel
-from pipeline.model.kv_quant import FP8_DTYPES, KERNEL_FORMATS
+from pipeline.model.attention.fp8_kv import FP8_DTYPES, KERNEL_FORMATS
+from pipeline.model.cpu.kernels import load_decode_kernel
 from tests.support.fp8_agreement import fixed_prompts, make_cache_engine, measure_agreement
 
 # Natural-text prompts for a real model (a tiny random one gets fixed random token prompts).

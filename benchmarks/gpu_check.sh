@@ -69,7 +69,7 @@ else
     # Budget: 170 + 110 + 180 s. Triton builds each FlexAttention variant once per machine (cached in
     # /tmp/torchinductor_*), so the later parts reuse what the tests compiled for the same shapes.
     run_part tests 170 "$PY" -m pytest -q -p no:cacheprovider -W ignore -rs tests/pipeline/model/test_cuda_path.py \
-        tests/pipeline/model/test_flex_attention.py
+        tests/pipeline/model/attention/test_flex.py
     run_part fidelity 110 "$PY" benchmarks/gpu_fidelity.py --device cuda --archs llama qwen3 mistral gemma2 \
         --num-requests 8
     run_part benchmark 180 "$PY" benchmarks/nano_vllm_shape.py --model-dir /tmp/aqueduct-qwen3-0.6b-shape

@@ -18,7 +18,7 @@ import torch
 
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig
 from pipeline.engine import LLMEngine
-from pipeline.model import quantized_linear
+from pipeline.model.layers import quantized_linear
 from pipeline.model.runner import dummy_prefill_inputs
 from pipeline.request.sampling_params import SamplingParams
 

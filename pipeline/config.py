@@ -12,8 +12,8 @@ _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**1
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 CPU_LINEARS = ("auto", "onednn", "torch")
-QUANTIZATIONS = ("auto", "none", "gguf", "int8")  # weight-only, CPU (pipeline/model/quantized_linear.py)
-KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")  # auto: the model's dtype (pipeline/model/kv_quant.py)
+QUANTIZATIONS = ("auto", "none", "gguf", "int8")  # weight-only, CPU (pipeline/model/layers/quantized_linear.py)
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")  # auto: the model's dtype (pipeline/model/attention/fp8_kv.py)
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's flag values (docs/sampling.md, stage 14)
 
 
@@ -50,14 +50,14 @@ class ModelConfig:
     enforce_eager: bool = False  # disable CUDA graphs (always eager on CPU)
     seed: int = 0  # weight-independent engine seed (e.g. for profiling inputs)
     cpu_linear: str = "auto"  # CPU matmuls: oneDNN with packed weights (auto: plus native kernels for a
-    # few rows and quantized weights), or torch's nn.Linear (model/cpu_linear.py)
+    # few rows and quantized weights), or torch's nn.Linear (model/cpu/linear.py)
     # gguf: keep a GGUF file's Q4_0/Q4_1/Q8_0 weights; int8: per-channel at load; auto: gguf for a model
     # converted from a GGUF file, on the CPU, with one rank (model/runner.py), else none
     quantization: str = "auto"
     logprobs_mode: str = "processed_logprobs"  # returned logprobs: after the sampler chain, or the model's
     max_logprobs: int = 20  # the largest `logprobs` / `prompt_logprobs` a request may ask for
-    tensor_parallel_size: int = 1  # ranks one model is split over (model/parallel.py, model/tp_group.py)
-    attention_backend: str = "auto"  # auto: flex on CUDA, torch (+ native decode kernel) on CPU (model/backends.py)
+    tensor_parallel_size: int = 1  # ranks one model is split over (model/parallel/)
+    attention_backend: str = "auto"  # auto: flex on CUDA, torch (+ native decode kernel) on CPU (model/attention/)
     max_image_bytes: int = 20 * 2**20  # vision models: the largest encoded image a request may send
     max_image_pixels: int = 6000 * 6000  # vision models: the largest image (width x height) a request may send
     # Read special-token text inside chat messages as special tokens (trusted clients only): by default

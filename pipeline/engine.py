@@ -22,7 +22,6 @@ from pipeline.loading.generation_config import load_generation_defaults
 from pipeline.loading.model_source import resolve_model
 from pipeline.loading.tokenizer import load_served_tokenizer
 from pipeline.lora.slots import LoRASlots
-from pipeline.model.draft_model import DraftModelProposer
 from pipeline.model.loader import resolve_device, resolve_dtype
 from pipeline.model.runner import ModelRunner
 from pipeline.output.output_processor import OutputProcessor
@@ -35,6 +34,7 @@ from pipeline.sampling.sampler import Sampler
 from pipeline.sampling.step_sampling import sample_step
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
 from pipeline.scheduling.scheduler import Scheduler
+from pipeline.speculative.draft_model import DraftModelProposer
 from pipeline.tensor_prep.prepare import TensorPrep
 
 log = structlog.get_logger(__name__)

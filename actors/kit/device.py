@@ -9,13 +9,12 @@ is built on the device thread too, and all of its torch work stays there.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pipeline.config import EngineConfig, ModelConfig
 from pipeline.engine import LLMEngine
-from pipeline.speculative.proposer import DraftProposer
+from pipeline.speculative.on_executor import ProposerOnExecutor
 
 
 def device_thread() -> ThreadPoolExecutor:
@@ -27,32 +26,11 @@ def load_engine(config: EngineConfig, device: ThreadPoolExecutor) -> LLMEngine:
     return device.submit(LLMEngine, config).result()
 
 
-class DraftOnDevice:
-    """A draft model's proposer whose forwards run on the device thread, as every torch call does.
-
-    The scheduler actor asks for drafts while it plans a step; it plans a step with drafts only once
-    the step before has returned (pipeline/scheduling/lookahead.py), so the device thread is idle then
-    and the wait is the drafting itself."""
-
-    def __init__(self, proposer: DraftProposer, device: ThreadPoolExecutor) -> None:
-        self.proposer, self.device = proposer, device
-
-    def propose(self, seq_id: int, token_ids: Sequence[int], k: int) -> list[int]:
-        return self.device.submit(self.proposer.propose, seq_id, list(token_ids), k).result()
-
-    def propose_many(self, requests: list[tuple[int, Sequence[int], int]]) -> dict[int, list[int]]:
-        requests = [(seq_id, list(token_ids), k) for seq_id, token_ids, k in requests]
-        return self.device.submit(self.proposer.propose_many, requests).result()
-
-    def forget(self, seq_id: int) -> None:
-        self.proposer.forget(seq_id)  # bookkeeping only; the scheduler never drafts meanwhile
-
-
 def draft_on_device(engine: LLMEngine, device: ThreadPoolExecutor) -> None:
     """Route the engine's draft model (if any) through the device thread."""
     speculator = engine.scheduler.speculator
     if engine.draft_model is not None and speculator is not None:
-        speculator.proposer = DraftOnDevice(engine.draft_model, device)
+        speculator.proposer = ProposerOnExecutor(engine.draft_model, device)
 
 
 def load_model_tokenizer(model: ModelConfig) -> tuple[Any, str]:

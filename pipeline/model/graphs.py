@@ -1,9 +1,8 @@
 """CUDA-graph replay for decode-only steps (every sequence contributes exactly one token).
 
-NOT YET RUN ON A GPU. The padding and static-buffer logic is exercised on CPU with
-`capture=False` (the same code path, called eagerly instead of replayed); the capture itself
-(torch.cuda.graph, shared pool, largest size first) is covered by a CUDA-only test
-(tests/pipeline/model/test_cuda_path.py) that has not run yet.
+The padding and static-buffer logic runs on CPU with `capture=False` (the same code path, called
+eagerly instead of replayed); the capture itself (torch.cuda.graph, shared pool, largest size
+first) is covered by CUDA-only tests (tests/pipeline/model/test_cuda_path.py, skipped without a GPU).
 
 Graphs are captured for batch sizes 1, 2, 4, 8, 16, 24, 32, ... (step 8) up to max_num_seqs,
 largest first so smaller graphs reuse the one memory pool. A real batch of B sequences is padded
@@ -24,10 +23,10 @@ import structlog
 import torch
 
 from pipeline.host_to_device import to_device
-from pipeline.model.attention import TorchPagedAttention
-from pipeline.model.attention_groups import TorchAttentionMetadata
-from pipeline.model.flex_attention import FlexPagedAttention
-from pipeline.model.flex_graphs import FlexDecodeBuffers
+from pipeline.model.attention.flex import FlexPagedAttention
+from pipeline.model.attention.flex_graphs import FlexDecodeBuffers
+from pipeline.model.attention.groups import TorchAttentionMetadata
+from pipeline.model.attention.paged import TorchPagedAttention
 from pipeline.step.inputs import StepInputs
 
 log = structlog.get_logger(__name__)

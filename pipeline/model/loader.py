@@ -15,10 +15,10 @@ import structlog
 import torch
 from safetensors import safe_open
 
-from pipeline.model.attention import AttentionBackend
-from pipeline.model.attention_shape import AttentionShape
-from pipeline.model.kernel_library import cpu_has_bfloat16_arithmetic
-from pipeline.model.kv_quant import split_kv_scales
+from pipeline.model.attention.fp8_kv import split_kv_scales
+from pipeline.model.attention.paged import AttentionBackend
+from pipeline.model.attention.shape import AttentionShape
+from pipeline.model.cpu.library import cpu_has_bfloat16_arithmetic
 from pipeline.model.models import family_of
 
 log = structlog.get_logger(__name__)
@@ -159,7 +159,7 @@ def load_model(model_dir: str | Path, backend: AttentionBackend, *, dtype: torch
     """Build the model without initialising weights (meta device), then copy the checkpoint in.
 
     The checkpoint's KV-cache scales (`k_scale`, `v_scale`, `kv_scale` per layer) are no model
-    weights: they go into `kv_scales` by layer (kv_quant.py), and are dropped when it is None."""
+    weights: they go into `kv_scales` by layer (attention/fp8_kv.py), and are dropped when it is None."""
     info = read_model_info(model_dir, dtype)
     config = read_config(model_dir)
     with torch.device("meta"):

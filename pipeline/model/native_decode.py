@@ -32,13 +32,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.model.attention import TorchPagedAttention
-from pipeline.model.attention_groups import TorchAttentionMetadata
-from pipeline.model.cpu_kernel import FewRowsLinearKernel, load_decoder_layers
-from pipeline.model.cpu_linear import FewRowsLinear, PackedLinear
-from pipeline.model.layers import GatedMLP, RMSNorm
+from pipeline.model.attention.groups import TorchAttentionMetadata
+from pipeline.model.attention.paged import TorchPagedAttention
+from pipeline.model.cpu.kernels import FewRowsLinearKernel, load_decoder_layers
+from pipeline.model.cpu.linear import FewRowsLinear, PackedLinear
+from pipeline.model.layers.mlp import GatedMLP
+from pipeline.model.layers.norms import RMSNorm
+from pipeline.model.layers.quantized_linear import Int4Linear, Int8Linear, dequantize_min_rows
 from pipeline.model.models.llama import Attention, DecoderLayer, LlamaForCausalLM
-from pipeline.model.quantized_linear import Int4Linear, Int8Linear, dequantize_min_rows
 
 _LINEAR_INT4, _LINEAR_INT8, _LINEAR_FLOAT = 0, 1, 2
 ANY_ROWS = 1 << 30  # the row limit of layers whose kernels take any number of rows (quantized)

@@ -1,7 +1,7 @@
 """ModelRunner: owns the weights and the paged KV cache; turns StepInputs into logits.
 
 KV cache: one tensor per layer, [2, blocks, block_size, num_kv_heads, head_dim], in the model's
-dtype, or fp8 bytes wrapped with the layer's scales (kv_quant.Fp8KVCache). When CUDA
+dtype, or fp8 bytes wrapped with the layer's scales (attention/fp8_kv.py). When CUDA
 graphs are used, one extra block past num_kv_blocks is a scratch block that graph padding rows
 write into; the scheduler never sees it.
 """
@@ -20,13 +20,15 @@ import torch
 from pipeline.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from pipeline.host_to_device import to_device
 from pipeline.lora.registry import LoRARegistry
-from pipeline.model.attention import TorchPagedAttention
-from pipeline.model.backends import make_backend
-from pipeline.model.cpu_linear import prepare_cpu_linears
+from pipeline.model.attention.fp8_kv import FP8_DTYPES, Fp8KVCache, allocate_fp8_caches
+from pipeline.model.attention.paged import TorchPagedAttention
+from pipeline.model.attention.selection import make_backend
+from pipeline.model.cpu.linear import prepare_cpu_linears
 from pipeline.model.encoder_cache import EncoderCache
 from pipeline.model.graphs import CUDAGraphRunner
-from pipeline.model.kv_quant import FP8_DTYPES, Fp8KVCache, allocate_fp8_caches
-from pipeline.model.layers import use_native_norms
+from pipeline.model.layers.norms import use_native_norms
+from pipeline.model.layers.quantize import auto_quantization, quantize_linears
+from pipeline.model.layers.quantized_linear import native_kernel_for, quantized_kernels_work
 from pipeline.model.loader import (
     ModelInfo,
     attention_shape,
@@ -39,10 +41,8 @@ from pipeline.model.loader import (
 from pipeline.model.lora import LoRASlotTensors
 from pipeline.model.memory_profile import profile_memory
 from pipeline.model.native_decode import ANY_ROWS, NativeDecoder
-from pipeline.model.parallel import check_tensor_parallel, local_heads, shard_model
-from pipeline.model.quantize import auto_quantization, quantize_linears
-from pipeline.model.quantized_linear import native_kernel_for, quantized_kernels_work
-from pipeline.model.tp_group import DriverGroup, check_world, rank_device, receive_steps, smallest_across_ranks
+from pipeline.model.parallel.group import DriverGroup, check_world, rank_device, receive_steps, smallest_across_ranks
+from pipeline.model.parallel.sharding import check_tensor_parallel, local_heads, shard_model
 from pipeline.request.image_input import VisionInfo
 from pipeline.step.inputs import StepInputs
 
@@ -90,7 +90,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 def _rank_main(rank: int, world: int, model_config: ModelConfig, cache_config: CacheConfig,
                scheduler_config: SchedulerConfig, model_dir: str) -> None:
-    """A tensor-parallel rank process (tp_group.py): its own shard of the model and KV cache."""
+    """A tensor-parallel rank process (parallel/group.py): its own shard of the model and KV cache."""
     runner = ModelRunner(model_config, cache_config, scheduler_config, model_dir, tp_rank=rank)
     receive_steps(runner.execute, runner.device)
 

@@ -49,7 +49,7 @@ class Sequence:
     num_sent_tokens: int = 0  # tokens tensor prep has been told about (the rest go in the next plan)
     # The last token is a placeholder for one a step in flight is sampling (pipeline/scheduling/lookahead.py).
     has_placeholder: bool = False
-    # Draft tokens a step in flight is verifying after the last token (pipeline/scheduling/speculation.py);
+    # Draft tokens a step in flight is verifying after the last token (pipeline/speculative/speculator.py);
     # not part of token_ids until accepted.
     draft_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING

@@ -21,8 +21,8 @@ from pipeline.scheduling.beam_scheduling import BeamStep, new_beam_search, on_be
 from pipeline.scheduling.grammar_masks import grammar_ends_here, token_bitmasks
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
 from pipeline.scheduling.lookahead import add_placeholders, drop_placeholder, fill_placeholder
-from pipeline.scheduling.speculation import Speculator
 from pipeline.speculative.proposer import DraftProposer
+from pipeline.speculative.speculator import Speculator
 from pipeline.step.plan import NewSequence, RunningSequence, StepPlan
 from pipeline.step.result import StepResult
 

@@ -1,8 +1,8 @@
 """DraftProposer: where a speculating sequence's draft comes from.
 
-The scheduler's Speculator (pipeline/scheduling/speculation.py) asks a proposer for up to k tokens
+The scheduler's Speculator (pipeline/speculative/speculator.py) asks a proposer for up to k tokens
 that continue a sequence's context. Prompt lookup (PromptLookupProposer) copies them from the context;
-a draft model (pipeline/model/draft_model.py, built by the engine) decodes them greedily. Whatever the
+a draft model (pipeline/speculative/draft_model.py, built by the engine) decodes them greedily. Whatever the
 proposer, the draft must be a deterministic function of the context: verification accepts draft
 token j exactly when the target's own sample at that position equals it, which is exact only when
 the draft does not depend on the target's randomness (docs/speculative.md).

@@ -1,4 +1,4 @@
-"""How close an fp8 KV cache keeps a model to its float32-cache self (tests/pipeline/model/test_fp8_kv.py and
+"""How close an fp8 KV cache keeps a model to its float32-cache self (tests/pipeline/model/attention/test_fp8_kv.py and
 benchmarks/fp8_kv.py).
 
 Two figures over a fixed set of prompts:

@@ -20,9 +20,9 @@ from transformers import AutoModelForCausalLM
 
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
-from pipeline.model.attention_shape import AttentionShape
-from pipeline.model.parallel import LocalHeads, local_heads
-from pipeline.model.tp_group import backend_for, check_world, pack, rank_device, unpack
+from pipeline.model.attention.shape import AttentionShape
+from pipeline.model.parallel.group import backend_for, check_world, pack, rank_device, unpack
+from pipeline.model.parallel.sharding import LocalHeads, local_heads
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.step.inputs import StepInputs
 from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, run_requests

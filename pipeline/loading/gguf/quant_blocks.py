@@ -1,5 +1,5 @@
 """GGUF's quantized blocks kept as they are: written beside the dequantized checkpoint, read back
-as 4-bit values with a scale and zero per group of 32 (pipeline/model/quantized_linear.py).
+as 4-bit values with a scale and zero per group of 32 (pipeline/model/layers/quantized_linear.py).
 
 `gguf_blocks.safetensors` in a converted directory holds, under each HF weight name, the raw
 Q4_0/Q4_1 rows of that weight (uint8 [rows, bytes per row], Q/K rows already un-permuted, as in

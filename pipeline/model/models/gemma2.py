@@ -27,9 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.model.attention import AttentionBackend
-from pipeline.model.attention_shape import AttentionShape
-from pipeline.model.layers import GatedMLP, GemmaRMSNorm
+from pipeline.model.attention.paged import AttentionBackend
+from pipeline.model.attention.shape import AttentionShape
+from pipeline.model.layers.mlp import GatedMLP
+from pipeline.model.layers.norms import GemmaRMSNorm
 from pipeline.model.models.llama import Attention, DecoderConfig, DecoderModel, LlamaForCausalLM, decoder_config
 
 # HF's hidden_activation names for GELU with the tanh approximation (F.gelu(approximate="tanh")).

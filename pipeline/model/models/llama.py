@@ -19,10 +19,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from pipeline.model.attention import AttentionBackend
-from pipeline.model.attention_shape import AttentionShape, layer_windows
-from pipeline.model.layers import GatedMLP, RMSNorm, RopeParams, RotaryEmbedding, apply_rotary, parse_rope
-from pipeline.model.moe import SparseMoE
+from pipeline.model.attention.paged import AttentionBackend
+from pipeline.model.attention.shape import AttentionShape, layer_windows
+from pipeline.model.layers.mlp import GatedMLP
+from pipeline.model.layers.moe import SparseMoE
+from pipeline.model.layers.norms import RMSNorm
+from pipeline.model.layers.rope import RopeParams, RotaryEmbedding, apply_rotary, parse_rope
 
 # A parameter's part that one checkpoint tensor fills: rows of a fused matrix, or (expert, rows).
 Index = slice | tuple[int, slice]

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.model.attention import AttentionBackend
-from pipeline.model.attention_shape import AttentionShape
+from pipeline.model.attention.paged import AttentionBackend
+from pipeline.model.attention.shape import AttentionShape
 from pipeline.model.models import llama
 from pipeline.model.models.clip import CLIPVisionTower, VisionConfig, activation, vision_config
 

@@ -1,4 +1,4 @@
-"""Mixtral: Mistral's attention (llama.py) with a sparse mixture-of-experts MLP (pipeline/model/moe.py).
+"""Mixtral: Mistral's attention (llama.py) with a sparse mixture-of-experts MLP (pipeline/model/layers/moe.py).
 
 Checkpoints name the experts in one of two ways, both loaded:
 - per expert (what HF `save_pretrained` writes, v4 and v5 alike):
@@ -14,8 +14,8 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from pipeline.model.attention import AttentionBackend
-from pipeline.model.attention_shape import AttentionShape
+from pipeline.model.attention.paged import AttentionBackend
+from pipeline.model.attention.shape import AttentionShape
 from pipeline.model.models import llama
 from pipeline.model.models.llama import DecoderConfig, Index, LlamaForCausalLM
 

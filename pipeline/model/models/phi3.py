@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from pipeline.model.attention import AttentionBackend
-from pipeline.model.attention_shape import AttentionShape
+from pipeline.model.attention.paged import AttentionBackend
+from pipeline.model.attention.shape import AttentionShape
 from pipeline.model.models import llama
 from pipeline.model.models.llama import DecoderConfig, LlamaForCausalLM
 

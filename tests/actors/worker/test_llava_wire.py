@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from actors.cli.batch import read_batch_file, run_embedded, run_offline
 from actors.http.backends import EmbeddedBackend
-from actors.http.chat_request import parse_chat_request
+from actors.http.openai.chat_request import parse_chat_request
 from actors.http.options import GatewayOptions
 from actors.kit.message_codec import decode_message, encode_message
 from actors.kit.messages import Admit

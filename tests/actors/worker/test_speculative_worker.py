@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from pipeline.config import SpeculativeConfig
-from pipeline.model.draft_model import DraftModelProposer
 from pipeline.request.sampling_params import SamplingParams
+from pipeline.speculative.draft_model import DraftModelProposer
 from tests.support.engine_helpers import make_engine, run_requests
 from tests.support.hf_models import make_tiny_hf_model
 from tests.support.worker_helpers import push, read_replies, running_workers, tokens_of

@@ -16,8 +16,8 @@ from actors.cli.main import build_parser
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig
 from pipeline.engine import LLMEngine
 from pipeline.loading.gguf.quant_blocks import BLOCKS_FILE
-from pipeline.model.quantize import auto_quantization
-from pipeline.model.quantized_linear import Int4Linear
+from pipeline.model.layers.quantize import auto_quantization
+from pipeline.model.layers.quantized_linear import Int4Linear
 from pipeline.request.sampling_params import SamplingParams
 from tests.support.engine_helpers import run_requests
 from tests.support.gguf_files import write_gguf

@@ -12,8 +12,8 @@ import torch
 
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
-from pipeline.model.flex_attention import FlexPagedAttention
-from pipeline.model.flex_graphs import FlexDecodeBuffers
+from pipeline.model.attention.flex import FlexPagedAttention
+from pipeline.model.attention.flex_graphs import FlexDecodeBuffers
 from pipeline.model.memory_profile import MemoryProfile, sampler_reserve
 from pipeline.model.runner import ModelRunner
 from pipeline.request.sampling_params import SamplingParams

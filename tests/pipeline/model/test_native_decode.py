@@ -12,9 +12,9 @@ import torch
 
 from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
-from pipeline.model.cpu_kernel import load_decoder_layers
+from pipeline.model.cpu.kernels import load_decoder_layers
+from pipeline.model.layers.quantized_linear import dequantize_min_rows
 from pipeline.model.native_decode import ANY_ROWS, NativeDecoder
-from pipeline.model.quantized_linear import dequantize_min_rows
 from pipeline.request.sampling_params import SamplingParams
 from tests.support.engine_helpers import run_requests
 from tests.support.gguf_files import write_gguf

@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pipeline.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
-from pipeline.model.draft_model import DraftModelProposer
 from pipeline.model.runner import ModelRunner
 from pipeline.request.sampling_params import SamplingParams
+from pipeline.speculative.draft_model import DraftModelProposer
 from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
 from tests.support.hf_models import make_tiny_hf_model
 from tests.support.lora_adapters import make_peft_adapter, run_with_adapters

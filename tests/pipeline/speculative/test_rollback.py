@@ -10,7 +10,7 @@ from pipeline.request.request import Request
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
 from pipeline.scheduling.scheduler import Scheduler
-from pipeline.scheduling.speculation import can_speculate
+from pipeline.speculative.speculator import can_speculate
 from pipeline.step.result import StepResult
 
 PROMPT = [3, 4, 5, 6, 7] * 3  # 15 tokens: after a sampled 3, the draft copies 4 5 6 7

@@ -47,7 +47,7 @@ def test_bfloat16_with_4bit_weights_kept_equals_plain_decoding_bit_for_bit(tmp_p
     one-row step's bits (csrc/int4_linear.c computes each row alike whatever its neighbours), so outputs
     and logprobs equal plain decoding's exactly, not only up to ties. bfloat16 rounding of each layer's
     output hides most last-bit differences, so the kernel's property itself is pinned in float32 by
-    tests/pipeline/model/test_int4_layout.py."""
+    tests/pipeline/model/cpu/test_column_blocks.py."""
     path = write_gguf(make_tiny_hf_model("llama", tmp_path / "llama", seed=4), tmp_path / "tiny-q4_1.gguf", Q4_1)
     sampled = {"max_tokens": 40, "ignore_eos": True, "logprobs": 3}
     requests = {"greedy": (PROMPT, SamplingParams(temperature=0, **sampled)),

@@ -1,0 +1,6 @@
+"""Attention over the paged KV cache: the shapes a family declares (`shape`), the backend chosen for a
+device (`selection`): torch's paged backend with the native CPU decode kernel (`paged`, `groups`) or
+FlexAttention on CUDA (`flex`, its tile plans and graph buffers); and the fp8 KV cache (`fp8_kv`).
+
+May import: pipeline.model.cpu (the decode and rope kernels), pipeline.step, pipeline.host_to_device.
+"""

@@ -1,0 +1,35 @@
+"""The gated MLP every decoder family here uses (SiLU or a given activation)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)); gate and up are one fused matmul (rows [gate; up]).
+
+    act is SiLU (Llama, Qwen, Mistral) unless given (Gemma: GELU with the tanh approximation).
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False,
+                 activation: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.activation = activation
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        # Native CPU down projections take [gate | up] and apply the SiLU gating as they read it
+        # (three fewer ops per layer); looked up per call, since LoRA or TP may wrap the layer later.
+        fused = getattr(self.down_proj, "forward_gated", None) if self.activation is F.silu else None
+        out = fused(gate_up) if fused is not None else None
+        if out is not None:
+            return out
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        return self.down_proj(self.activation(gate) * up)

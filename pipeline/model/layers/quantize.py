@@ -1,0 +1,108 @@
+"""Swap a loaded model's nn.Linear layers for weight-only quantized ones (quantized_linear.py).
+
+- "int8": every linear, quantized per output channel from its loaded weight.
+- "gguf": each linear as its GGUF file stored it. Weights whose every part (a fused qkv_proj has
+  three) was Q4_0/Q4_1 take those blocks as they are (Int4Linear, no requantization); weights from
+  any other quantized type (Q8_0, K-quants) become per-channel int8 from their dequantized values;
+  weights stored as F32/F16/BF16 stay float. A tied lm_head follows the embedding's type.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+import torch
+from torch import nn
+
+from pipeline.loading.gguf.quant_blocks import BLOCKS_FILE, KEPT_TYPES, GgufBlocks
+from pipeline.model.cpu.kernels import QuantizedLinearKernel
+from pipeline.model.layers.quantized_linear import Int4Linear, Int8Linear
+
+log = structlog.get_logger(__name__)
+
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def auto_quantization(model_dir: str | Path, on_cpu: bool, tp_world: int, kernels_work: bool) -> str:
+    """quantization "auto": a model converted from a GGUF file keeps its quantized weights (gguf) where
+    they can run (the CPU, one rank, a quantized kernel); anything else computes as stored (none)."""
+    from_gguf = (Path(model_dir) / BLOCKS_FILE).exists()
+    return "gguf" if from_gguf and on_cpu and tp_world == 1 and kernels_work else "none"
+
+
+def quantize_linears(model: nn.Module, mode: str, model_dir: str | Path,
+                     native: QuantizedLinearKernel | None = None) -> dict[str, int]:
+    """Replace linears in place; returns how many of each kind were made. native: run them through
+    our kernel (quantized_linear.py), else through torch's."""
+    if mode == "int8":
+        counts = {"int8": _replace(model, lambda _name, linear: Int8Linear.from_float(linear.weight, linear.bias,
+                                                                                       native))}
+    elif mode == "gguf":
+        counts = _quantize_from_gguf(model, GgufBlocks(model_dir), native)
+    else:
+        raise ValueError(f"quantization must be 'gguf' or 'int8' here, got {mode!r}")
+    log.info("linear layers quantized", mode=mode, kernel="native" if native is not None else "torch", **counts)
+    return counts
+
+
+def _replace(model: nn.Module, make: Callable[[str, nn.Linear], nn.Module | None]) -> int:
+    replaced = 0
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not nn.Linear:
+                continue
+            new = make(f"{parent_name}.{name}" if parent_name else name, child)
+            if new is not None:
+                setattr(parent, name, new)
+                replaced += 1
+    return replaced
+
+
+def _quantize_from_gguf(model: nn.Module, blocks: GgufBlocks,
+                        native: QuantizedLinearKernel | None) -> dict[str, int]:
+    sources = _weight_sources(model, blocks)
+    counts = {"int4": 0, "int8": 0}
+
+    def make(name: str, linear: nn.Linear) -> nn.Module | None:
+        parts = sources.get(f"{name}.weight", [])
+        if not parts:
+            return None
+        if all(blocks.qtypes[source] in KEPT_TYPES for _, source in parts):
+            counts["int4"] += 1
+            decoded = [blocks.decoded(source) for _, source in parts]
+            values, scales, zeros = (torch.cat([part[i] for part in decoded]) for i in range(3))
+            return Int4Linear(values, scales, zeros, linear.bias, native)
+        if any(blocks.qtypes[source] not in _FLOAT_TYPES for _, source in parts):
+            counts["int8"] += 1
+            return Int8Linear.from_float(linear.weight, linear.bias, native)
+        return None
+
+    _replace(model, make)
+    return counts
+
+
+def _weight_sources(model: nn.Module, blocks: GgufBlocks) -> dict[str, list[tuple[int, str]]]:
+    """Parameter name -> [(first row, checkpoint name)] in row order, for the weights of 2-D tensors.
+
+    "model.layers.0.self_attn.qkv_proj.weight" -> [(0, "...q_proj.weight"), (576, "...k_proj.weight"),
+    (768, "...v_proj.weight")]. An expert's weight (a (expert, rows) index) is left out: its layer is
+    not an nn.Linear.
+    """
+    locate = getattr(model, "locate", None)
+    if locate is None:
+        raise ValueError(f"quantization 'gguf' is not supported for {type(model).__name__}")
+    sources: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for name in blocks.qtypes:
+        if not name.endswith(".weight"):
+            continue
+        param_name, index = locate(name)
+        if isinstance(index, slice):
+            sources[param_name].append((index.start or 0, name))
+    lm_head = getattr(model, "lm_head", None)
+    embed = "model.embed_tokens.weight"
+    if lm_head is not None and "lm_head.weight" not in sources and embed in sources:
+        sources["lm_head.weight"] = list(sources[embed])  # tied, or no head in the file: the embedding
+    return {name: sorted(parts) for name, parts in sources.items()}

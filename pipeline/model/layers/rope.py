@@ -1,0 +1,103 @@
+"""Rotary position embedding: settings from either HF config form, inverse frequencies (default and
+llama3 scaling), and the rotation; cos/sin computed in float32 and cast to the activation dtype, as
+HF transformers does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True, slots=True)
+class RopeParams:
+    """Rotary embedding settings, normalised from either HF config form (see loader)."""
+
+    theta: float = 10000.0
+    rope_type: str = "default"  # "default" or "llama3"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+def parse_rope(config: dict[str, Any]) -> RopeParams:
+    """Rope settings from an HF config: `rope_parameters` (v5) or `rope_theta` + `rope_scaling` (older)."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    if rope_type == "default":
+        return RopeParams(theta=theta)
+    if rope_type != "llama3":
+        raise ValueError(f"rope type must be 'default' or 'llama3', got {rope_type!r}")
+    original = params.get("original_max_position_embeddings", config.get("max_position_embeddings", 8192))
+    return RopeParams(theta=theta, rope_type="llama3", factor=float(params["factor"]),
+                      low_freq_factor=float(params["low_freq_factor"]),
+                      high_freq_factor=float(params["high_freq_factor"]),
+                      original_max_position_embeddings=int(original))
+
+
+def rope_inv_freq(head_dim: int, params: RopeParams) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2] (float32), with llama3 scaling when asked."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (params.theta**exponents)
+    if params.rope_type == "default":
+        return inv_freq
+    if params.rope_type != "llama3":
+        raise ValueError(f"rope_type must be 'default' or 'llama3', got {params.rope_type!r}")
+    return _llama3_scale(inv_freq, params)
+
+
+def _llama3_scale(inv_freq: torch.Tensor, params: RopeParams) -> torch.Tensor:
+    # Long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+    old_len = params.original_max_position_embeddings
+    low_freq_wavelen = old_len / params.low_freq_factor
+    high_freq_wavelen = old_len / params.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / params.factor, inv_freq)
+    smooth = (old_len / wavelen - params.low_freq_factor) / (params.high_freq_factor - params.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / params.factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style (rotate-half) rotary embedding with a cos/sin table per position.
+
+    The table is a non-persistent buffer so it is rebuilt, not loaded; call `build` after the
+    module was created on the meta device.
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, params: RopeParams) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.max_positions = max_positions
+        self.params = params
+        self.register_buffer("cos_sin", torch.empty(0), persistent=False)
+
+    def build(self, device: torch.device | str) -> None:
+        inv_freq = rope_inv_freq(self.head_dim, self.params).to(device)
+        positions = torch.arange(self.max_positions, device=device, dtype=torch.int64).float()
+        freqs = positions[:, None] * inv_freq[None, :]  # [P, D/2]
+        self.cos_sin = torch.stack([freqs.cos(), freqs.sin()])  # [2, P, D/2] float32
+
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for each token: [T, 1, D/2], shared by every layer of one step."""
+        cos_sin = self.cos_sin[:, positions].to(dtype)
+        return cos_sin[0].unsqueeze(1), cos_sin[1].unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, H, D] by per-token angles; cos/sin [T, 1, D/2].
+
+    HF computes x * cat(cos, cos) + rotate_half(x) * cat(sin, sin) with rotate_half(x) =
+    cat(-x2, x1); written on the two halves that is the same arithmetic:
+        out1 = x1 * cos - x2 * sin
+        out2 = x2 * cos + x1 * sin
+    """
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
