@@ -32,9 +32,11 @@ from pipeline.request.sampling_params import SamplingParams
 from pipeline.sampling.dry import SequenceBreakers, token_decoder
 from pipeline.sampling.sampler import Sampler
 from pipeline.sampling.step_sampling import sample_step
+from pipeline.scheduling.adapter_gate import AdapterGate
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
-from pipeline.scheduling.scheduler import Scheduler
+from pipeline.scheduling.scheduler import Scheduler, SchedulerFeatures
 from pipeline.speculative.draft_model import DraftModelProposer
+from pipeline.speculative.speculator import Speculator
 from pipeline.tensor_prep.prepare import TensorPrep
 
 log = structlog.get_logger(__name__)
@@ -72,8 +74,7 @@ class LLMEngine:
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids) \
             if self.tokenizer is not None else None
         self.draft_model = self._draft_model(config)
-        self.scheduler = Scheduler(config.scheduler, kv_cache, self.runner.max_model_len, self.lora_registry,
-                                   self.lora_slots, self.grammars, config.speculative, self.draft_model)
+        self.scheduler = Scheduler(config.scheduler, kv_cache, self.runner.max_model_len, self._features(config))
         self.max_model_len = self.scheduler.max_model_len
         self.tensor_prep = TensorPrep(config.scheduler.max_num_seqs, self.max_model_len, config.cache.block_size)
         breakers = SequenceBreakers(token_decoder(self.tokenizer), self.vocab_size)
@@ -90,6 +91,12 @@ class LLMEngine:
         self.stats = EngineStats()
         log.info("engine ready", model=str(self.model_dir), num_kv_blocks=self.runner.num_kv_blocks,
                  block_size=config.cache.block_size, max_model_len=self.max_model_len)
+
+    def _features(self, config: EngineConfig) -> SchedulerFeatures:
+        adapters = AdapterGate(self.lora_registry, self.lora_slots) \
+            if self.lora_registry is not None and self.lora_slots is not None else None
+        speculator = Speculator(config.speculative, self.draft_model) if config.speculative is not None else None
+        return SchedulerFeatures(adapters, self.grammars, speculator)
 
     def _draft_model(self, config: EngineConfig) -> DraftModelProposer | None:
         """The draft model of draft-model speculation, beside the target in this process (None: none)."""

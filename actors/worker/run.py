@@ -208,7 +208,8 @@ class StatsReporter:
             await asyncio.sleep(1.0)
             self.metrics.set_queue_state(len(scheduler.waiting), len(scheduler.running), pool.num_used_blocks,
                                          pool.num_blocks)
-            for adapter, count in list(scheduler.lora_token_counts.items()):
+            lora_token_counts = scheduler.adapters.token_counts if scheduler.adapters is not None else {}
+            for adapter, count in list(lora_token_counts.items()):
                 self.metrics.record_lora_tokens(adapter, count - lora_tokens_seen.get(adapter, 0))
                 lora_tokens_seen[adapter] = count
             if scheduler.speculator is not None:

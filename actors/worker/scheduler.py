@@ -75,8 +75,8 @@ class SchedulerActor(Actor):
     async def _schedule_next(self) -> None:
         while len(self.steps_started) < self.max_steps_in_flight and self.scheduler.has_unfinished:
             plan = self.scheduler.schedule_ahead() if self.steps_started else self.scheduler.schedule()
-            for request_id, code, error in self.scheduler.take_failures():
-                await self.to_output.send(RequestFailed(request_id, code, error))
+            for failure in self.scheduler.take_failures():
+                await self.to_output.send(RequestFailed(failure.request_id, failure.code, failure.message))
             if plan is None or plan.is_empty:
                 return
             for new in plan.new_sequences:

@@ -1,6 +1,9 @@
 """Scheduling: which sequences compute how many tokens in the next step (`Scheduler`), the paged KV
-cache (`KVCacheManager`, `BlockPool`, prefix caching), planning a step ahead, beam search's side.
+cache (`KVCacheManager`, `BlockPool`, prefix caching), planning a step ahead (`lookahead`), the stop
+rules (`stop_checks`), LoRA adapters' admission and slots (`adapter_gate`), requests ended here with an
+error (`failures`), grammar masks and beam search's side. It produces a `StepPlan` and applies a
+`StepResult`; speculation's part of a step is pipeline/speculative/'s `Speculator`.
 
-Produces a `StepPlan` (step/) and applies a `StepResult` (step/). May import: request/, step/,
-lora/ (registry and slots), config.
+May import: pipeline.request, pipeline.step, pipeline.config, pipeline.lora (registry and slots),
+pipeline.grammar, pipeline.speculative (the speculator and its proposers, never the draft model).
 """

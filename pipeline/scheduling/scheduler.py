@@ -10,38 +10,41 @@ preempted: its blocks are freed and it is recomputed later (its prefix may still
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
-from pipeline.config import SchedulerConfig, SpeculativeConfig
+from pipeline.config import SchedulerConfig
 from pipeline.grammar.compiler import GrammarCompiler
-from pipeline.lora.registry import LoRARegistry
-from pipeline.lora.slots import LoRASlots
 from pipeline.request.outputs import PromptLogprobsEvent, StopStringFinish, TokenEvent, TokenLogprob
 from pipeline.request.request import FinishReason, Request, Sequence, SequenceStatus
+from pipeline.scheduling.adapter_gate import AdapterGate
 from pipeline.scheduling.beam_scheduling import BeamStep, new_beam_search, on_beam_candidates
-from pipeline.scheduling.grammar_masks import grammar_ends_here, token_bitmasks
+from pipeline.scheduling.failures import FailedRequests, RequestFailure
+from pipeline.scheduling.grammar_masks import token_bitmasks
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
 from pipeline.scheduling.lookahead import add_placeholders, drop_placeholder, fill_placeholder
-from pipeline.speculative.proposer import DraftProposer
+from pipeline.scheduling.stop_checks import check_stop
 from pipeline.speculative.speculator import Speculator
 from pipeline.step.plan import NewSequence, RunningSequence, StepPlan
 from pipeline.step.result import StepResult
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerFeatures:
+    """What a scheduler serves beyond plain requests; each None when off."""
+
+    adapters: AdapterGate | None = None  # LoRA
+    grammars: GrammarCompiler | None = None  # structured outputs
+    speculator: Speculator | None = None  # speculative decoding
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
-                 lora_registry: LoRARegistry | None = None, lora_slots: LoRASlots | None = None,
-                 grammars: GrammarCompiler | None = None, speculative: SpeculativeConfig | None = None,
-                 draft_proposer: DraftProposer | None = None) -> None:
-        """draft_proposer: the draft model's, with a draft-model speculative config."""
+                 features: SchedulerFeatures = SchedulerFeatures()) -> None:
         self.config = config
-        self.speculator = Speculator(speculative, draft_proposer) if speculative is not None else None
-        self.grammars = grammars
-        self.lora_registry = lora_registry
-        self.lora_slots = lora_slots
-        # (request id, error code, message) of requests ended here: an adapter gone or failed to load while
-        # waiting (lora_unavailable), a grammar that failed to compile in this process (invalid_request).
-        self.failures: list[tuple[str, str, str]] = []
-        self.lora_token_counts: dict[str, int] = {}  # adapter name -> output tokens generated (metrics)
+        self.adapters = features.adapters
+        self.grammars = features.grammars
+        self.speculator = features.speculator
+        self.failures = FailedRequests()
         self.kv_cache = kv_cache
         # A sequence must fit in the whole cache, or it could only preempt itself forever; under a
         # sliding window it holds a bounded number of blocks however long it grows.
@@ -61,7 +64,7 @@ class Scheduler:
     # ---- requests in and out -------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        if request.lora_id is not None and self.lora_slots is None:
+        if request.lora_id is not None and self.adapters is None:
             raise ValueError(f"lora: adapter {request.lora_name!r} requested but LoRA is not enabled")
         if request.num_prompt_tokens >= self.max_model_len:
             raise ValueError(f"prompt has {request.num_prompt_tokens} tokens; the limit is "
@@ -79,7 +82,7 @@ class Scheduler:
             return
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
-            self._release_lora(seq)
+            self._release_adapter(seq)
             self._removed_seq_ids.append(seq.seq_id)
         elif seq in self.waiting:
             self.waiting.remove(seq)
@@ -135,8 +138,8 @@ class Scheduler:
             # and a fork cannot get blocks. Parked beams keep their candidates when recomputed later.
             self._preempt(self.running[-1], plan, to_front=False)
             self._schedule_waiting(plan, budget)
-        if self.lora_slots is not None:
-            plan.lora_loads = self.lora_slots.take_loads()
+        if self.adapters is not None:
+            plan.lora_loads = self.adapters.slots.take_loads()
         self._add_token_bitmasks(plan)
         if plan.is_empty:  # not sent: the next plan tells tensor prep of the removed rows
             self._removed_seq_ids = plan.removed_seq_ids + self._removed_seq_ids
@@ -148,7 +151,7 @@ class Scheduler:
         for seq, message in failed:  # only where the grammar was not compiled at intake (another process)
             request = seq.request
             self.abort_request(request.request_id, FinishReason.ERROR)
-            self.failures.append((request.request_id, "invalid_request", message))
+            self.failures.add(request.request_id, "invalid_request", message)
             plan.num_scheduled_tokens.pop(seq.seq_id, None)
 
     def schedule_ahead(self) -> StepPlan | None:
@@ -231,8 +234,8 @@ class Scheduler:
             seq.num_computed_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            if self.lora_slots is not None and seq.request.lora_id is not None:
-                seq.lora_slot = self.lora_slots.acquire(seq.request.lora_id)
+            if self.adapters is not None:
+                self.adapters.acquire(seq)
             plan.new_sequences.append(self._describe_new(seq))
             self._commit(seq, num_new, plan)
             budget -= num_new
@@ -242,31 +245,22 @@ class Scheduler:
 
     def _adapter_servable(self, seq: Sequence) -> bool:
         """False (and the request ends with an error) when its adapter failed to load."""
-        lora_id = seq.request.lora_id
-        if lora_id is None or self.lora_registry is None or self.lora_registry.is_servable(lora_id):
+        if self.adapters is None or not self.adapters.failed(seq):
             return True
         request = seq.request
         self.abort_request(request.request_id, FinishReason.ERROR)
-        self.failures.append((request.request_id, "lora_unavailable",
-                              f"lora: adapter {request.lora_name!r} failed to load"))
+        self.failures.add(request.request_id, "lora_unavailable", f"lora: adapter {request.lora_name!r} failed to load")
         return False
 
     def _adapter_can_run(self, seq: Sequence) -> bool:
-        """Its adapter is read and resident, or a slot can be freed for it."""
-        lora_id = seq.request.lora_id
-        if lora_id is None:
-            return True
-        assert self.lora_registry is not None and self.lora_slots is not None  # add_request checked
-        return self.lora_registry.is_ready(lora_id) and self.lora_slots.can_acquire(lora_id)
+        return self.adapters is None or self.adapters.can_run(seq)
 
-    def _release_lora(self, seq: Sequence) -> None:
-        if seq.lora_slot is not None and self.lora_slots is not None and seq.request.lora_id is not None:
-            self.lora_slots.release(seq.request.lora_id)
-        seq.lora_slot = None
+    def _release_adapter(self, seq: Sequence) -> None:
+        if self.adapters is not None:
+            self.adapters.release(seq)
 
-    def take_failures(self) -> list[tuple[str, str, str]]:
-        failures, self.failures = self.failures, []
-        return failures
+    def take_failures(self) -> list[RequestFailure]:
+        return self.failures.take()
 
     def _commit(self, seq: Sequence, num_new: int, plan: StepPlan) -> None:
         plan.num_scheduled_tokens[seq.seq_id] = num_new
@@ -275,7 +269,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, plan: StepPlan, to_front: bool = True) -> None:
         self.running.remove(seq)
-        self._release_lora(seq)
+        self._release_adapter(seq)
         self.kv_cache.free(seq)
         seq.status = SequenceStatus.PREEMPTED
         seq.num_computed_tokens = 0
@@ -381,26 +375,9 @@ class Scheduler:
         else:
             seq.token_ids.append(token_id)
         self.num_generated_tokens += 1
-        lora_name = seq.request.lora_name
-        if lora_name is not None:
-            self.lora_token_counts[lora_name] = self.lora_token_counts.get(lora_name, 0) + 1
-        params = seq.params
-        num_output = seq.num_output_tokens
-        # Tokens at output positions < min_tokens cannot stop the sequence (they are also banned).
-        if num_output > params.min_tokens:
-            if not params.ignore_eos and token_id in seq.request.eos_token_ids:
-                self.finish_sequence(seq, FinishReason.STOP)
-                return
-            if token_id in params.stop_token_ids:
-                self.finish_sequence(seq, FinishReason.STOP, token_id)
-                return
-        # A complete grammar allows only EOS (or a stop token) next; where EOS cannot end the choice
-        # (min_tokens bans it, ignore_eos ignores it) the choice ends here instead.
-        if grammar_ends_here(seq, token_id, can_end_with_eos=not params.ignore_eos and num_output >= params.min_tokens):
-            seq.grammar_complete = True
-            self.finish_sequence(seq, FinishReason.STOP)
-            return
-        if (params.max_tokens is not None and num_output >= params.max_tokens) \
-                or seq.num_tokens >= self.max_model_len:
-            self.finish_sequence(seq, FinishReason.LENGTH)
-
+        if self.adapters is not None:
+            self.adapters.count_token(seq)
+        stop = check_stop(seq, token_id, self.max_model_len)
+        if stop is not None:
+            seq.grammar_complete = seq.grammar_complete or stop.grammar_complete
+            self.finish_sequence(seq, stop.reason, stop.stop_reason)

@@ -9,8 +9,8 @@ from pipeline.config import SchedulerConfig, SpeculativeConfig
 from pipeline.request.request import Request
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
-from pipeline.scheduling.scheduler import Scheduler
-from pipeline.speculative.speculator import can_speculate
+from pipeline.scheduling.scheduler import Scheduler, SchedulerFeatures
+from pipeline.speculative.speculator import Speculator, can_speculate
 from pipeline.step.result import StepResult
 
 PROMPT = [3, 4, 5, 6, 7] * 3  # 15 tokens: after a sampled 3, the draft copies 4 5 6 7
@@ -18,7 +18,8 @@ PROMPT = [3, 4, 5, 6, 7] * 3  # 15 tokens: after a sampled 3, the draft copies 4
 
 def _scheduler(speculative: SpeculativeConfig | None, budget: int = 64) -> Scheduler:
     kv = KVCacheManager(32, 4, enable_prefix_caching=True)
-    return Scheduler(SchedulerConfig(max_num_batched_tokens=budget), kv, 256, speculative=speculative)
+    speculator = Speculator(speculative) if speculative is not None else None
+    return Scheduler(SchedulerConfig(max_num_batched_tokens=budget), kv, 256, SchedulerFeatures(speculator=speculator))
 
 
 def _step(scheduler: Scheduler, tokens_per_seq: list[int]):
