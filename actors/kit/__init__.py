@@ -3,5 +3,5 @@ runtime that runs and supervises a graph (`runtime`), the streams between actors
 types and encoding (`edges`, `messages`, `message_codec`), the device thread and engine loading
 (`device`), the event loop and process tuning every `aqueduct` process starts with.
 
-May import: pipeline/, queue_adapters/. Never worker/, http/ or cli/.
+May import: pipeline, queue_adapters. Never worker/, http/ or cli/.
 """

@@ -2,5 +2,5 @@
 stages, output, control), its reply sinks, metrics and health endpoint, the wiring (`run`), and
 recovery/ (liveness, ownership of request ids, crash resume).
 
-May import: kit/, pipeline/, queue_adapters/. Never http/ or cli/.
+May import: actors.kit, pipeline, queue_adapters. Never http/ or cli/.
 """

@@ -2,6 +2,6 @@
 compiled once per text by llguidance (`GrammarCompiler`, cached), and one `GrammarMatcher` per
 choice that yields the allowed-token bitmask before each sample and advances with each token.
 
-May import: request/, loading/ (the tokenizer). The bitmask travels in the step plan as bytes, so
-tensor prep and the sampler never see a matcher.
+May import: pipeline.request (the canonical constraint). The bitmask travels in the step plan as
+bytes, so tensor prep and the sampler never see a matcher.
 """

@@ -1,5 +1,5 @@
 """Output: token events become text deltas per choice (incremental detokenizer, stop strings),
 finish reasons and usage (`OutputProcessor`).
 
-May import: request/.
+May import: pipeline.request.
 """

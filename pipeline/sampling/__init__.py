@@ -2,5 +2,5 @@
 truncation, reshaping, temperature, the choice of token, logprobs), with counter-based randomness
 (`rng`) so results survive batching, preemption and crashes.
 
-May import: request/, step/, config, host_to_device.
+May import: pipeline.request, pipeline.step, pipeline.config, pipeline.host_to_device.
 """

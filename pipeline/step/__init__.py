@@ -2,5 +2,5 @@
 model inputs and sampling batch (tensor prep -> model and sampler), the prepared step, the result
 (sampler -> scheduler).
 
-May import: request/ only (and numpy/torch for the arrays it holds); no stage package.
+May import: pipeline.request (and numpy and torch for the arrays it holds). No stage package.
 """

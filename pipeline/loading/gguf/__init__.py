@@ -1,4 +1,7 @@
-"""GGUF files (llama.cpp's format) converted into HF-style model directories the engine loads."""
+"""GGUF files (llama.cpp's format) converted into HF-style model directories the engine loads.
+
+May import: pipeline.loading.cache_dir.
+"""
 
 from pipeline.loading.gguf.architectures import GGUF_ARCHITECTURES
 from pipeline.loading.gguf.convert import gguf_model_dir

@@ -8,6 +8,8 @@ Every family module provides
 `config` is the checkpoint's config.json as a dict. A vision-language family also provides
 `text_config(config)`, its language model's config, and its model `encode_images(pixel_values)` and
 an `images` argument to `forward` (pipeline/model/models/llava.py).
+
+May import: pipeline.model.attention, pipeline.model.layers.
 """
 
 from __future__ import annotations

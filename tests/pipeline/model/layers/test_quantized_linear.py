@@ -11,8 +11,8 @@ import torch
 from pipeline.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.loading.gguf.quant_blocks import decode_q4
-from pipeline.model.layers import quantized_linear
 from pipeline.model.cpu.kernels import load_quantized_linear_kernel
+from pipeline.model.layers import quantized_linear
 from pipeline.model.layers.quantized_linear import (
     Int4Linear,
     Int8Linear,
