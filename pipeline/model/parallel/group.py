@@ -4,7 +4,7 @@ gloo on the CPU, NCCL on CUDA (rank r on device base + r, base being the index -
 
 Each step the driver broadcasts the step's inputs as one packed int64 buffer (a fixed-size header,
 then the payload: two broadcasts, however many arrays) and every rank runs the same forward; the
-collectives inside the model (parallel.py) keep them in step. A header with STOP ends the ranks'
+collectives inside the model (sharding.py) keep them in step. A header with STOP ends the ranks'
 loop. Failure handling:
 - a rank process that dies: the driver's watchdog sees its exit code and ends the driver's
   process with exit code 1 (a collective would otherwise wait on it forever); the worker's

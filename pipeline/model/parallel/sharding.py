@@ -1,6 +1,6 @@
 """Tensor parallelism: split a loaded decoder-family model across the ranks of a torch.distributed group.
 
-Each rank keeps (Megatron's layout, as vLLM and the seed's runner use it):
+Each rank keeps (Megatron's layout, as vLLM uses it):
 - qkv_proj (column-parallel): its query heads and its KV heads; KV heads are split when there are
   at least as many as ranks, else each is replicated over world / kv_heads ranks;
 - o_proj and down_proj (row-parallel): the input columns of its heads / intermediate slice; the
