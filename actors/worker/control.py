@@ -102,7 +102,7 @@ class ControlActor:
         if refusal is not None:
             log.warning("lora adapter path refused", adapter=adapter, path=path, error=refusal)
             return answer(False, refusal)
-        adapter_id = self.loras.reserve(adapter, path)
+        adapter_id = self.loras.reserve(adapter, path, self.lora_root)  # checked again where the files are read
         try:
             await asyncio.wrap_future(self.device.submit(self.loras.complete, adapter_id))
         except Exception as error:  # the registry forgot the name; the files were the entry's fault

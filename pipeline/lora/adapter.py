@@ -60,25 +60,39 @@ class LoRAAdapter:
         return frozenset(module for _, module in self.weights)
 
 
-def read_adapter(name: str, path: str | Path, shapes: ModelShapes, max_rank: int) -> LoRAAdapter:
+def read_adapter(name: str, path: str | Path, shapes: ModelShapes, max_rank: int,
+                 root: Path | None = None) -> LoRAAdapter:
     """Load and check the PEFT adapter in directory `path`; LoRAError says what does not fit.
 
-    The files are not trusted (a control entry names any path): the config is read as untrusted
-    JSON of bounded size, and the safetensors header (names, shapes, dtypes) is checked against
-    the model before any tensor is read."""
-    path = Path(path)
-    config = _read_config(name, path)
+    The files are not trusted (a control entry names any path): each is read through its real path,
+    which must lie under `root` (--lora-root, already resolved) when one is given; the config is read
+    as untrusted JSON of bounded size, and the safetensors header (names, shapes, dtypes) is checked
+    against the model before any tensor is read."""
+    directory = _real_path(name, Path(path), root)
+    config = _read_config(name, directory, root)
     rank, scale = _rank_and_scale(name, config, max_rank)
-    weights = _read_weights(name, path, rank, shapes)
+    weights = _read_weights(name, _real_path(name, directory / WEIGHTS_FILE, root), rank, shapes)
     return LoRAAdapter(name=name, rank=rank, scale=scale, weights=weights)
 
 
-def _read_config(name: str, path: Path) -> dict[str, Any]:
-    config_path = path / CONFIG_FILE
-    if not config_path.is_file():
-        raise LoRAError(f"lora adapter {name!r}: no {CONFIG_FILE} in {path}")
-    if not (path / WEIGHTS_FILE).is_file():
-        raise LoRAError(f"lora adapter {name!r}: no {WEIGHTS_FILE} in {path} (only safetensors adapters are read)")
+def _real_path(name: str, path: Path, root: Path | None) -> Path:
+    """`path` with every symlink resolved, refused unless under `root`: the files are opened by this
+    checked path, so a link re-pointed after the check is never followed."""
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError, ValueError) as error:  # missing, a symlink loop, a NUL in the path
+        raise LoRAError(f"lora adapter {name!r}: {path} cannot be resolved: {error}") from error
+    if root is not None and not real.is_relative_to(root):
+        raise LoRAError(f"lora adapter {name!r}: {path} is outside --lora-root {str(root)!r}")
+    return real
+
+
+def _read_config(name: str, directory: Path, root: Path | None) -> dict[str, Any]:
+    if not (directory / CONFIG_FILE).is_file():
+        raise LoRAError(f"lora adapter {name!r}: no {CONFIG_FILE} in {directory}")
+    if not (directory / WEIGHTS_FILE).is_file():
+        raise LoRAError(f"lora adapter {name!r}: no {WEIGHTS_FILE} in {directory} (only safetensors adapters are read)")
+    config_path = _real_path(name, directory / CONFIG_FILE, root)
     try:
         if config_path.stat().st_size > MAX_CONFIG_BYTES:
             raise LoRAError(f"lora adapter {name!r}: {CONFIG_FILE} is larger than {MAX_CONFIG_BYTES} bytes")
@@ -116,10 +130,10 @@ def _rank_and_scale(name: str, config: dict[str, Any], max_rank: int) -> tuple[i
     return rank, float(scale)
 
 
-def _read_weights(name: str, path: Path, rank: int,
+def _read_weights(name: str, weights_path: Path, rank: int,
                   shapes: ModelShapes) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
     try:
-        with safe_open(str(path / WEIGHTS_FILE), framework="pt") as file:
+        with safe_open(str(weights_path), framework="pt") as file:
             layout = _check_layout(name, {key: file.get_slice(key) for key in file.keys()}, rank,  # noqa: SIM118
                                    shapes)
             halves = {place: file.get_tensor(key).float() for key, place in layout.items()}

@@ -19,6 +19,7 @@ import torch
 
 from pipeline.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from pipeline.host_to_device import to_device
+from pipeline.loading.cache_dir import cache_dir
 from pipeline.lora.registry import LoRARegistry
 from pipeline.model.attention.fp8_kv import FP8_DTYPES, Fp8KVCache, allocate_fp8_caches
 from pipeline.model.attention.paged import TorchPagedAttention
@@ -131,7 +132,7 @@ class ModelRunner:
             self.lora = LoRASlotTensors(self.model, lora_config.max_loras, lora_config.max_lora_rank, self.dtype,
                                         self.device)
             self.lora_registry = LoRARegistry(self.lora.shapes, lora_config.max_lora_rank,
-                                              lora_config.host_capacity)
+                                              lora_config.host_capacity, copies_dir=cache_dir() / "lora")
         self.vision, self.encoder_cache = self._vision_parts()
         self._use_native_decoder()
         self.vocab_size = self.info.vocab_size

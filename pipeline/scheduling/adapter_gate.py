@@ -2,7 +2,8 @@
 device slot while it runs, and the output tokens each adapter generated (metrics).
 
 A sequence may start only when its adapter is read into host memory and a device slot is free or can
-be freed; the slots' loads travel in the step plan (pipeline/lora/slots.py).
+be freed; the slots' loads travel in the step plan (pipeline/lora/slots.py), and the registry keeps
+their weights in host memory until the device has copied them.
 """
 
 from __future__ import annotations
@@ -24,13 +25,21 @@ class AdapterGate:
         return lora_id is not None and not self.registry.is_servable(lora_id)
 
     def can_run(self, seq: Sequence) -> bool:
-        """Its adapter is read and resident, or a slot can be freed for it."""
+        """Its adapter is read and resident, or a slot can be freed for it and its weights are in host
+        memory (read back here if evicted, so a private copy that is gone fails the request, not the step)."""
         lora_id = seq.request.lora_id
-        return lora_id is None or (self.registry.is_ready(lora_id) and self.slots.can_acquire(lora_id))
+        if lora_id is None:
+            return True
+        if not (self.registry.is_ready(lora_id) and self.slots.can_acquire(lora_id)):
+            return False
+        return self.slots.slot_of(lora_id) is not None or self.registry.prepare(lora_id)
 
     def acquire(self, seq: Sequence) -> None:
-        if seq.request.lora_id is not None:
-            seq.lora_slot = self.slots.acquire(seq.request.lora_id)
+        lora_id = seq.request.lora_id
+        if lora_id is not None:
+            if self.slots.slot_of(lora_id) is None:  # a slot load: held in host memory until the device copies it
+                self.registry.hold(lora_id)
+            seq.lora_slot = self.slots.acquire(lora_id)
 
     def release(self, seq: Sequence) -> None:
         if seq.lora_slot is not None and seq.request.lora_id is not None:
