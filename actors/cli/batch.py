@@ -22,11 +22,7 @@ from typing import Any
 import structlog
 from tqdm import tqdm
 
-from actors.http.chat_request import CHAT_URL, parse_chat_request
-from actors.http.completion_request import parse_completion_body
-from actors.http.openai_shapes import completion_body
-from actors.http.prompt_results import merge_prompt_results
-from actors.http.tool_parsers.plan import ToolPlan
+from actors.http.openai.batch_lines import URLS, LineBody, answer_body, parse_line_body
 from actors.kit.runtime import ActorRuntime
 from actors.worker.intake import build_request
 from actors.worker.replies import MemoryReplySink, to_wire
@@ -46,9 +42,7 @@ class BatchLine:
     custom_id: str
     request: WireRequest | None  # None: the line was rejected before submission
     error: str | None = None
-    chat: bool = False  # a /v1/chat/completions line: answered with a chat.completion body
-    echo: bool = False  # a completions line's `echo`: its prompt comes first in each choice
-    tool_plan: ToolPlan | None = None  # a chat line with tools: what its answers' text becomes
+    body: LineBody | None = None  # the line's body, checked (None: the line was rejected)
 
 
 def read_batch_file(path: Path, tool_parser: str | None = None) -> list[BatchLine]:
@@ -73,19 +67,8 @@ def _parse_line(text: bytes, number: int, seen: set[str], tool_parser: str | Non
         if custom_id in seen:
             raise ValueError(f"duplicate custom_id {custom_id!r}")
         seen.add(custom_id)
-        chat = item["url"] == CHAT_URL
-        if chat:
-            body = parse_chat_request(item["body"], tool_parser)  # validates the sampling and tool fields
-            params, tool_plan = body.params, body.tool_plan
-            prompt_fields: dict[str, Any] = {"messages": body.messages, "images": body.images or None,
-                                             "tools": body.tools}
-            echo = False
-        else:
-            completion = parse_completion_body(item["body"])  # validates the sampling fields
-            if len(completion.prompts) != 1:
-                raise ValueError(f"prompt must be one prompt per batch line, got a list of {len(completion.prompts)}")
-            prompt, params, echo, tool_plan = completion.prompts[0], completion.params, completion.echo, None
-            prompt_fields = {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt}
+        body = parse_line_body(item["url"], item["body"], tool_parser)
+        params = body.params
         # Unseeded sampling is seeded from the custom_id (not the line's wire id), so a line's
         # output does not depend on where it sits in the file.
         if params.get("seed") is None:
@@ -94,8 +77,8 @@ def _parse_line(text: bytes, number: int, seen: set[str], tool_parser: str | Non
         # As vLLM: the body's `model` names a LoRA adapter; the base model's name means none.
         model = item["body"].get("model")
         lora = model if isinstance(model, str) and model else None
-        return BatchLine(custom_id, WireRequest(id=f"batch-line-{number}", params=params, lora=lora, **prompt_fields),
-                         chat=chat, echo=echo, tool_plan=tool_plan)
+        request = WireRequest(id=f"batch-line-{number}", params=params, lora=lora, **body.prompt_fields)
+        return BatchLine(custom_id, request, body=body)
     except (ValueError, CodecError) as error:  # UntrustedValueError is a ValueError
         log.warning("rejected batch line", line=number, custom_id=custom_id, error=str(error))
         return BatchLine(custom_id, None, str(error))
@@ -109,8 +92,8 @@ def _check_envelope(item: dict[str, Any]) -> None:
         raise ValueError("custom_id must be a non-empty string")
     if item.get("method", "POST") != "POST":
         raise ValueError(f"method must be POST, got {item.get('method')!r}")
-    if item.get("url") not in ("/v1/completions", CHAT_URL):
-        raise ValueError(f"url must be /v1/completions or {CHAT_URL}, got {item.get('url')!r}")
+    if item.get("url") not in URLS:
+        raise ValueError(f"url must be {' or '.join(URLS)}, got {item.get('url')!r}")
 
 
 # ---- running ---------------------------------------------------------------------------------
@@ -226,27 +209,17 @@ def write_results(lines: list[BatchLine], results: dict[str, dict], output_path:
                 code = "invalid_request" if result is None else result["error"]["code"]
                 record = _error_line(line.custom_id, message, code)
             else:
-                if not line.chat:  # choices carry their prompt's logprobs, and echo's prompt
-                    result = _with_prompt(line, result, tokenizer)
                 record = _response_line(line, result, model_name, tokenizer)
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
     return {"lines": len(lines), "errors": errors}
 
 
 def _response_line(line: BatchLine, result: dict, model_name: str, tokenizer: Any | None) -> dict[str, Any]:
+    assert line.request is not None and line.body is not None
     custom_id = line.custom_id
-    response_id = f"chatcmpl-{custom_id}" if line.chat else f"cmpl-{custom_id}"
-    body = completion_body(response_id, result, model_name, tokenizer, line.chat, line.tool_plan)
+    body = answer_body(line.body, line.request, custom_id, result, model_name, tokenizer)
     return {"id": f"batch-{custom_id}", "custom_id": custom_id,
             "response": {"status_code": 200, "body": body}, "error": None}
-
-
-def _with_prompt(line: BatchLine, result: dict[str, Any], tokenizer: Any | None) -> dict[str, Any]:
-    assert line.request is not None
-    request = line.request
-    prompt = request.prompt if request.prompt is not None else request.prompt_token_ids
-    n = int(request.params.get("n", 1) or 1)
-    return merge_prompt_results([result], n, [prompt] if prompt is not None else None, line.echo, tokenizer)
 
 
 def _error_line(custom_id: str, message: str, code: str = "invalid_request") -> dict[str, Any]:

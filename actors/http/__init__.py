@@ -1,6 +1,12 @@
-"""The OpenAI-compatible HTTP gateway (`aqueduct serve`): FastAPI routes over a backend that is either
-the worker's actor graph in this process (embedded) or a Redis deployment (stateless gateway).
+"""The HTTP gateway (`aqueduct serve`): FastAPI routes over a backend that is either the worker's actor
+graph in this process (embedded) or a Redis deployment (stateless gateway).
 
-May import: kit/, worker/ (the embedded backend runs the worker's graph), pipeline/, queue_adapters/.
-Never cli/.
+At the top, the server: the app (app.py) that mounts each protocol's routes, `serve` and its flags,
+the OpenAPI document; below them the protocols, one package each (openai/, kobold/); below those the
+protocol-neutral plumbing: generation/ (submit, first entry, stream, cancel), backends, API keys
+and body limits, request ids, errors, metrics, options, the one-send transport. A protocol imports
+the plumbing, never another protocol; the plumbing imports no protocol.
+
+May import: actors.worker (the embedded backend runs the worker's graph), actors.kit, pipeline,
+queue_adapters. Never actors.cli.
 """

@@ -24,6 +24,7 @@ from actors.kit.runtime import ActorRuntime
 from actors.worker.metrics import WorkerMetrics
 from actors.worker.recovery.liveness import heartbeat_key
 from actors.worker.replies import MemoryReplySink
+from actors.worker.run import StatsReporter, build_graph
 from pipeline.engine import LLMEngine
 from queue_adapters.client import AqueductClient, ReplyOrder
 from queue_adapters.codec import Malformed, WireError, WireReply, WireRequest
@@ -155,8 +156,6 @@ class EmbeddedBackend:
         return registry.names() if registry is not None else []
 
     async def start(self) -> None:
-        from actors.worker.run import StatsReporter, build_graph
-
         max_in_flight = 2 * self.engine.config.scheduler.max_num_seqs
         self.inbox: MemoryStream[WireRequest | Malformed] = MemoryStream(maxsize=4 * max_in_flight)
         self.producer = self.inbox.producer()

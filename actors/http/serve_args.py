@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from actors.http.openai.tool_parsers import PARSERS
 from actors.http.options import GatewayOptions
-from actors.http.tool_parsers import PARSERS
 
 
 def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., str | None]) -> None:

@@ -25,8 +25,8 @@ from schemathesis.specs.openapi.checks import (
 
 from actors.http.app import create_app
 from actors.http.backends import EmbeddedBackend
-from actors.http.bodies import _REQUEST_ID
 from actors.http.errors import from_engine_error
+from actors.http.openai.parse import _REQUEST_ID
 from actors.http.options import GatewayOptions
 from tests.support.engine_helpers import make_engine
 from tests.support.gateway_helpers import API_KEY

@@ -38,7 +38,7 @@ UNSHRUNK = (Phase.explicit, Phase.reuse, Phase.generate)
 # Loaded from the module, not from GET /openapi.json: schemathesis' fixture loader (from_fixture) fails on
 # pytest 9 (it sets Function._nodeid); test_the_served_document_is_the_module_s checks they are the same.
 # The KoboldAI routes (/api/...) answer in Kobold's shapes, which CHECKS do not read: they get a fuzz of
-# their own below that asks only for an answer below 500 in time (their shapes: test_kobold_api.py).
+# their own below that asks only for an answer below 500 in time (their shapes: tests/actors/http/kobold/test_api.py).
 schema = schemathesis.openapi.from_dict(openapi_document()).exclude(path_regex="^/api/")
 kobold_schema = schemathesis.openapi.from_dict(openapi_document()).include(path_regex="^/api/")
 KOBOLD_EXAMPLES = 25

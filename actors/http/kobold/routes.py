@@ -1,5 +1,5 @@
 """The KoboldAI routes, on the same app as the OpenAI ones (`/api/v1/...`, also under `/api/latest/...`
-as KoboldAI serves them). Generation goes through actors/http/generation.py with Kobold's parser and shapes."""
+as KoboldAI serves them). Generation goes through actors/http/generation/ with Kobold's parser and shapes."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from actors.http.backends import Backend
-from actors.http.bodies import GatewayRequest
 from actors.http.errors import ApiError, invalid, parse_json_body
-from actors.http.generation import Generation
+from actors.http.generation.flow import Generation
+from actors.http.generation.request import GatewayRequest
 from actors.http.kobold.errors import kobold_error_response
 from actors.http.kobold.fields import KoboldFieldError, kobold_name, parse_generate_body
 from actors.http.kobold.genkeys import Genkeys
@@ -43,7 +43,7 @@ def add_kobold_routes(app: FastAPI, generation: Generation, backend: Backend, op
         genkey = body.get("genkey")
         if isinstance(genkey, str):
             genkeys.bind(request.headers.get("authorization"), genkey, wire.id)
-        return GatewayRequest([wire], chat=False, stream=stream, include_usage=False, response_id=wire.id)
+        return GatewayRequest([wire], chat=False, stream=stream, response_id=wire.id)
 
     async def generate(request: Request) -> Response:
         return await generation.serve(request, functools.partial(parse, stream=False), generate_shape)

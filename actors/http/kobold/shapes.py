@@ -18,9 +18,9 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from actors.http.bodies import GatewayRequest
 from actors.http.errors import ApiError, from_engine_error
-from actors.http.generation import EventWriter
+from actors.http.generation.flow import EventWriter
+from actors.http.generation.request import GatewayRequest
 from actors.http.kobold.errors import kobold_error_body, kobold_error_response
 from queue_adapters.codec import WireReply
 
@@ -70,9 +70,9 @@ class KoboldShape:
     def error(self, error: ApiError) -> Response:
         return kobold_error_response(error)
 
-    def answer(self, request: GatewayRequest, result: dict[str, Any]) -> Response:
+    def answer(self, request: GatewayRequest, results: list[dict[str, Any]]) -> Response:
         return JSONResponse({"results": [{"text": choice["text"], "finish_reason": choice["finish_reason"]}
-                                         for choice in result["choices"]]})
+                                         for result in results for choice in result["choices"]]})
 
     def writer(self, request: GatewayRequest) -> EventWriter:
         return KoboldEvents()

@@ -100,7 +100,7 @@ async def test_unknown_routes_answer_in_the_same_error_shape(path: str) -> None:
 
 
 def test_request_timeout_becomes_the_wire_deadline_and_x_request_id_the_wire_id() -> None:
-    from actors.http.bodies import parse_body
+    from actors.http.openai.parse import parse_body
 
     before_ms = time.time() * 1000
     request = parse_body({"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}, chat=False,

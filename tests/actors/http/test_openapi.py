@@ -1,5 +1,6 @@
-"""The OpenAPI document (actors/http/openapi.py) against the parsers it describes: the same sampling fields as
-SamplingParams, and for each field the same verdict on values at and around every documented bound."""
+"""The OpenAPI document (actors/http/openapi.py: the sampling fields of actors/http/sampling_schema.py, the
+OpenAI bodies of actors/http/openai/openapi_paths.py) against the parsers it describes: the same sampling
+fields as SamplingParams, and for each field the same verdict on values at and around every documented bound."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 import jsonschema_rs
 import pytest
 
-from actors.http.openapi import chat_body, completion_body, openapi_document, sampling_properties
+from actors.http.openai.openapi_paths import chat_body, completion_body
+from actors.http.openapi import openapi_document
+from actors.http.sampling_schema import sampling_properties
 from pipeline.request.param_checks import FLOAT32_MAX, INT64_MAX, INT64_MIN
 from pipeline.request.sampling_params import LIST_LIMITS, SamplingParams
 
@@ -86,7 +89,7 @@ def test_the_document_is_openapi_3_1_with_the_four_bodies() -> None:
     assert document["openapi"].startswith("3.1")
     openai_paths = {name: path for name, path in document["paths"].items() if not name.startswith("/api/")}
     assert sorted(openai_paths) == ["/detokenize", "/tokenize", "/v1/chat/completions", "/v1/completions"]
-    for path in openai_paths.values():  # the KoboldAI routes (/api/...): tests/actors/http/test_kobold_fields.py
+    for path in openai_paths.values():  # the KoboldAI routes (/api/...): tests/actors/http/kobold/test_fields.py
         assert {"200", "400", "401", "404", "413", "429", "503"} <= set(path["post"]["responses"])
 
 

@@ -9,8 +9,8 @@ import json
 import jsonschema_rs
 import pytest
 
-from actors.http.tool_parsers import PARSERS
-from actors.http.tool_parsers.tool_choice import (
+from actors.http.openai.tool_parsers import PARSERS
+from actors.http.openai.tool_parsers.tool_choice import (
     calls_from_constrained,
     check_tool_choice,
     check_tools,

@@ -9,8 +9,8 @@ from typing import Any
 import jsonschema_rs
 import pytest
 
-from actors.http.chat_request import AUTO_NEEDS_PARSER, parse_chat_request
-from actors.http.openapi import chat_body
+from actors.http.openai.chat_request import AUTO_NEEDS_PARSER, parse_chat_request
+from actors.http.openai.openapi_paths import chat_body
 
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from actors.http.tool_parsers.base import ParsedToolCalls, ToolCall
+from actors.http.openai.tool_parsers.base import ParsedToolCalls, ToolCall
 from pipeline.request.tools import MAX_TOOLS, check_tools
 
 __all__ = ["MAX_TOOLS", "ToolChoice", "calls_from_constrained", "check_tool_choice", "check_tools", "constraint_for"]

@@ -1,6 +1,6 @@
 """The per-prompt results of one completions request as one result: OpenAI's choice order and summed usage.
 
-A request with several prompts runs as one wire request per prompt (actors/http/bodies.py); its
+A request with several prompts runs as one wire request per prompt (actors/http/openai/parse.py); its
 choices are numbered `prompt_index * n + j`, as OpenAI numbers them. Each choice carries what it
 needs of its prompt: the prompt's logprobs and token ids (when the worker scored the prompt) and,
 for `echo`, the prompt's text.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.http.completion_request import Prompt
+from actors.http.openai.completion_request import Prompt
 
 
 def merge_prompt_results(results: list[dict[str, Any]], n: int, prompts: list[Prompt] | None, echo: bool,

@@ -1,12 +1,13 @@
-"""One /v1/completions or /v1/chat/completions request: parse, submit, answer (JSON or SSE), cancel.
+"""One generation request of any API: parse, submit, answer (JSON or SSE), cancel.
 
-The HTTP status is decided on the first reply entry: until it arrives nothing is sent, so an
-engine refusal (a prompt longer than the context, a bad token id) is still a 400, and a worker
-that never answers is a 503. A completions request with several prompts submits one wire request
-per prompt and waits for each one's first entry before answering; their replies are merged in
-OpenAI's choice order (actors/http/prompt_results.py; streamed: actors/http/chunks.py). A client
-that goes away cancels its request (every prompt of it) over the backend's control path, whether it
-was streaming or waiting for the whole answer.
+Each API brings its parser and its `ResponseShape` (actors/http/openai/, actors/http/kobold/); the flow
+between them is the same. The HTTP status is decided on the first reply entry: until it arrives
+nothing is sent, so an engine refusal (a prompt longer than the context, a bad token id) is still a
+400, and a worker that never answers is a 503. A request with several prompts (an OpenAI completions
+prompt list) submits one wire request per prompt and waits for each one's first entry before
+answering; the shape merges their results (streamed: their replies, in arrival order). A client that
+goes away cancels its request (every prompt of it) over the backend's control path, whether it was
+streaming or waiting for the whole answer.
 """
 
 from __future__ import annotations
@@ -14,30 +15,29 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from redis.exceptions import RedisError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 
 from actors.http.backends import Backend
-from actors.http.bodies import GatewayRequest, parse_body
-from actors.http.chunks import DONE_EVENT, ChunkWriter, event
-from actors.http.errors import ApiError, from_engine_error, parse_json_body
+from actors.http.errors import ApiError, from_engine_error
 from actors.http.gateway_metrics import GatewayMetrics
-from actors.http.interrupts import ClientGone, DisconnectWatch, Interrupter, Watchdog
-from actors.http.limits import PendingLimit, check_api_key, read_body_limited
-from actors.http.openai_shapes import completion_body
+from actors.http.generation.event_stream import EventStreamResponse
+from actors.http.generation.interrupts import ClientGone, DisconnectWatch, Interrupter, Watchdog
+from actors.http.generation.reply_merge import merge_replies
+from actors.http.generation.request import GatewayRequest, ignored_fields_header
+from actors.http.limits import PendingLimit
 from actors.http.options import GatewayOptions
-from actors.http.prompt_results import merge_prompt_results
-from actors.http.reply_merge import merge_replies
 from actors.http.request_ids import MemoryRequestIds, request_fingerprint
-from actors.http.unknown_fields import bounded_names, ignored_fields_header
 from queue_adapters.client import assemble
 from queue_adapters.codec import WireReply
 
 log = structlog.get_logger(__name__)
+RequestT = TypeVar("RequestT", bound=GatewayRequest)
+RequestT_contra = TypeVar("RequestT_contra", bound=GatewayRequest, contravariant=True)
 
 
 class EventWriter(Protocol):
@@ -56,42 +56,22 @@ class EventWriter(Protocol):
         ...
 
 
-class ResponseShape(Protocol):
-    """How one API answers: its errors, its whole answer, its stream (OpenAI's below; Kobold's in
-    actors/http/kobold/). The flow between them (submit, first entry, cancel) is Generation's."""
+class ResponseShape(Protocol[RequestT_contra]):
+    """How one API answers: its errors, its whole answer, its stream (actors/http/openai/shapes.py,
+    actors/http/kobold/shapes.py). The flow between them (submit, first entry, cancel) is Generation's."""
 
     endpoint: str  # the metrics' and logs' label
 
     def error(self, error: ApiError) -> Response: ...
 
-    def answer(self, request: GatewayRequest, result: dict[str, Any]) -> Response: ...
+    def answer(self, request: RequestT_contra, results: list[dict[str, Any]]) -> Response:
+        """The whole answer from each prompt's error-free result, in prompt order."""
+        ...
 
-    def writer(self, request: GatewayRequest) -> EventWriter: ...
-
-
-class _OpenAIEvents(ChunkWriter):
-    def failure(self, error: ApiError) -> str:
-        return event(error.body()) + DONE_EVENT
+    def writer(self, request: RequestT_contra) -> EventWriter: ...
 
 
-class _OpenAIShape:
-    def __init__(self, backend: Backend, chat: bool) -> None:
-        self.backend, self.chat = backend, chat
-        self.endpoint = "chat" if chat else "completions"
-
-    def error(self, error: ApiError) -> Response:
-        return error.response()
-
-    def answer(self, request: GatewayRequest, result: dict[str, Any]) -> Response:
-        return JSONResponse(completion_body(request.response_id, result, self.backend.model_name,
-                                            self.backend.tokenizer, request.chat, request.tool_plan),
-                            headers=ignored_fields_header(request.ignored_fields))
-
-    def writer(self, request: GatewayRequest) -> EventWriter:
-        return _OpenAIEvents(request, self.backend.model_name, self.backend.tokenizer)
-
-
-Parse = Callable[[Request], Awaitable[GatewayRequest]]
+Parse = Callable[[Request], Awaitable[RequestT]]
 
 
 class Generation:
@@ -101,13 +81,7 @@ class Generation:
         self._background: set[asyncio.Task[None]] = set()  # cancels sent from cancelled handlers
         self._local_ids = MemoryRequestIds()  # for a backend that keeps no bindings of its own
 
-    async def handle(self, request: Request, chat: bool) -> Response:
-        async def parse(request: Request) -> GatewayRequest:
-            return await self._parse_openai(request, chat)
-
-        return await self.serve(request, parse, _OpenAIShape(self.backend, chat))
-
-    async def serve(self, request: Request, parse: Parse, shape: ResponseShape) -> Response:
+    async def serve(self, request: Request, parse: Parse[RequestT], shape: ResponseShape[RequestT]) -> Response:
         """One generation request of any API: `parse` reads and checks it, `shape` writes the answer."""
         endpoint = shape.endpoint
         started = time.monotonic()
@@ -126,29 +100,13 @@ class Generation:
             log.info("http request", endpoint=endpoint, status=response.status_code, request_id=request_id,
                      seconds=round(time.monotonic() - started, 3))
 
-        if isinstance(response, _EventStreamResponse):
+        if isinstance(response, EventStreamResponse):
             response.also_on_closed(log_line)  # when the stream ends: not between the first token and the client
         else:
             log_line()
         return response
 
-    async def _parse_openai(self, request: Request, chat: bool) -> GatewayRequest:
-        check_api_key(request, self.options.api_key)
-        raw = await read_body_limited(request, self.options.max_request_bytes)
-        body = parse_json_body(raw)
-        gateway_request = parse_body(body, chat, self.backend.model_name, request.headers.get("x-request-id"),
-                                     self.options.request_timeout_s, self.backend.adapter_names(),
-                                     aliases=self.options.served_model_names,
-                                     strict_fields=self.options.strict_fields,
-                                     tool_parser=self.options.tool_call_parser)
-        if gateway_request.ignored_fields:
-            log.warning("request fields ignored", request_id=gateway_request.wire.id,
-                        fields=bounded_names(gateway_request.ignored_fields))
-        if "x-request-id" in request.headers:
-            await self._check_id_owner(gateway_request.wire.id, request.headers.get("authorization"), body)
-        return gateway_request
-
-    async def _handle(self, request: Request, parse: Parse, shape: ResponseShape) -> Response:
+    async def _handle(self, request: Request, parse: Parse[RequestT], shape: ResponseShape[RequestT]) -> Response:
         gateway_request = await parse(request)
         self.pending.acquire()
         self.metrics.in_flight.inc()
@@ -173,7 +131,7 @@ class Generation:
                 watch.stop()
                 self._release()
 
-    async def _check_id_owner(self, request_id: str, authorization: str | None, body: Any) -> None:
+    async def check_id_owner(self, request_id: str, authorization: str | None, body: Any) -> None:
         """A client-chosen id attaches only the same client's retry of the same request (request_ids.py)."""
         owners = getattr(self.backend, "request_ids", None) or self._local_ids
         if not await owners.bind(request_id, request_fingerprint(authorization, body)):
@@ -219,13 +177,13 @@ class Generation:
         finally:
             watchdog.stop()
 
-    def _answer(self, shape: ResponseShape, request: GatewayRequest, replies: list[list[WireReply]]) -> Response:
+    @staticmethod
+    def _answer(shape: ResponseShape[RequestT], request: RequestT, replies: list[list[WireReply]]) -> Response:
         results = [assemble(wire.id, entries) for wire, entries in zip(request.wires, replies, strict=True)]
-        result = results[0] if request.chat else merge_prompt_results(results, request.n, request.prompts,
-                                                                      request.echo, self.backend.tokenizer)
-        if result["error"] is not None:
-            raise from_engine_error(result["error"])
-        return shape.answer(request, result)
+        errors = [result["error"] for result in results if result["error"] is not None]
+        if errors:  # the first, in prompt order
+            raise from_engine_error(errors[0])
+        return shape.answer(request, results)
 
     def _stream(self, writer: EventWriter, request: GatewayRequest, replies: list[AsyncIterator[WireReply]],
                 firsts: list[WireReply], interrupter: Interrupter, watch: DisconnectWatch) -> Response:
@@ -249,8 +207,8 @@ class Generation:
             if not finished:
                 self._client_gone(request)
 
-        return _EventStreamResponse(writer.opening(firsts), rest(), interrupter, closed,
-                                    ignored_fields_header(request.ignored_fields))
+        return EventStreamResponse(writer.opening(firsts), rest(), interrupter, closed,
+                                   ignored_fields_header(request.ignored_fields))
 
     def _client_gone(self, request: GatewayRequest) -> None:
         log.info("client went away; cancelling", request_id=request.response_id)
@@ -279,7 +237,8 @@ async def _collect(first: WireReply, replies: AsyncIterator[WireReply]) -> list[
 
 
 def _engine_refusal(request: GatewayRequest, prompt_index: int, first: WireReply) -> ApiError:
-    """A worker's refusal of one prompt; for completions its `prompt_token_ids` is the client's `prompt`."""
+    """A worker's refusal of one prompt; but for chat its `prompt_token_ids` is the client's `prompt` (OpenAI
+    completions' field, and Kobold's)."""
     assert first.error is not None
     error = from_engine_error({"code": first.error.code, "message": first.error.message})
     if request.chat:
@@ -291,40 +250,3 @@ def _engine_refusal(request: GatewayRequest, prompt_index: int, first: WireReply
     if len(request.wires) > 1 and not error.message.startswith(field):
         error.message = f"{field}: {error.message}"  # which prompt the worker refused
     return error
-
-
-class _EventStreamResponse(StreamingResponse):
-    """Server-sent events, ended by a client that leaves (the Interrupter raises ClientGone), and
-    `on_closed` called however the response ends: finished, failed, or the client gone even before the
-    first event (a generator that never started would never run its own `finally`).
-
-    Starlette's own __call__ would, under uvicorn (ASGI spec 2.3), run the body in an anyio task group
-    beside a disconnect listener: two more tasks and a cancel scope per response. Here the request's
-    DisconnectWatch does that job, and the status line, headers and opening events leave back to back,
-    so the client wakes once for its first token."""
-
-    def __init__(self, opening: str, rest: AsyncIterator[str], interrupter: Interrupter,
-                 on_closed: Callable[[], None], headers: dict[str, str]) -> None:
-        super().__init__(rest, media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers})
-        self.opening, self.interrupter = opening.encode(), interrupter
-        self.on_closed = [on_closed]
-
-    def also_on_closed(self, callback: Callable[[], None]) -> None:
-        self.on_closed.append(callback)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            with self.interrupter:
-                await self._send_events(send)
-        except (ClientGone, OSError):  # OSError: a server (ASGI spec 2.4) whose send fails once the client left
-            pass
-        finally:
-            for callback in self.on_closed:
-                callback()
-
-    async def _send_events(self, send: Any) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        await send({"type": "http.response.body", "body": self.opening, "more_body": True})
-        async for text in self.body_iterator:
-            await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})

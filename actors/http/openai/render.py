@@ -1,4 +1,5 @@
-"""OpenAI response objects (completion, chat.completion, usage, logprobs) from assembled results.
+"""OpenAI response objects (completion, chat.completion and their choices, usage, logprobs) from
+assembled results.
 
 Shared by `aqueduct batch` (output lines) and the HTTP gateway (responses and stream chunks), so
 both answer in exactly the same shape.
@@ -9,8 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from actors.http.chat_request import chat_choice
-from actors.http.tool_parsers.plan import ToolPlan
+from actors.http.openai.tool_parsers.plan import ToolPlan
 
 
 def completion_body(response_id: str, result: dict[str, Any], model_name: str, tokenizer: Any | None,
@@ -110,3 +110,37 @@ def _top_with_chosen(entry: dict, tokenizer: Any | None) -> dict[str, float]:
 
 def token_text(tokenizer: Any | None, token_id: int) -> str:
     return tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
+
+
+def chat_choice(choice: dict[str, Any], tokenizer: Any | None, tool_plan: ToolPlan | None = None) -> dict[str, Any]:
+    """A `chat.completion` choice from an assembled result's choice (plus token_ids, as completions have);
+    with a tool plan, the calls in its text become `tool_calls`."""
+    entries = choice["logprobs"]
+    message: dict[str, Any] = {"role": "assistant", "content": choice["text"]}
+    finish_reason = choice["finish_reason"]
+    if tool_plan is not None:
+        parsed = tool_plan.calls(choice["text"])
+        message["content"] = parsed.content
+        if parsed.calls:
+            message["tool_calls"] = [call.as_openai() for call in parsed.calls]
+            finish_reason = tool_plan.finish_reason(finish_reason)
+    return {"index": choice["index"], "message": message,
+            "logprobs": chat_logprobs(entries, tokenizer) if entries is not None else None,
+            "finish_reason": finish_reason, "stop_reason": choice["stop_reason"],
+            "token_ids": choice["token_ids"]}
+
+
+def chat_logprobs(entries: list[dict[str, Any]], tokenizer: Any | None) -> dict[str, Any]:
+    """Chat's logprobs object (`content` entries) for some of a choice's tokens."""
+    return {"content": [_content_logprob(entry, tokenizer) for entry in entries]}
+
+
+def _content_logprob(entry: dict[str, Any], tokenizer: Any | None) -> dict[str, Any]:
+    return {**_token_logprob(entry["token_id"], entry["logprob"], tokenizer),
+            "top_logprobs": [_token_logprob(token_id, logprob, tokenizer) for token_id, logprob in entry["top"]]}
+
+
+def _token_logprob(token_id: int, logprob: float, tokenizer: Any | None) -> dict[str, Any]:
+    token = tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
+    # A token that ends inside a UTF-8 character decodes to U+FFFD; its bytes say so, as vLLM's do.
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}

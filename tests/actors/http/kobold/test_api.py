@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from actors.http.backends import EmbeddedBackend
-from tests.actors.http.test_kobold_fields import KOBOLD_LITE, SILLYTAVERN_DEFAULTS
+from tests.actors.http.kobold.test_fields import KOBOLD_LITE, SILLYTAVERN_DEFAULTS
 from tests.support.gateway_helpers import API_KEY
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

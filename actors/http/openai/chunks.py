@@ -25,12 +25,17 @@ from typing import Any
 
 import structlog
 
-from actors.http.bodies import GatewayRequest
-from actors.http.chat_request import chat_logprobs
 from actors.http.errors import from_engine_error
-from actors.http.openai_shapes import completion_logprobs, echo_entries, usage_object, vllm_prompt_logprobs
-from actors.http.prompt_results import prompt_text
-from actors.http.tool_parsers.plan import ToolPlan
+from actors.http.openai.parse import OpenAIRequest
+from actors.http.openai.prompt_results import prompt_text
+from actors.http.openai.render import (
+    chat_logprobs,
+    completion_logprobs,
+    echo_entries,
+    usage_object,
+    vllm_prompt_logprobs,
+)
+from actors.http.openai.tool_parsers.plan import ToolPlan
 from queue_adapters.codec import WireChoice, WireReply, WireUsage
 
 log = structlog.get_logger(__name__)
@@ -46,7 +51,7 @@ def event(payload: dict[str, Any]) -> str:
 class ChunkWriter:
     """Turns a request's reply entries into SSE events; remembers per-choice state across entries."""
 
-    def __init__(self, request: GatewayRequest, model_name: str, tokenizer: Any) -> None:
+    def __init__(self, request: OpenAIRequest, model_name: str, tokenizer: Any) -> None:
         self.request, self.tokenizer = request, tokenizer
         self.envelope = {"id": request.response_id or request.wire.id, "object": "chat.completion.chunk"
                          if request.chat else "text_completion", "created": int(time.time()), "model": model_name}
@@ -149,10 +154,9 @@ class ChunkWriter:
             entries = [*echo_entries(prompt), *entries]
         return text, entries, extra
 
-
     def _tool_delta(self, choice: WireChoice, plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
-        """Content that cannot become a call goes out at once; the rest waits for the answer's end,
-        where the whole text is parsed as the non-streamed answer is (actors/http/tool_parsers/plan.py)."""
+        """Content that cannot become a call goes out at once; the rest waits for the answer's end, where
+        the whole text is parsed as the non-streamed answer is (actors/http/openai/tool_parsers/plan.py)."""
         answer = self._answers.setdefault(choice.index, _HeldAnswer())
         answer.text += choice.text
         if choice.finish_reason is None:

@@ -9,7 +9,13 @@ from __future__ import annotations
 import json
 import re
 
-from actors.http.tool_parsers.base import ParsedToolCalls, ToolCall, before_marker, call_from_json, content_or_none
+from actors.http.openai.tool_parsers.base import (
+    ParsedToolCalls,
+    ToolCall,
+    before_marker,
+    call_from_json,
+    content_or_none,
+)
 
 MARKER = "<tool_call>"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)

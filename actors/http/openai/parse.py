@@ -1,8 +1,9 @@
-"""HTTP request bodies -> wire requests, through the batch file's parsers (the same fields and checks).
+"""OpenAI's HTTP request bodies -> wire requests, through the batch file's parsers (the same fields and checks).
 
-The HTTP-only fields (`stream`, `stream_options`) are taken off first; everything else is the
-batch file's body, so a field means the same thing in both places. A completions body with several
-prompts becomes one wire request per prompt, `{id}:{prompt index}` (one prompt keeps the id itself).
+The HTTP-only fields (`stream`, `stream_options`) and the unknown ones (unknown_fields.py) are taken
+off first; everything else is the batch file's body, so a field means the same thing in both places.
+A completions body with several prompts becomes one wire request per prompt, `{id}:{prompt index}`
+(one prompt keeps the id itself).
 """
 
 from __future__ import annotations
@@ -13,48 +14,32 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from actors.http.chat_request import parse_chat_request
-from actors.http.completion_request import Prompt, parse_completion_body
 from actors.http.errors import ApiError, invalid
-from actors.http.tool_parsers.plan import ToolPlan
-from actors.http.unknown_fields import take_unknown_fields
+from actors.http.generation.request import GatewayRequest
+from actors.http.openai.chat_request import parse_chat_request
+from actors.http.openai.completion_request import Prompt, parse_completion_body, prompt_field
+from actors.http.openai.tool_parsers.plan import ToolPlan
+from actors.http.openai.unknown_fields import take_unknown_fields
 from queue_adapters.codec import MAX_ID_LENGTH, CodecError, WireRequest
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 @dataclass(slots=True)
-class GatewayRequest:
-    wires: list[WireRequest]  # one per prompt (chat: one)
-    chat: bool
-    stream: bool
-    include_usage: bool
-    response_id: str = ""
+class OpenAIRequest(GatewayRequest):
+    """What OpenAI's answers need beyond the flow's request."""
+
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
     echo: bool = False
     prompts: list[Prompt] | None = None  # completions: as the client gave them (echo prepends them)
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage so far in every chunk
-    ignored_fields: tuple[str, ...] = ()  # unknown top-level fields taken off (actors/http/unknown_fields.py)
     tool_plan: ToolPlan | None = None  # chat with tools: what the answer's text becomes
-
-    @property
-    def wire(self) -> WireRequest:
-        """The first prompt's wire request (the only one but for a list of prompts)."""
-        return self.wires[0]
-
-    @property
-    def n(self) -> int:
-        """Choices per prompt."""
-        return int(self.wire.params.get("n", 1) or 1)
-
-    @property
-    def num_choices(self) -> int:
-        return self.n * len(self.wires)
 
 
 def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
                timeout_s: float | None, adapters: list[str] | None = None,
                aliases: tuple[str, ...] = (), strict_fields: bool = False,
-               tool_parser: str | None = None) -> GatewayRequest:
+               tool_parser: str | None = None) -> OpenAIRequest:
     """`tool_parser`: --tool-call-parser, when --enable-auto-tool-choice is on."""
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
@@ -64,7 +49,8 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
     include_usage, continuous_usage = _pop_stream_options(body, stream)
     response_id = _wire_id(request_id, chat)
     deadline_ms = int((time.time() + timeout_s) * 1000) if timeout_s else None
-    options = {"continuous_usage": continuous_usage, "ignored_fields": ignored}
+    options = {"response_id": response_id, "include_usage": include_usage, "continuous_usage": continuous_usage,
+               "ignored_fields": ignored}
     try:
         if chat:
             parsed = parse_chat_request(body, tool_parser)
@@ -72,8 +58,7 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
             parsed.params.setdefault("max_tokens", None)
             wire = WireRequest(id=response_id, params=parsed.params, deadline_ms=deadline_ms, lora=lora,
                                messages=parsed.messages, images=parsed.images or None, tools=parsed.tools)
-            return GatewayRequest([wire], chat, stream, include_usage, response_id, tool_plan=parsed.tool_plan,
-                                  **options)
+            return OpenAIRequest([wire], chat, stream, tool_plan=parsed.tool_plan, **options)
         completion = parse_completion_body(body)
     except (ValueError, CodecError, TypeError) as error:
         raise invalid(str(error), getattr(error, "field", None) or _field_named_in(str(error), body)) from error
@@ -83,12 +68,7 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
                              **prompt_field(prompt)) for wire_id, prompt in zip(ids, completion.prompts, strict=True)]
     except (CodecError, ValueError, TypeError) as error:
         raise invalid(str(error)) from error
-    return GatewayRequest(wires, chat, stream, include_usage, response_id, completion.echo, completion.prompts,
-                          **options)
-
-
-def prompt_field(prompt: Prompt) -> dict[str, Any]:
-    return {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+    return OpenAIRequest(wires, chat, stream, echo=completion.echo, prompts=completion.prompts, **options)
 
 
 def prompt_ids(response_id: str, num_prompts: int) -> list[str]:

@@ -3,7 +3,8 @@
 Unknown fields are an error, and so are OpenAI fields we do not implement yet, so a client
 never gets silently different behaviour. `prompt` is one prompt (a string or a list of token ids) or
 several (a list of strings or of token-id lists): one choice per prompt x n. `echo` is answered by
-the gateway (actors/http/echo.py); on the wire it becomes `prompt_logprobs` when `logprobs` is given.
+the gateway (actors/http/openai/prompt_results.py, chunks.py); on the wire it becomes `prompt_logprobs`
+when `logprobs` is given.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ def parse_completion_body(body: Any) -> CompletionBody:
         params["prompt_logprobs"] = max(params["logprobs"], params.get("prompt_logprobs") or 0)
     SamplingParams.from_dict(params)  # validates every remaining field, naming it
     return CompletionBody(prompts, params, echo)
+
+
+def prompt_field(prompt: Prompt) -> dict[str, Any]:
+    """A prompt as its wire request carries it: text, or token ids."""
+    return {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
 
 
 def sampling_fields(body: Any, required: str, unsupported: set[str]) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 vLLM's request models allow extra fields and log "the following fields were present in the
 request but ignored"; clients and frameworks send such fields all the time (a newer SDK's field,
 a provider-specific knob). Here they are taken off the body before the strict parsers see it, and
-the response names them in `X-Ignored-Fields` so the client can see what had no effect (vLLM only
-logs them). `aqueduct serve --strict-fields` keeps the old behaviour: a 400 naming the field.
+the response names them in `X-Ignored-Fields` (actors/http/generation/request.py) so the client can
+see what had no effect (vLLM only logs them). `aqueduct serve --strict-fields` keeps the old
+behaviour: a 400 naming the field.
 
 A field this module knows is never taken off: the parsers decide about it, so a known field we do
 not implement (`tools` before tool calling, vLLM's `chat_template_kwargs`) is still an error.
@@ -14,13 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
 from actors.http.errors import invalid
 from pipeline.request.sampling_params import SamplingParams
-
-IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
-_MAX_NAMED = 32  # a header and a log line stay bounded whatever the body holds
 
 # Every field of OpenAI's completion and chat request objects and the HTTP-only ones: whatever the
 # parsers do with them (use, ignore as documented, or refuse), they are not "unknown".
@@ -60,19 +57,6 @@ def take_unknown_fields(body: dict[str, Any], strict: bool, chat: bool) -> tuple
         return body, ()  # the parsers answer an unknown field with a 400 naming it
     unknown = tuple(sorted(str(key) for key in body if not _is_known(key)))
     return _without(body, lambda key: not _is_known(key)), unknown
-
-
-def ignored_fields_header(names: tuple[str, ...]) -> dict[str, str]:
-    """`X-Ignored-Fields: a, b` (names percent-encoded: a header is ASCII; at most 32, then `...`)."""
-    if not names:
-        return {}
-    shown = [quote(name[:64], safe="") for name in names[:_MAX_NAMED]]
-    return {IGNORED_FIELDS_HEADER: ", ".join(shown) + (", ..." if len(names) > _MAX_NAMED else "")}
-
-
-def bounded_names(names: tuple[str, ...]) -> list[str]:
-    """The names as a log line shows them (the first 32, each cut at 64 characters)."""
-    return [name[:64] for name in names[:_MAX_NAMED]]
 
 
 def _is_known(key: str) -> bool:

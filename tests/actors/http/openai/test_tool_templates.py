@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from actors.http.chat_request import parse_chat_request
+from actors.http.openai.chat_request import parse_chat_request
 from actors.worker.intake import build_request
 from pipeline.engine import LLMEngine
 from pipeline.loading.default_model import IM_END_TOKEN

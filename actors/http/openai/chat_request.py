@@ -1,12 +1,12 @@
-"""OpenAI /v1/chat/completions bodies: parsing into wire messages, tools and sampling parameters,
-and the `chat.completion` choice objects of the output.
+"""OpenAI /v1/chat/completions bodies -> wire messages, tools and sampling parameters (the answer's
+`chat.completion` objects are actors/http/openai/render.py's).
 
-Strict like completions (actors/http/completion_request.py): unknown fields are an error, and so are
-the chat features we do not implement (the deprecated `functions`), so nothing is silently ignored.
-Content may be a string or a list of text and image_url parts (actors/http/content_parts.py).
+Strict like completions (actors/http/openai/completion_request.py): unknown fields are an error, and
+so are the chat features we do not implement (the deprecated `functions`), so nothing is silently
+ignored. Content may be a string or a list of text and image_url parts (actors/http/openai/content_parts.py).
 Tools (docs/http-api.md#tool-calling): `tools` travel to the chat template; `tool_choice` decides what
-the gateway makes of the answer (actors/http/tool_parsers/plan.py), and `required` or a named function
-add the structured-output constraint that makes the answer the call(s).
+the gateway makes of the answer (actors/http/openai/tool_parsers/plan.py), and `required` or a named
+function add the structured-output constraint that makes the answer the call(s).
 """
 
 from __future__ import annotations
@@ -15,17 +15,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from actors.http.completion_request import sampling_fields
-from actors.http.content_parts import parse_content
-from actors.http.tool_parsers.plan import ToolPlan
-from actors.http.tool_parsers.tool_choice import check_tool_choice, check_tools, constraint_for
+from actors.http.openai.completion_request import sampling_fields
+from actors.http.openai.content_parts import parse_content
+from actors.http.openai.tool_parsers.plan import ToolPlan
+from actors.http.openai.tool_parsers.tool_choice import check_tool_choice, check_tools, constraint_for
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.request.structured_output import ALIASES, MAX_SPEC_CHARS
 from pipeline.request.tools import MAX_NAME_CHARS, MAX_TOOL_CALLS, arguments_object
 from pipeline.request.untrusted import UntrustedValueError
 from queue_adapters.chat_message import ChatMessage, WireFunctionCall, WireToolCall, check_tool_roles
 
-CHAT_URL = "/v1/chat/completions"
 _UNSUPPORTED = {"functions", "function_call", "stream_options", "audio", "modalities", "prediction"}
 _MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
 AUTO_NEEDS_PARSER = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
@@ -168,37 +167,3 @@ def _completion_names(params: dict[str, Any]) -> dict[str, Any]:
     if wants_logprobs:
         params["logprobs"] = top_logprobs or 0
     return params
-
-
-def chat_choice(choice: dict[str, Any], tokenizer: Any | None, tool_plan: ToolPlan | None = None) -> dict[str, Any]:
-    """A `chat.completion` choice from an assembled result's choice (plus token_ids, as completions have);
-    with a tool plan, the calls in its text become `tool_calls`."""
-    entries = choice["logprobs"]
-    message: dict[str, Any] = {"role": "assistant", "content": choice["text"]}
-    finish_reason = choice["finish_reason"]
-    if tool_plan is not None:
-        parsed = tool_plan.calls(choice["text"])
-        message["content"] = parsed.content
-        if parsed.calls:
-            message["tool_calls"] = [call.as_openai() for call in parsed.calls]
-            finish_reason = tool_plan.finish_reason(finish_reason)
-    return {"index": choice["index"], "message": message,
-            "logprobs": chat_logprobs(entries, tokenizer) if entries is not None else None,
-            "finish_reason": finish_reason, "stop_reason": choice["stop_reason"],
-            "token_ids": choice["token_ids"]}
-
-
-def chat_logprobs(entries: list[dict[str, Any]], tokenizer: Any | None) -> dict[str, Any]:
-    """Chat's logprobs object (`content` entries) for some of a choice's tokens."""
-    return {"content": [_content_logprob(entry, tokenizer) for entry in entries]}
-
-
-def _content_logprob(entry: dict[str, Any], tokenizer: Any | None) -> dict[str, Any]:
-    return {**_token_logprob(entry["token_id"], entry["logprob"], tokenizer),
-            "top_logprobs": [_token_logprob(token_id, logprob, tokenizer) for token_id, logprob in entry["top"]]}
-
-
-def _token_logprob(token_id: int, logprob: float, tokenizer: Any | None) -> dict[str, Any]:
-    token = tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
-    # A token that ends inside a UTF-8 character decodes to U+FFFD; its bytes say so, as vLLM's do.
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.http.bodies import GatewayRequest
-from actors.http.chunks import ChunkWriter
-from actors.http.openai_shapes import completion_body
-from actors.http.tool_parsers.plan import ToolPlan
-from actors.http.tool_parsers.tool_choice import ToolChoice
+from actors.http.openai.chunks import ChunkWriter
+from actors.http.openai.parse import OpenAIRequest
+from actors.http.openai.render import completion_body
+from actors.http.openai.tool_parsers.plan import ToolPlan
+from actors.http.openai.tool_parsers.tool_choice import ToolChoice
 from queue_adapters.client import assemble
 from queue_adapters.codec import WireChoice, WireReply, WireRequest, WireUsage
 
@@ -43,8 +43,8 @@ def stream_and_whole(plan: ToolPlan, text: str, cuts: list[int]) -> tuple[dict[s
                for seq, piece in enumerate(pieces)]
     replies.append(WireReply(id="r", seq=len(pieces), choices=[WireChoice(index=0, finish_reason="stop")],
                              usage=WireUsage(prompt_tokens=3, completion_tokens=len(pieces))))
-    request = GatewayRequest([WireRequest(id="r", prompt="p")], chat=True, stream=True, include_usage=False,
-                             response_id="r", tool_plan=plan)
+    request = OpenAIRequest([WireRequest(id="r", prompt="p")], chat=True, stream=True, include_usage=False,
+                            response_id="r", tool_plan=plan)
     body = completion_body("r", assemble("r", replies), "m", None, chat=True, tool_plan=plan)
     choice = body["choices"][0]
     whole = {"content": choice["message"]["content"], "calls": _calls(choice["message"].get("tool_calls", [])),

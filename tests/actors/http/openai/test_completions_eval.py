@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.cli.batch import read_batch_file, run_offline, write_results
 from actors.http.backends import EmbeddedBackend, RemoteBackend
-from actors.http.completion_request import MAX_PROMPTS
+from actors.http.openai.completion_request import MAX_PROMPTS
 from actors.http.options import GatewayOptions
 from pipeline.loading.tokenizer import load_tokenizer
 from tests.conftest import REDIS_URL

@@ -1,0 +1,12 @@
+"""The OpenAI API (with vLLM's extras) on the gateway: /v1/completions, /v1/chat/completions,
+/v1/models, /tokenize and /detokenize (routes.py). Requests are parsed by parse.py over one parser per
+body (completion_request.py, chat_request.py with content_parts.py, tokenize_request.py, and
+unknown_fields.py for fields nobody defined); answers are rendered by render.py (objects),
+prompt_results.py (a prompt list's results as one), chunks.py (the stream) and shapes.py (the flow's
+`ResponseShape`). tool_parsers/ turns a model's text into `tool_calls`. `aqueduct batch` takes the
+parsers and the answers through batch_lines.py alone. The reference is docs/http-api.md.
+
+May import: actors.http.generation, actors.http.backends, actors.http.errors, actors.http.limits,
+actors.http.options, actors.http.sampling_schema (the plumbing), pipeline, queue_adapters. Never
+actors.http.kobold, nor the app that mounts these routes.
+"""
