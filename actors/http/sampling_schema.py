@@ -64,7 +64,7 @@ def _structured_output_shapes() -> dict[str, Schema]:
                 "description": "a JSON schema, as an object or a JSON string"}
     choices = {"anyOf": [{"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_CHOICES},
                          {"type": "null"}]}
-    json_schema = {"type": "object", "required": ["name"], "additionalProperties": False,
+    json_schema = {"type": "object", "additionalProperties": False,
                    "properties": {"name": {"type": "string"}, "description": {"type": "string"},
                                   "schema": {"type": "object"}, "strict": {"type": ["boolean", "null"]}}}
     structured_outputs = {"type": "object", "additionalProperties": False, "minProperties": 1, "properties": {
@@ -76,7 +76,7 @@ def _structured_output_shapes() -> dict[str, Schema]:
         "response_format": {"anyOf": [{"type": "object", "required": ["type"], "additionalProperties": False,
                                        "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
                                                       "json_schema": json_schema}}, {"type": "null"}],
-                            "description": "OpenAI's: json_schema needs json_schema.name and .schema"},
+                            "description": "json_schema: its schema and an optional name (llama.cpp sends none)"},
         "guided_json": schema,
         "guided_regex": {**text, "description": "a regular expression the whole answer matches"},
         "guided_choice": {**choices, "description": "the answer is one of these strings"},

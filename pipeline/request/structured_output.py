@@ -95,11 +95,11 @@ def _from_response_format(value: dict[str, Any]) -> StructuredOutput:
         return "json", ANY_JSON_OBJECT, ""
     schema_holder = value.get("json_schema")
     if not isinstance(schema_holder, dict):
-        fail("response_format.json_schema must be an object with name and schema")
+        fail("response_format.json_schema must be an object with a schema (and a name)")
     unknown = sorted(str(key) for key in schema_holder if key not in ("name", "schema", "strict", "description"))
     if unknown:
         fail(f"response_format.json_schema has unknown field(s) {', '.join(unknown)}")
-    if not isinstance(schema_holder.get("name"), str):
+    if not isinstance(schema_holder.get("name", ""), str):  # optional, as llama.cpp's clients send it
         fail("response_format.json_schema.name must be a string")
     if not isinstance(schema_holder.get("strict", False), bool | None):
         fail("response_format.json_schema.strict must be true, false or null")

@@ -4,7 +4,8 @@
     data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "lo"}}], ...}
     data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [
               {"index": 0, "id": "call_...", "type": "function", "function": {"name": ..., "arguments": ...}}]},
-              "finish_reason": "tool_calls"}], ...}     (a request with tools: calls come whole, at the end)
+              "finish_reason": "tool_calls"}], ...}     (tool_choice auto: calls come whole, at the end;
+                                                 required: each call once complete; named: argument deltas)
     data: {"choices": [], "usage": {...}}        (stream_options.include_usage)
     (with stream_options.continuous_usage_stats too, every chunk carries `usage` so far, as vLLM's do:
      the prompt's tokens and that choice's completion tokens; the last chunk has the totals)
@@ -35,6 +36,7 @@ from actors.http.openai.render import (
     usage_object,
     vllm_prompt_logprobs,
 )
+from actors.http.openai.tool_parsers.call_stream import CallStream
 from actors.http.openai.tool_parsers.plan import ToolPlan
 from queue_adapters.codec import WireChoice, WireReply, WireUsage
 
@@ -60,7 +62,8 @@ class ChunkWriter:
         self._usages: dict[int, WireUsage] = {}  # prompt index -> its usage, once finished
         self._prompt_tokens: dict[int, int] = {}  # prompt index -> its length (continuous usage)
         self._completion_tokens: dict[int, int] = {}  # choice -> tokens sent (continuous usage)
-        self._answers: dict[int, _HeldAnswer] = {}  # choice -> its text so far (chat with tools)
+        self._answers: dict[int, _HeldAnswer] = {}  # choice -> its text so far (chat with tools, auto)
+        self._calls: dict[int, CallStream] = {}  # choice -> its constrained tool answer (required, named)
 
     def opening(self, firsts: list[WireReply]) -> str:
         """The events of each prompt's first reply entry (after chat's role announcement), as one
@@ -155,8 +158,11 @@ class ChunkWriter:
         return text, entries, extra
 
     def _tool_delta(self, choice: WireChoice, plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
-        """Content that cannot become a call goes out at once; the rest waits for the answer's end, where
-        the whole text is parsed as the non-streamed answer is (actors/http/openai/tool_parsers/plan.py)."""
+        """`auto`: content that cannot become a call goes out at once; the rest waits for the answer's end,
+        where the whole text is parsed as the non-streamed answer is (actors/http/openai/tool_parsers/plan.py).
+        `required` and a named function: tool-call deltas as the text comes (call_stream.py)."""
+        if plan.choice.mode != "auto":
+            return self._constrained_delta(choice, plan)
         answer = self._answers.setdefault(choice.index, _HeldAnswer())
         answer.text += choice.text
         if choice.finish_reason is None:
@@ -174,6 +180,21 @@ class ChunkWriter:
             return delta, choice.finish_reason
         delta["tool_calls"] = [call.as_openai(index) for index, call in enumerate(parsed.calls)]
         return delta, plan.finish_reason(choice.finish_reason)
+
+    def _constrained_delta(self, choice: WireChoice, plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
+        stream = self._calls.setdefault(choice.index, CallStream(plan.choice))
+        calls = stream.feed(choice.text)
+        content = None
+        if choice.finish_reason is not None:
+            last_calls, content = stream.finish()
+            calls += last_calls
+        delta: dict[str, Any] = {"content": content} if content else {}
+        if calls:
+            delta["tool_calls"] = calls
+        finish_reason = choice.finish_reason
+        if stream.num_calls_sent:
+            finish_reason = plan.finish_reason(finish_reason)
+        return delta, finish_reason
 
 
 @dataclass(slots=True)

@@ -8,11 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 @dataclass(slots=True)
 class ToolCall:
     name: str
     arguments: str  # a JSON object, as OpenAI sends it (a string)
-    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    id: str = field(default_factory=new_call_id)
 
     def as_openai(self, index: int | None = None) -> dict[str, Any]:
         call: dict[str, Any] = {"id": self.id, "type": "function",

@@ -4,7 +4,7 @@ a streamed answer may go out as content before the end.
 - `auto`: the server's parser (--tool-call-parser) reads the calls out of the model's own format;
   while streaming, text that may still become a call is held back until the answer ends.
 - `required` / a named function: the answer was generated under tool_choice.py's constraint, so it
-  is the call(s); it is held back whole and sent as calls at the end (as text if cut by max_tokens).
+  is the call(s); streamed as tool-call deltas (call_stream.py).
 
 Either way the streamed message equals the non-streamed one: both come from the same parse of the
 whole text, and the content streamed early is a prefix of the parsed content (each parser's

@@ -51,6 +51,16 @@ def test_streaming_sends_the_same_text(client: openai.OpenAI, model: str) -> Non
     assert isinstance(json.loads(whole)["ok"], bool)
 
 
+def test_a_json_schema_without_a_name_is_served(client: openai.OpenAI, model: str) -> None:
+    """llama.cpp's clients send `json_schema: {"schema": ...}` alone; OpenAI's name is optional here."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    answer = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "A number."}], max_tokens=32, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"schema": schema}})
+    assert isinstance(json.loads(answer.choices[0].message.content)["n"], int)
+
+
 @pytest.mark.parametrize("extra, complaint", [
     ({"guided_regex": "a("}, "unclosed group"),
     ({"guided_json": {"type": "no-such-type"}}, "no-such-type"),

@@ -74,11 +74,13 @@ def _accumulate(chunks: Any) -> dict[str, Any]:
         if delta.content:
             content = (content or "") + delta.content
             early += chunk.choices[0].finish_reason is None
-        for call in delta.tool_calls or []:
-            assert call.type == "function" and call.id.startswith("call_")
-            calls[call.index] = (call.function.name, json.loads(call.function.arguments))
+        for call in delta.tool_calls or []:  # a call's first delta names it, later ones add arguments
+            if call.id is not None:
+                assert call.type == "function" and call.id.startswith("call_") and call.index not in calls
+                calls[call.index] = [call.function.name, ""]
+            calls[call.index][1] += call.function.arguments
         finish_reason = chunk.choices[0].finish_reason or finish_reason
-    return {"message": {"content": content, "calls": [calls[i] for i in sorted(calls)]},
+    return {"message": {"content": content, "calls": [(calls[i][0], json.loads(calls[i][1])) for i in sorted(calls)]},
             "finish_reason": finish_reason, "early_content_deltas": early}
 
 

@@ -7,13 +7,17 @@ from __future__ import annotations
 import json
 
 import jsonschema_rs
+import llguidance
 import pytest
 
 from actors.http.openai.tool_parsers import PARSERS
+from actors.http.openai.tool_parsers.base import ParsedToolCalls
+from actors.http.openai.tool_parsers.call_stream import CallStream
 from actors.http.openai.tool_parsers.tool_choice import (
     calls_from_constrained,
     check_tool_choice,
     check_tools,
+    complete_items,
     constraint_for,
 )
 
@@ -80,5 +84,47 @@ def test_required_and_named_choices_become_schemas_whose_answers_are_the_calls()
     assert constraint_for(named, tools, True) == WEATHER["function"]["parameters"]
     [call] = calls_from_constrained(named, '{"city": "Rome"}').calls
     assert call.name == "weather" and json.loads(call.arguments) == {"city": "Rome"}
-    assert calls_from_constrained(named, '{"city": "Ro').calls == []  # cut by max_tokens: left as text
+    cut = calls_from_constrained(named, '{"city": "Ro')  # cut by max_tokens: still the call, as vLLM answers
+    assert cut.content is None and [(call.name, call.arguments) for call in cut.calls] == [("weather", '{"city": "Ro')]
     assert constraint_for(check_tool_choice("auto", tools), tools, True) is None
+
+
+def test_a_required_answer_cut_short_keeps_its_complete_calls_and_one_cut_before_any_is_text() -> None:
+    tools = check_tools([WEATHER, TIME])
+    required = check_tool_choice("required", tools)
+    cut = calls_from_constrained(required, '[{"name": "time", "parameters": {}}, {"name": "weather", "para')
+    assert cut.content is None and [call.name for call in cut.calls] == ["time"]
+    assert calls_from_constrained(required, '[{"name": "ti') == ParsedToolCalls('[{"name": "ti', [])
+    assert complete_items('[{"a": 1}, {"b": [2, 3]}, {"c"') == ([{"a": 1}, {"b": [2, 3]}], 26)
+
+
+def test_tool_schemas_with_defs_keep_their_references_inside_required() -> None:
+    """Pydantic's `$ref: "#/$defs/..."` would point at the outer list's root; rebased, it validates."""
+    options = {"type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"]}
+    nested = {"type": "function", "function": {"name": "forecast", "parameters": {
+        "type": "object", "properties": {"options": {"$ref": "#/$defs/Options"}}, "required": ["options"],
+        "$defs": {"Options": options}}}}
+    tools = check_tools([WEATHER, nested])
+    schema = constraint_for(check_tool_choice("required", tools), tools, parallel_tool_calls=True)
+    validator = jsonschema_rs.Draft202012Validator(schema)
+    assert validator.is_valid([{"name": "forecast", "parameters": {"options": {"unit": "c"}}}])
+    assert not validator.is_valid([{"name": "forecast", "parameters": {"options": {"unit": "kelvin"}}}])
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+    assert llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None) == (False, [])  # it compiles
+
+
+def test_constrained_answers_stream_as_tool_call_deltas_that_add_up_to_the_whole_answers_calls() -> None:
+    tools = check_tools([WEATHER, TIME])
+    named = CallStream(check_tool_choice({"type": "function", "function": {"name": "weather"}}, tools))
+    deltas = [delta for piece in ['{"ci', 'ty": ', '"Rome"}'] for delta in named.feed(piece)]
+    assert deltas[0]["function"] == {"name": "weather", "arguments": '{"ci'} and deltas[0]["id"] == named.call_id
+    assert "".join(delta["function"]["arguments"] for delta in deltas) == '{"city": "Rome"}'
+    assert named.finish() == ([], None)
+    required = CallStream(check_tool_choice("required", tools))
+    answer = '[{"name": "weather", "parameters": {"city": "Oslo"}}, {"name": "time", "parameters": {}}]'
+    sent = [[delta["function"]["name"] for delta in required.feed(answer[start:start + 7])]
+            for start in range(0, len(answer), 7)]
+    assert [names for names in sent if names] == [["weather"], ["time"]]  # each call once it is complete
+    assert required.num_calls_sent == 2 and required.finish() == ([], None)
+    cut = CallStream(check_tool_choice("required", tools))
+    assert cut.feed('[{"name": "wea') == [] and cut.finish() == ([], '[{"name": "wea')

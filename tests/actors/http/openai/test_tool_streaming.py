@@ -1,6 +1,7 @@
 """Streamed tool calls equal the non-streamed answer for every parser, however the text is cut into
-reply entries: the content sent early is never taken back, calls come whole at the end, and text that
-cannot start a call streams as it comes. Driven through the gateway's own ChunkWriter and
+reply entries: the content sent early is never taken back, a parser's calls come whole at the end, a
+constrained answer's calls come as deltas (each `required` call once complete, a named call's arguments
+piece by piece), and text that cannot start a call streams as it comes. Driven through the gateway's own ChunkWriter and
 completion_body on scripted reply entries (no model: the text is chosen, the cuts are drawn)."""
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _streamed(writer: ChunkWriter, replies: list[WireReply]) -> tuple[dict[str, 
     async def events() -> list[str]:
         return [writer.opening(replies[:1]), *[text async for text in writer.rest(rest())]]
 
-    content, calls, finish, early = None, [], None, 0
+    content, calls, finish, early = None, {}, None, 0
     for text in asyncio.run(events()):
         for line in text.split("\n\n"):
             if not line.startswith("data: {"):
@@ -70,15 +71,27 @@ def _streamed(writer: ChunkWriter, replies: list[WireReply]) -> tuple[dict[str, 
                 if delta.get("content"):
                     content = (content or "") + delta["content"]
                     early += choice["finish_reason"] is None
-                calls += [(c["index"], c["function"]["name"], json.loads(c["function"]["arguments"]))
-                          for c in delta.get("tool_calls", [])]
+                for call in delta.get("tool_calls", []):  # OpenAI's deltas: the first names the call
+                    if "id" in call:
+                        assert call["index"] not in calls
+                        calls[call["index"]] = [call["function"]["name"], ""]
+                    calls[call["index"]][1] += call["function"]["arguments"]
                 finish = choice["finish_reason"] or finish
-    assert [index for index, *_ in calls] == list(range(len(calls)))
-    return {"content": content or None, "calls": [call[1:] for call in calls], "finish_reason": finish}, early
+    assert sorted(calls) == list(range(len(calls)))
+    return {"content": content or None, "calls": [(calls[index][0], _arguments(calls[index][1]))
+                                                  for index in sorted(calls)], "finish_reason": finish}, early
 
 
-def _calls(calls: list[dict[str, Any]]) -> list[tuple[str, dict]]:
-    return [(call["function"]["name"], json.loads(call["function"]["arguments"])) for call in calls]
+def _calls(calls: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    return [(call["function"]["name"], _arguments(call["function"]["arguments"])) for call in calls]
+
+
+def _arguments(text: str) -> Any:
+    """The arguments object, or the text itself where max_tokens cut it."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 @pytest.mark.parametrize("parser, text", [(parser, text) for parser, texts in TEXTS.items() for text in texts])
@@ -102,7 +115,7 @@ def test_calls_are_found_and_plain_text_streams_early(parser: str) -> None:
     assert early >= len(text) - 2  # all but a tail that might have begun a call went out at once
 
 
-def test_required_and_named_answers_come_as_calls_at_the_end() -> None:
+def test_required_and_named_answers_stream_as_call_deltas() -> None:
     required = ToolPlan(ToolChoice("required"), None)
     text = '[{"name": "weather", "parameters": {"city": "Oslo"}}, {"name": "clock", "parameters": {}}]'
     whole, streamed, early = stream_and_whole(required, text, [5, 20, 40])
@@ -115,6 +128,6 @@ def test_required_and_named_answers_come_as_calls_at_the_end() -> None:
     whole, streamed, _ = stream_and_whole(named, '{"city": "Lima"}', [4])
     assert whole == streamed == {"content": None, "calls": [("weather", {"city": "Lima"})],
                                  "finish_reason": "tool_calls"}
-    cut = '{"city": "Li'  # max_tokens ran out: no call, the text stays content
+    cut = '{"city": "Li'  # max_tokens ran out: still the call, its arguments as generated (vLLM's answer)
     whole, streamed, _ = stream_and_whole(named, cut, [4])
-    assert whole == streamed and whole["content"] == cut and whole["calls"] == []
+    assert whole == streamed and whole["content"] is None and whole["calls"] == [("weather", cut)]
