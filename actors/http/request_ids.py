@@ -5,21 +5,25 @@ generating again, and a client that goes away cancels its request. Without a che
 learns an id could read that request's output, or cancel it by attaching and hanging up. So the
 first use binds the id to a fingerprint of who sent it and what it asked (a hash of the API key
 given and of the body); a later use with another fingerprint is a 409 and never reaches the
-request. Embedded, the bindings live in memory (bounded, oldest forgotten first); behind Redis,
-in `{prefix}:rid:{id}`, set once with NX and kept as long as reply streams are (an hour).
+request. Every id a request derives (`{id}:{index}` for a list of prompts) is bound with it, so no
+other client can name one of its prompts. A binding lasts as long as the request's replay window,
+an hour from its first use, as reply streams are kept: embedded, in memory (forgotten when that
+hour has passed, however many ids came since); behind Redis, in `{prefix}:rid:{id}`, set once with
+NX and an expiry.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
-_KEPT_IN_MEMORY = 65_536
-_REDIS_TTL_S = 3600  # as reply streams (RedisReplySink's expire_s)
+REPLAY_WINDOW_S = 3600  # as reply streams are kept (RedisReplySink's expire_s)
 
 
 def request_fingerprint(authorization: str | None, body: Any) -> str:
@@ -35,20 +39,20 @@ class RequestIdOwners(Protocol):
 
 
 class MemoryRequestIds:
-    def __init__(self, capacity: int = _KEPT_IN_MEMORY) -> None:
-        self.capacity = capacity
-        self._owners: OrderedDict[str, str] = OrderedDict()
+    def __init__(self, ttl_s: float = REPLAY_WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s, self.clock = ttl_s, clock
+        self._owners: OrderedDict[str, tuple[str, float]] = OrderedDict()  # id -> (fingerprint, bound at), oldest first
 
     async def bind(self, request_id: str, fingerprint: str) -> bool:
-        owner = self._owners.setdefault(request_id, fingerprint)
-        self._owners.move_to_end(request_id)
-        while len(self._owners) > self.capacity:
+        now = self.clock()
+        while self._owners and next(iter(self._owners.values()))[1] <= now - self.ttl_s:
             self._owners.popitem(last=False)
+        owner, _ = self._owners.setdefault(request_id, (fingerprint, now))
         return owner == fingerprint
 
 
 class RedisRequestIds:
-    def __init__(self, redis: aioredis.Redis, prefix: str, ttl_s: int = _REDIS_TTL_S) -> None:
+    def __init__(self, redis: aioredis.Redis, prefix: str, ttl_s: int = REPLAY_WINDOW_S) -> None:
         self.redis, self.prefix, self.ttl_s = redis, prefix, ttl_s
 
     async def bind(self, request_id: str, fingerprint: str) -> bool:

@@ -131,12 +131,15 @@ class Generation:
                 watch.stop()
                 self._release()
 
-    async def check_id_owner(self, request_id: str, authorization: str | None, body: Any) -> None:
-        """A client-chosen id attaches only the same client's retry of the same request (request_ids.py)."""
+    async def check_id_owner(self, request_ids: list[str], authorization: str | None, body: Any) -> None:
+        """A client-chosen id, and every id derived from it, attaches only the same client's retry of the
+        same request (request_ids.py)."""
         owners = getattr(self.backend, "request_ids", None) or self._local_ids
-        if not await owners.bind(request_id, request_fingerprint(authorization, body)):
-            raise ApiError(409, f"X-Request-Id {request_id!r} is in use by another request; choose another id",
-                           param="X-Request-Id", code="request_id_conflict")
+        fingerprint = request_fingerprint(authorization, body)
+        for request_id in request_ids:
+            if not await owners.bind(request_id, fingerprint):
+                raise ApiError(409, f"X-Request-Id {request_id!r} is in use by another request; choose another id",
+                               param="X-Request-Id", code="request_id_conflict")
 
     def _release(self) -> None:
         self.pending.release()

@@ -64,3 +64,37 @@ async def test_bindings_hold_across_gateways(kind: str, redis_url: str, prefix: 
         assert not await second.bind("id-1", "mallory")
     finally:
         await client.aclose()
+
+
+async def test_a_list_requests_derived_ids_belong_to_it(default_model_path: Path) -> None:
+    """A list of prompts under X-Request-Id R runs as R:0, R:1: another client naming R:1 (or R) gets a
+    409, so it can neither read that prompt's answer nor cancel it by hanging up."""
+    backend = EmbeddedBackend(make_engine(default_model_path))
+    await backend.start()
+    transport = httpx.ASGITransport(app=create_app(backend, GatewayOptions()), raise_app_exceptions=False)
+    body = {**BODY, "prompt": ["first secret", "second secret"], "stream": True}
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=60) as client:
+            owner = {"X-Request-Id": "list-1", "Authorization": "Bearer alice"}
+            async with client.stream("POST", "/v1/completions", json=body, headers=owner) as stream:
+                assert stream.status_code == 200
+                for stolen in ("list-1:1", "list-1:0", "list-1"):
+                    other = await client.post("/v1/completions", json={**BODY, "max_tokens": 1},
+                                              headers={"X-Request-Id": stolen, "Authorization": "Bearer mallory"})
+                    assert other.status_code == 409, (stolen, other.text)
+                text = "".join([line async for line in stream.aiter_lines()])
+            assert text.count('"finish_reason": "length"') == 2  # neither prompt was cancelled
+    finally:
+        await backend.close()
+
+
+async def test_memory_bindings_last_the_replay_window_however_many_ids_come_after() -> None:
+    now = [0.0]
+    owners = MemoryRequestIds(ttl_s=3600, clock=lambda: now[0])
+    assert await owners.bind("kept", "alice")
+    for index in range(70_000):  # more than any fixed count would keep
+        await owners.bind(f"other-{index}", "bob")
+    now[0] = 3599.0
+    assert not await owners.bind("kept", "mallory")
+    now[0] = 3600.5  # the replay window is over: the id may be used again
+    assert await owners.bind("kept", "mallory")
