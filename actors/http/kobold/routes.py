@@ -22,7 +22,7 @@ from actors.http.kobold.errors import kobold_error_response
 from actors.http.kobold.fields import KoboldFieldError, kobold_name, parse_generate_body
 from actors.http.kobold.genkeys import Genkeys
 from actors.http.kobold.shapes import KoboldShape
-from actors.http.limits import check_api_key, read_body_limited
+from actors.http.limits import check_api_key, off_loop_if_large, read_body_limited, read_json_body
 from actors.http.options import GatewayOptions
 from pipeline.request.sampling_params import SamplingParams
 from queue_adapters.codec import CodecError, WireRequest
@@ -38,8 +38,8 @@ def add_kobold_routes(app: FastAPI, generation: Generation, backend: Backend, op
     generate_shape, stream_shape = KoboldShape("kobold"), KoboldShape("kobold_stream")
 
     async def parse(request: Request, stream: bool) -> GatewayRequest:
-        body = await _json_body(request, options)
-        wire = _wire_request(body, backend, options, stream)
+        body, size = await _json_body(request, options)
+        wire = await off_loop_if_large(size, _wire_request, body, backend, options, stream)
         genkey = body.get("genkey")
         if isinstance(genkey, str):
             genkeys.bind(request.headers.get("authorization"), genkey, wire.id)
@@ -70,7 +70,7 @@ def add_kobold_routes(app: FastAPI, generation: Generation, backend: Backend, op
 
     @_kobold_errors
     async def tokencount(request: Request) -> Response:
-        body = await _json_body(request, options)
+        body, _ = await _json_body(request, options)
         if set(body) - {"prompt"} or not isinstance(body.get("prompt"), str):
             raise invalid("the body must be {\"prompt\": a string}", "prompt")
         if backend.tokenizer is None:
@@ -110,12 +110,13 @@ def _kobold_errors(handler: Handler) -> Handler:
     return wrapped
 
 
-async def _json_body(request: Request, options: GatewayOptions) -> dict[str, Any]:
+async def _json_body(request: Request, options: GatewayOptions) -> tuple[dict[str, Any], int]:
+    """The body (a JSON object) and its size in bytes."""
     check_api_key(request, options.api_key)
-    body = parse_json_body(await read_body_limited(request, options.max_request_bytes))
+    body, size = await read_json_body(request, options.max_request_bytes)
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
-    return body
+    return body, size
 
 
 def _wire_request(body: dict[str, Any], backend: Backend, options: GatewayOptions, stream: bool) -> WireRequest:

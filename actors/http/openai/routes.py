@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from actors.http.backends import Backend
-from actors.http.errors import ApiError, invalid, parse_json_body
+from actors.http.errors import ApiError, invalid
 from actors.http.generation.flow import Generation
 from actors.http.generation.request import bounded_names
-from actors.http.limits import check_api_key, read_body_limited
+from actors.http.limits import check_api_key, off_loop_if_large, read_json_body
 from actors.http.openai.parse import OpenAIRequest, parse_body
 from actors.http.openai.shapes import OpenAIShape
 from actors.http.openai.tokenize_request import token_ids, tokenized
@@ -46,10 +46,11 @@ def _add_generation_routes(app: FastAPI, generation: Generation, backend: Backen
 
     async def parse(request: Request, chat: bool) -> OpenAIRequest:
         check_api_key(request, options.api_key)
-        body = parse_json_body(await read_body_limited(request, options.max_request_bytes))
-        parsed = parse_body(body, chat, backend.model_name, request.headers.get("x-request-id"),
-                            options.request_timeout_s, backend.adapter_names(), aliases=options.served_model_names,
-                            strict_fields=options.strict_fields, tool_parser=options.tool_call_parser)
+        body, size = await read_json_body(request, options.max_request_bytes)
+        parsed = await off_loop_if_large(size, functools.partial(
+            parse_body, body, chat, backend.model_name, request.headers.get("x-request-id"),
+            options.request_timeout_s, backend.adapter_names(), aliases=options.served_model_names,
+            strict_fields=options.strict_fields, tool_parser=options.tool_call_parser))
         if parsed.ignored_fields:
             log.warning("request fields ignored", request_id=parsed.wire.id,
                         fields=bounded_names(parsed.ignored_fields))
@@ -89,7 +90,7 @@ def _add_token_routes(app: FastAPI, backend: Backend, options: GatewayOptions) -
 
 async def _json_body(request: Request, options: GatewayOptions) -> dict[str, Any]:
     check_api_key(request, options.api_key)
-    body = parse_json_body(await read_body_limited(request, options.max_request_bytes))
+    body, _ = await read_json_body(request, options.max_request_bytes)
     if not isinstance(body, dict):
         raise invalid("the body must be a JSON object")
     return body
