@@ -1,6 +1,7 @@
 """Queues between processes and actors: the in-memory and Redis Streams adapters behind one
 interface (`base`, `memory`, `redis_streams`), the msgpack wire codec for requests and replies
-(`codec`, `chat_message`, `wire_images`, `data_uri`) and the client that submits and reads replies.
+(`codec`, `chat_message`, `wire_images`, `data_uri`, `wire_limits`) and the client that submits
+and reads replies.
 
 May import: pipeline.request (the checks a wire entry's fields share with the engine).
 """

@@ -21,6 +21,7 @@ from pipeline.request.sampling_params import SamplingParams
 from pipeline.request.tools import MAX_TOOLS, arguments_object, check_tools
 from pipeline.request.untrusted import INT64_MAX, UntrustedValueError, check_untrusted
 from queue_adapters.chat_message import ChatMessage, check_tool_roles
+from queue_adapters.wire_limits import WireLimitError, WireLimits, check_wire_limits
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
 MAX_ID_LENGTH = 128
@@ -168,10 +169,13 @@ def encode(message: Struct | dict[str, Any]) -> bytes:
     return _encoder.encode(message)
 
 
-def decode_request(raw: bytes, *, params_checked: bool = False) -> WireRequest:
+def decode_request(raw: bytes, *, params_checked: bool = False, limits: WireLimits | None = None) -> WireRequest:
     """`params_checked`: the sender built `params` with SamplingParams.from_dict already (the gateway's
     body parsers do), so only the message's shape and prompt are checked here: that check is the
-    slowest part of decoding and would run twice before the request is queued."""
+    slowest part of decoding and would run twice before the request is queued. `limits`: sizes
+    checked on the msgpack headers before anything is decoded (a worker's, from its configuration)."""
+    if limits is not None:
+        _check_limits(raw, limits)
     request = _decode(_request_decoder, raw, "request")
     try:
         _check_prompt(request)
@@ -182,6 +186,15 @@ def decode_request(raw: bytes, *, params_checked: bool = False) -> WireRequest:
     except CodecError as error:
         raise CodecError(str(error), request.id, request.reply_to) from None
     return request
+
+
+def _check_limits(raw: bytes, limits: WireLimits) -> None:
+    if not isinstance(raw, bytes | bytearray | memoryview):
+        return  # _decode names the type
+    try:
+        check_wire_limits(raw, limits)
+    except WireLimitError as error:
+        raise CodecError(str(error), *peek_ids(raw)) from None
 
 
 def decode_reply(raw: bytes) -> WireReply:
@@ -272,7 +285,9 @@ def peek_ids(raw: bytes) -> tuple[str | None, str | None]:
     Only the top-level map is read, and only those two values are decoded; the rest is skipped
     undecoded, so an entry with invalid text or absurd nesting elsewhere still gets its error reply."""
     found: dict[bytes, Any] = {}
-    unpacker = msgpack.Unpacker(raw=True, max_buffer_size=max(len(raw), 1))
+    # Limits: an absurd id or reply_to is refused at its header, not copied (skip() ignores them).
+    unpacker = msgpack.Unpacker(raw=True, max_buffer_size=max(len(raw), 1), max_str_len=4 * MAX_KEY_LENGTH,
+                                max_bin_len=4 * MAX_KEY_LENGTH)
     unpacker.feed(raw)
     try:
         for _ in range(unpacker.read_map_header()):

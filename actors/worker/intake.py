@@ -1,11 +1,12 @@
 """Intake actor: reads request entries (with admission control), validates and tokenizes them,
-and hands them to Output (reply routing) and the Scheduler. Bad entries get an error reply when
-their id is readable, and are dead-lettered otherwise."""
+and hands them to Output (reply routing) and the Scheduler. Every entry is answered: each one whose
+id is readable is claimed under it (actors/worker/screening.py) and then run or refused with an
+error reply; one without a usable id, or whose id another request holds, is dead-lettered."""
 
 from __future__ import annotations
 
 import asyncio
-import fnmatch
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,8 +16,10 @@ from redis.exceptions import ResponseError
 
 from actors.kit.messages import Admit, ErrorReply, OpenReply
 from actors.worker.admission import Admission
-from actors.worker.recovery.ownership import Claim, Ownership, fingerprint_of
+from actors.worker.recovery.ownership import Claim, Ownership
 from actors.worker.recovery.resume import is_answered, resume_state
+from actors.worker.reply_routes import default_reply_to
+from actors.worker.screening import Screened, raw_of, screen
 from pipeline.intake.request_builder import RequestBuilder
 from pipeline.request.request import Request
 from pipeline.request.structured_output import ALIASES as STRUCTURED_OUTPUT_FIELDS
@@ -27,17 +30,6 @@ from queue_adapters.wire_images import has_image_urls, resolve_image_urls
 
 DeadLetter = Callable[[Malformed], Awaitable[None]]
 ReplyReader = Callable[[str, str], Awaitable[list[WireReply]]]  # (reply_to, request id) -> entries so far
-
-
-def reply_to_allowed(reply_to: str, prefix: str, pattern: str | None = None) -> bool:
-    """Whether a worker may write replies to `reply_to`: a key under `{prefix}:out:`, or matching `pattern`
-    (a glob, e.g. 'myapp:replies:*') when one is set, and never the deployment's own request, control or
-    dead-letter streams (a client must not be able to make a worker write into them)."""
-    if reply_to in (f"{prefix}:requests", f"{prefix}:control", f"{prefix}:dead"):
-        return False
-    if pattern is not None:
-        return fnmatch.fnmatchcase(reply_to, pattern)
-    return reply_to.startswith(f"{prefix}:out:")
 
 
 class IntakeActor:
@@ -76,69 +68,98 @@ class IntakeActor:
         await self.admit_all([delivery])
 
     async def admit_all(self, deliveries: list[Delivery[WireRequest | Malformed]]) -> None:
-        """A read's requests are claimed in one round trip and reach the scheduler together, as
-        they would from memory (claimed one by one, the first would start a step alone)."""
-        admissible: list[Delivery[WireRequest]] = []
-        admissible_ids: set[str] = set()
+        """A read's entries are claimed in one round trip and its requests reach the scheduler
+        together, as they would from memory (claimed one by one, the first would start a step alone).
+        Every entry is answered: run, refused with an error reply, acked as a duplicate or dead-lettered."""
+        screened: list[Screened] = []
+        earlier: dict[str, str] = {}  # id -> fingerprint of the entries earlier in this read
         for delivery in deliveries:
-            if await self._admissible(delivery, admissible_ids):
-                admissible.append(delivery)
-                admissible_ids.add(delivery.message.id)
-        if self.ownership is None:
-            claims = [Claim.TAKEN] * len(admissible)  # no owner record: the reply stream always tells
-        else:
-            ids, fingerprints = [d.message.id for d in admissible], [fingerprint_of(d.message) for d in admissible]
-            claims = await retry_transient(lambda: self.ownership.claim(ids, fingerprints), "claim requests")
-        for delivery, claim in zip(admissible, claims, strict=True):
-            await self._admit_claimed(delivery, claim)
+            entry = await self._screen(delivery, earlier)
+            if entry is not None:
+                screened.append(entry)
+                earlier[entry.request_id] = entry.fingerprint
+        for entry, claim in zip(screened, await self._claim(screened), strict=True):
+            await self._settle(entry, claim)
 
-    async def _admissible(self, delivery: Delivery[WireRequest | Malformed], earlier_ids: set[str]) -> bool:
-        """False (after answering or acking it) for an entry that is not to be generated here.
-        `earlier_ids`: the admissible ids earlier in the same read."""
-        message = delivery.message
-        if isinstance(message, Malformed):
-            await self._reject_malformed(message, delivery)
-            return False
-        reply_to = message.reply_to or f"{self.prefix}:out:{message.id}"
-        if not reply_to_allowed(reply_to, self.prefix, self.reply_to_pattern):
-            await self._refuse_reply_to(message.id, reply_to, delivery)
-            return False
-        if message.id in self.admission.in_flight_ids or message.id in earlier_ids:
-            if self._fingerprints.get(message.id, fingerprint_of(message)) != fingerprint_of(message):
-                await self._conflict(message, delivery)
-                return False
-            # Same id again while it runs here: its one reply stream already answers it.
-            self.log.info("duplicate request id ignored while in flight", request_id=message.id)
+    async def _screen(self, delivery: Delivery[WireRequest | Malformed], earlier: dict[str, str]) -> Screened | None:
+        """None (after answering or acking it) for an entry that is not to be claimed here."""
+        entry = screen(delivery, self.prefix, self.reply_to_pattern)
+        if entry is None:  # no usable id: nowhere to answer
+            await self.dead_letter(delivery.message)
             await delivery.ack()
-            return False
-        self._remember_fingerprint(message)
-        return True
+            return None
+        known = earlier.get(entry.request_id)
+        if known is None and entry.request_id in self.admission.in_flight_ids:
+            known = self._fingerprints.get(entry.request_id, entry.fingerprint)
+        if known is None:
+            if entry.request is not None:
+                self._remember_fingerprint(entry.request_id, entry.fingerprint)
+            return entry
+        if known != entry.fingerprint:
+            await self._conflict(entry)
+        else:  # the same request again while it runs here: its one reply stream already answers it
+            self.log.info("duplicate request id ignored while in flight", request_id=entry.request_id)
+            await delivery.ack()
+        return None
 
-    def _remember_fingerprint(self, message: WireRequest) -> None:
+    async def _claim(self, screened: list[Screened]) -> list[Claim]:
+        if self.ownership is None:
+            return [Claim.TAKEN] * len(screened)  # no owner record: the reply stream always tells
+        ids, fingerprints = [e.request_id for e in screened], [e.fingerprint for e in screened]
+        shared = [e.shares for e in screened]
+        return await retry_transient(lambda: self.ownership.claim(ids, fingerprints, shared), "claim requests")
+
+    def _remember_fingerprint(self, request_id: str, fingerprint: str) -> None:
         """Fingerprints of the requests in flight here (a later entry with the id must match)."""
         if len(self._fingerprints) > 2 * len(self.admission.in_flight_ids) + 64:
             self._fingerprints = {request_id: fingerprint for request_id, fingerprint in self._fingerprints.items()
                                   if request_id in self.admission.in_flight_ids}
-        self._fingerprints[message.id] = fingerprint_of(message)
+        self._fingerprints[request_id] = fingerprint
 
-    async def _conflict(self, message: WireRequest, delivery: Delivery[Any]) -> None:
-        """Another request holds this id: its reply stream is not ours to read or write, so this one
-        can only be dead-lettered (a gateway answers such a reuse with a 409 before it gets here)."""
-        self.log.warning("request id in use by a different request; dead-lettered", request_id=message.id)
-        await self.dead_letter(Malformed(encode(message), "the request id is in use by a different request",
-                                         delivery.message_id, message.id, None))
-        await delivery.ack()
+    async def _conflict(self, entry: Screened) -> None:
+        """Another request holds this id (or shares its stream): that stream is not ours to read or
+        write, so this entry can only be dead-lettered (a gateway answers such a reuse with a 409
+        before it gets here)."""
+        reason = "the request id is in use by a different request"
+        if entry.refusal is not None:
+            reason = f"{entry.refusal}; not answered on the reply stream: {reason}"
+        self.log.warning("request id in use by a different request; dead-lettered", request_id=entry.request_id)
+        await self.dead_letter(Malformed(raw_of(entry.delivery), reason, entry.delivery.message_id,
+                                         entry.request_id, None))
+        await entry.delivery.ack()
 
-    async def _admit_claimed(self, delivery: Delivery[WireRequest], claim: Claim) -> None:
-        message = delivery.message
-        reply_to = message.reply_to or f"{self.prefix}:out:{message.id}"
+    async def _settle(self, entry: Screened, claim: Claim) -> None:
         if claim is Claim.CONFLICT:
-            await self._conflict(message, delivery)
-            return
-        if claim is Claim.ELSEWHERE:
-            self.log.info("request id in flight on another worker; not generated twice", request_id=message.id)
-            await delivery.ack()
-            return
+            await self._conflict(entry)
+        elif claim is Claim.ELSEWHERE:
+            self.log.info("request id in flight on another worker; not generated twice", request_id=entry.request_id)
+            await entry.delivery.ack()
+        else:
+            if claim is Claim.STREAM_TAKEN:
+                entry.refuse(f"reply_to {entry.reply_to!r} is the reply stream of another request "
+                             f"({entry.shares!r}): a request may only name its own stream or a shared one", self.prefix)
+            request = entry.request
+            if request is None:
+                await self._answer_refusal(entry, claim)
+            else:
+                await self._admit_claimed(entry.delivery, claim, request, entry.reply_to)
+
+    async def _answer_refusal(self, entry: Screened, claim: Claim) -> None:
+        """An error reply after the entries an earlier delivery of the same entry wrote, if any."""
+        replies: list[WireReply] = []
+        if self.reply_reader is not None and (claim is Claim.TAKEN or entry.delivery.attempt > 1):
+            with contextlib.suppress(ResponseError):  # not a stream: Output answers elsewhere
+                replies = await self.reply_reader(entry.reply_to, entry.request_id)
+            if is_answered(replies):
+                await entry.delivery.ack()
+                return
+        self.log.info("request refused", request_id=entry.request_id, error=entry.refusal)
+        next_seq = replies[-1].seq + 1 if replies else 0
+        await self.to_output.send(ErrorReply(entry.request_id, entry.reply_to, "invalid_request",
+                                             entry.refusal or "", entry.delivery, next_seq))
+
+    async def _admit_claimed(self, delivery: Delivery[Any], claim: Claim, message: WireRequest,
+                             reply_to: str) -> None:
         if delivery.attempt > self.max_attempts:
             # Before the reply stream is read for resuming: whatever made the earlier attempts fail must
             # not get another chance to (a redelivered entry must never crash-loop the workers).
@@ -151,7 +172,7 @@ class IntakeActor:
             try:
                 replies = await self.reply_reader(reply_to, message.id)
             except ResponseError as error:  # e.g. WRONGTYPE: the key holds something else than a stream
-                await self._refuse(message, delivery, f"{self.prefix}:out:{message.id}", 0,
+                await self._refuse(message, delivery, default_reply_to(self.prefix, message.id), 0,
                                    ValueError(f"reply_to {reply_to!r} cannot be read as a stream: {error}"))
                 return
             if is_answered(replies):
@@ -206,25 +227,6 @@ class IntakeActor:
 
     def _build(self, message: WireRequest) -> Request:
         return build_request(self.builder, message)
-
-    async def _refuse_reply_to(self, request_id: str, reply_to: str, delivery: Delivery[Any]) -> None:
-        """The error goes to the request's default reply stream, never to the key it named."""
-        allowed = self.reply_to_pattern or f"{self.prefix}:out:*"
-        self.log.info("reply_to refused", request_id=request_id, reply_to=reply_to)
-        await self.to_output.send(ErrorReply(request_id, f"{self.prefix}:out:{request_id}", "invalid_request",
-                                             f"reply_to {reply_to!r} is not allowed: it must match {allowed!r}",
-                                             delivery))
-
-    async def _reject_malformed(self, message: Malformed, delivery: Delivery[Any]) -> None:
-        if message.request_id is not None:
-            reply_to = message.reply_to or f"{self.prefix}:out:{message.request_id}"
-            if not reply_to_allowed(reply_to, self.prefix, self.reply_to_pattern):
-                reply_to = f"{self.prefix}:out:{message.request_id}"
-            await self.to_output.send(ErrorReply(message.request_id, reply_to, "invalid_request", message.error,
-                                                 delivery))
-            return
-        await self.dead_letter(message)
-        await delivery.ack()
 
 
 def _asks_for_grammar(params: dict[str, Any]) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +19,13 @@ from actors.kit.base import Actor
 from actors.kit.messages import Cancel, ErrorReply, OpenReply, RequestFailed, StepEvents
 from actors.worker.admission import Admission
 from actors.worker.replies import ReplySink, to_wire
+from actors.worker.reply_routes import default_reply_to
+from actors.worker.screening import raw_of
 from pipeline.output.output_processor import OutputProcessor
 from pipeline.request.outputs import RequestDelta
 from pipeline.request.request import FinishReason
 from queue_adapters.base import Consumer, Delivery, Producer
+from queue_adapters.codec import Malformed
 from queue_adapters.memory import MemoryConsumer
 
 
@@ -60,8 +64,11 @@ class OutputActor(Actor):
 
     def __init__(self, outputs: OutputProcessor, sink: ReplySink, inbox: Consumer[StepEvents],
                  routes: MemoryConsumer[Any],
-                 to_scheduler: Producer[Any], admission: Admission, metrics: Any | None = None) -> None:
+                 to_scheduler: Producer[Any], admission: Admission, metrics: Any | None = None,
+                 prefix: str = "aqueduct", dead_letter: Callable[[Malformed], Awaitable[None]] | None = None) -> None:
         super().__init__("output", inbox)
+        self.prefix = prefix
+        self.dead_letter = dead_letter
         self.routes_inbox = routes
         self.outputs = outputs
         self.sink = sink
@@ -134,8 +141,9 @@ class OutputActor(Actor):
     async def _write(self, deltas: list[RequestDelta]) -> None:
         routed = [(self.routes[delta.request_id], delta) for delta in deltas if delta.request_id in self.routes]
         unwritable = set(await self.sink.write([(route.reply_to, to_wire(delta)) for route, delta in routed]))
-        for request_id in unwritable:
-            await self._abandon(request_id)
+        for _, delta in routed:
+            if delta.request_id in unwritable:
+                await self._abandon(delta.request_id, delta.seq)
         now = time.perf_counter()
         for route, delta in routed:
             if delta.request_id in unwritable:
@@ -147,16 +155,18 @@ class OutputActor(Actor):
                     await route.delivery.ack()
                 await self.admission.release(delta.request_id)
 
-    async def _abandon(self, request_id: str) -> None:
+    async def _abandon(self, request_id: str, seq: int) -> None:
         """A request whose reply key holds no stream (a client SET it, or named a key of another type):
-        nobody can read its replies, so it stops here, and its entry is acked, never redelivered to
-        crash-loop a worker."""
+        it stops here, is answered elsewhere, and its entry is acked, never redelivered to crash-loop
+        a worker."""
         route = self.routes.pop(request_id, None)
         if route is None:
             return
         self.log.warning("reply key is not a stream; request abandoned", request_id=request_id, key=route.reply_to)
         self.outputs.error_delta(request_id, "reply_unwritable", "")  # forgets its output state
         await self.to_scheduler.send(Cancel(request_id, FinishReason.ERROR))
+        await self._answer_elsewhere(request_id, route.reply_to, route.delivery, seq, "reply_unwritable",
+                                     "the request was stopped: no reply can be written to its reply_to")
         if route.delivery is not None:
             await route.delivery.ack()
         await self.admission.release(request_id)
@@ -164,11 +174,30 @@ class OutputActor(Actor):
     async def _write_error(self, message: ErrorReply) -> None:
         delta = RequestDelta(message.request_id, message.seq, [],
                              error={"code": message.code, "message": message.message})
-        await self.sink.write([(message.reply_to, to_wire(delta))])
+        if await self.sink.write([(message.reply_to, to_wire(delta))]):
+            await self._answer_elsewhere(message.request_id, message.reply_to, message.delivery, message.seq,
+                                         message.code, message.message)
         if message.delivery is not None:
             await message.delivery.ack()
         if self.metrics is not None:
             self.metrics.record_error(message.code)
+
+    async def _answer_elsewhere(self, request_id: str, reply_to: str, delivery: Delivery | None, seq: int,
+                                code: str, text: str) -> None:
+        """An answer whose reply key holds no stream goes to the request's own stream instead (Intake
+        claimed the id, so that stream is its to write), or, when that is the key, to the dead letters:
+        never nowhere, or the client would wait forever."""
+        own = default_reply_to(self.prefix, request_id)
+        note = f" (answered on {own!r}: reply_to {reply_to!r} holds a key that is not a stream)"
+        if reply_to != own:
+            delta = RequestDelta(request_id, seq, [], error={"code": code, "message": text + note})
+            if not await self.sink.write([(own, to_wire(delta))]):
+                return
+        self.log.warning("no reply stream can be written; dead-lettered", request_id=request_id)
+        if self.dead_letter is not None:
+            reason = f"{code}: {text} (no reply stream can be written: {own!r} holds a key that is not a stream)"
+            await self.dead_letter(Malformed(raw_of(delivery), reason, delivery.message_id if delivery else None,
+                                             request_id, reply_to))
 
     def _observe(self, route: _Route, delta: RequestDelta, now: float) -> None:
         if self.metrics is None:

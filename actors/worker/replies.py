@@ -49,28 +49,28 @@ class ReplySink(Protocol):
 
 
 # One step's reply entries in one script call: XADD each (capped at ~MAXLEN), and EXPIRE the
-# streams whose entry is final, with the owner keys that follow the stream keys in KEYS (one per
-# final entry, when the sink keeps owner keys). ARGV: maxlen, expire seconds, field, then
-# (data, "1" if final) per stream key. A key that holds something other than a stream (a client
-# may name any key in reply_to, or SET one) is skipped, not an error that would fail the whole
-# step's write and the worker with it; the script returns the positions it skipped.
+# streams whose entry is final, with the owner keys that follow the stream keys in KEYS (those of
+# each final entry, when the sink keeps owner keys). ARGV: maxlen, expire seconds, field, then
+# (data, "1" if final, how many owner keys it has) per stream key. A key that holds something other
+# than a stream (a client may name any key in reply_to, or SET one) is skipped, not an error that
+# would fail the whole step's write and the worker with it; the script returns the positions it skipped.
 _WRITE_REPLIES = """
 local maxlen, expire_s, field = ARGV[1], ARGV[2], ARGV[3]
-local num_streams = (#ARGV - 3) / 2
+local num_streams = (#ARGV - 3) / 3
 local next_owner = num_streams + 1
 local skipped = {}
 for i = 1, num_streams do
   local kind = redis.call('TYPE', KEYS[i])['ok']
-  local final = ARGV[2 * i + 3] == '1'
+  local final = ARGV[3 * i + 2] == '1'
   if kind == 'stream' or kind == 'none' then
-    redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', field, ARGV[2 * i + 2])
+    redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', field, ARGV[3 * i + 1])
     if final then
       redis.call('EXPIRE', KEYS[i], expire_s)
     end
   else
     skipped[#skipped + 1] = i
   end
-  if final and next_owner <= #KEYS then
+  for _ = 1, tonumber(ARGV[3 * i + 3]) do
     redis.call('EXPIRE', KEYS[next_owner], expire_s)
     next_owner = next_owner + 1
   end
@@ -88,14 +88,18 @@ class RedisReplySink:
     names every key it writes, so it needs one Redis node, not a cluster (as the consumer group does).
 
     `owner_key` (request id -> its owner key, see actors/worker/recovery/ownership.py): a final entry
-    gives the request's owner key the stream's expiry, so the owner record lasts as long as the stream."""
+    gives the request's owner key the stream's expiry, so the owner record lasts as long as the stream;
+    `stream_owner_key` (reply stream -> the owner key that guards it, or None) does the same for the
+    record of a stream other requests share."""
 
     def __init__(self, redis: aioredis.Redis, expire_s: int = 3600, maxlen: int = 10_000,
-                 owner_key: Callable[[str], str] | None = None) -> None:
+                 owner_key: Callable[[str], str] | None = None,
+                 stream_owner_key: Callable[[str], str | None] | None = None) -> None:
         self.redis = redis
         self.expire_s = expire_s
         self.maxlen = maxlen
         self.owner_key = owner_key
+        self.stream_owner_key = stream_owner_key
         self._sha = hashlib.sha1(_WRITE_REPLIES.encode()).hexdigest()
         pool = redis.connection_pool
         self._connection = pool.connection_class(**pool.connection_kwargs)
@@ -109,15 +113,20 @@ class RedisReplySink:
             return []
         keys = [key for key, _ in batch]
         args: list[int | bytes | str] = [self.maxlen, self.expire_s, DATA_FIELD]
-        for _, reply in batch:
+        for key, reply in batch:
             final = reply.usage is not None or reply.error is not None
-            args += [encode(reply), "1" if final else "0"]
-            if final and self.owner_key is not None:
-                keys.append(self.owner_key(reply.id))
+            owner_keys = self._owner_keys(key, reply.id) if final else []
+            args += [encode(reply), "1" if final else "0", len(owner_keys)]
+            keys += owner_keys
         packed = hiredis.pack_command(("EVALSHA", self._sha, len(keys), *keys, *args))
         async with self._lock:
             skipped = await retry_transient(lambda: self._call(packed), "write replies")
         return [batch[position - 1][1].id for position in skipped or ()]
+
+    def _owner_keys(self, reply_to: str, request_id: str) -> list[str]:
+        keys = [self.owner_key(request_id)] if self.owner_key is not None else []
+        guard = self.stream_owner_key(reply_to) if self.stream_owner_key is not None else None
+        return [*keys, guard] if guard is not None and guard not in keys else keys
 
     async def _call(self, packed: bytes, load_first: bool = False) -> list[int]:
         if load_first:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import time
@@ -23,7 +24,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from actors.kit.base import arm_test_crash
 from actors.kit.device import device_thread, draft_on_device
@@ -45,6 +46,7 @@ from pipeline.engine import LLMEngine
 from queue_adapters.base import Consumer, Producer
 from queue_adapters.codec import Malformed, WireReply, WireRequest, decode_request
 from queue_adapters.redis_streams import RedisStreamConsumer, dead_letter, retry_transient
+from queue_adapters.wire_limits import WireLimits
 
 log = structlog.get_logger(__name__)
 
@@ -104,7 +106,8 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
         TensorPrepActor(engine.tensor_prep, prep_inbox, to_gpu),
         GPUActor(engine.runner, engine.sampler, device, gpu_inbox, to_sampling),
         SamplingActor(sampling_inbox, to_scheduler),
-        OutputActor(engine.outputs, sink, events_inbox, routes_inbox, to_scheduler, admission, metrics),
+        OutputActor(engine.outputs, sink, events_inbox, routes_inbox, to_scheduler, admission, metrics, prefix,
+                    dead_letter_fn),
     ]
     intake = IntakeActor(requests, engine.builder, prefix, admission, to_routes, to_scheduler, dead_letter_fn,
                          reply_reader, max_attempts, ownership, reply_to_pattern=reply_to_pattern)
@@ -116,15 +119,20 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
                      device: ThreadPoolExecutor | None = None) -> int:
     """Serve until SIGTERM/SIGINT (or until `stop` is set, when given: embedding and tests)."""
     redis = aioredis.from_url(options.redis_url)
+    decode = functools.partial(decode_request, limits=wire_limits(engine))
     consumer = RedisStreamConsumer(options.redis_url, f"{options.prefix}:requests", REQUESTS_GROUP,
-                                   options.consumer_name, decode_request, client=redis)
+                                   options.consumer_name, decode, client=redis)
     await consumer.ensure_group()
     metrics = WorkerMetrics()
 
     async def dead_letter_fn(message: Malformed) -> None:
         metrics.record_dead_letter()
-        await retry_transient(lambda: dead_letter(redis, options.prefix, message.entry_id, message.raw, message.error,
-                                                  source=f"{options.prefix}:requests"), "dead letter")
+        try:
+            await retry_transient(lambda: dead_letter(redis, options.prefix, message.entry_id, message.raw,
+                                                      message.error, source=f"{options.prefix}:requests"),
+                                  "dead letter")
+        except ResponseError as error:  # e.g. a client SET {prefix}:dead: logged, never the worker's end
+            log.error("dead letter not written", entry_id=message.entry_id, reason=message.error, error=str(error))
 
     max_in_flight = options.max_in_flight or 2 * engine.config.scheduler.max_num_seqs
     edges = Edges(options.redis_edges, options.redis_url, redis, options.prefix, options.consumer_name)
@@ -133,7 +141,7 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
 
     name = options.consumer_name
     ownership = Ownership(redis, options.prefix, name, options.reply_expire_s)
-    sink = RedisReplySink(redis, options.reply_expire_s, owner_key=ownership.key)
+    sink = RedisReplySink(redis, options.reply_expire_s, owner_key=ownership.key, stream_owner_key=ownership.stream_key)
     graph = build_graph(engine, consumer, sink, options.prefix,
                         dead_letter_fn, max_in_flight, metrics, edges, reply_reader, options.max_attempts, ownership,
                         options.max_queue_wait_ms, device, options.reply_to_pattern)
@@ -164,6 +172,14 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
         await consumer.close()
         await sink.close()
         await redis.aclose()
+
+
+def wire_limits(engine: LLMEngine) -> WireLimits:
+    """The sizes a request entry may have on this worker, checked before it is decoded."""
+    limits, builder = engine.config.limits, engine.builder
+    return WireLimits.of(max_prompt_chars=builder.max_model_len * limits.max_prompt_chars_per_token,
+                         max_image_bytes=engine.config.model.max_image_bytes, max_stop_strings=limits.max_stop_strings,
+                         max_logit_bias=limits.max_logit_bias, max_token_bans=limits.max_token_bans)
 
 
 def _crash_exit(seconds: float | None) -> Callable[[str], None] | None:
