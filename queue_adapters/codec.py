@@ -177,6 +177,14 @@ def decode_request(raw: bytes, *, params_checked: bool = False, limits: WireLimi
     if limits is not None:
         _check_limits(raw, limits)
     request = _decode(_request_decoder, raw, "request")
+    check_request(request, params_checked=params_checked)
+    return request
+
+
+def check_request(request: WireRequest, *, params_checked: bool = False) -> None:
+    """The rules a decoded request must meet beyond its shape (one prompt field, not empty; tools
+    renderable; params plain and valid): workers run them on every entry, and the gateway on the
+    requests it builds before it encodes them, so what a worker would refuse is the client's 400."""
     try:
         _check_prompt(request)
         _check_tools(request)
@@ -185,7 +193,6 @@ def decode_request(raw: bytes, *, params_checked: bool = False, limits: WireLimi
             _check_params(request.params)
     except CodecError as error:
         raise CodecError(str(error), request.id, request.reply_to) from None
-    return request
 
 
 def _check_limits(raw: bytes, limits: WireLimits) -> None:

@@ -33,7 +33,7 @@ from actors.http.limits import PendingLimit
 from actors.http.options import GatewayOptions
 from actors.http.request_ids import MemoryRequestIds, request_fingerprint
 from queue_adapters.client import assemble
-from queue_adapters.codec import WireReply
+from queue_adapters.codec import CodecError, WireReply
 
 log = structlog.get_logger(__name__)
 RequestT = TypeVar("RequestT", bound=GatewayRequest)
@@ -155,6 +155,8 @@ class Generation:
                 await self.backend.submit(wire)
         except (RedisError, OSError) as error:
             raise ApiError(503, f"the request queue is unreachable: {error}", code="unavailable") from error
+        except CodecError as error:  # the parsers run the codec's checks: only a rule they missed gets here
+            raise ApiError(400, str(error), code="invalid_request") from error
         replies = [aiter(self.backend.replies(wire)) for wire in request.wires]
         firsts = [await self._first_entry(request, stream, interrupter) for stream in replies]
         self.metrics.time_to_first_entry.observe(time.monotonic() - started)

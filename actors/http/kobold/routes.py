@@ -25,7 +25,7 @@ from actors.http.kobold.shapes import KoboldShape
 from actors.http.limits import check_api_key, off_loop_if_large, read_body_limited, read_json_body
 from actors.http.options import GatewayOptions
 from pipeline.request.sampling_params import SamplingParams
-from queue_adapters.codec import CodecError, WireRequest
+from queue_adapters.codec import CodecError, WireRequest, check_request
 
 KOBOLD_API_VERSION = "1.2.4"  # KoboldAI United's API level: stop_sequence and use_default_badwordsids
 KOBOLDCPP_VERSION = "1.63"  # what Aphrodite reports: clients enable streaming, tokencount, grammar, min_p by it
@@ -130,8 +130,10 @@ def _wire_request(body: dict[str, Any], backend: Backend, options: GatewayOption
     timeout_s = options.request_timeout_s
     deadline_ms = int((time.time() + timeout_s) * 1000) if timeout_s else None
     try:
-        return WireRequest(id=f"kai-{uuid.uuid4().hex}", params=kobold.params, deadline_ms=deadline_ms,
+        wire = WireRequest(id=f"kai-{uuid.uuid4().hex}", params=kobold.params, deadline_ms=deadline_ms,
                            prompt=kobold.prompt)
+        check_request(wire, params_checked=True)  # what a worker's codec would refuse is a 400 here
+        return wire
     except (CodecError, ValueError, TypeError) as error:
         raise invalid(str(error)) from error
 

@@ -20,7 +20,7 @@ from actors.http.openai.chat_request import parse_chat_request
 from actors.http.openai.completion_request import Prompt, parse_completion_body, prompt_field
 from actors.http.openai.tool_parsers.plan import ToolPlan
 from actors.http.openai.unknown_fields import take_unknown_fields
-from queue_adapters.codec import MAX_ID_LENGTH, CodecError, WireRequest
+from queue_adapters.codec import MAX_ID_LENGTH, CodecError, WireRequest, check_request
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -58,6 +58,7 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
             parsed.params.setdefault("max_tokens", None)
             wire = WireRequest(id=response_id, params=parsed.params, deadline_ms=deadline_ms, lora=lora,
                                messages=parsed.messages, images=parsed.images or None, tools=parsed.tools)
+            check_request(wire, params_checked=True)  # what a worker's codec would refuse is a 400 here
             return OpenAIRequest([wire], chat, stream, tool_plan=parsed.tool_plan, **options)
         completion = parse_completion_body(body)
     except (ValueError, CodecError, TypeError) as error:
@@ -66,6 +67,8 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
     try:
         wires = [WireRequest(id=wire_id, params=dict(completion.params), deadline_ms=deadline_ms, lora=lora,
                              **prompt_field(prompt)) for wire_id, prompt in zip(ids, completion.prompts, strict=True)]
+        for wire in wires:
+            check_request(wire, params_checked=True)
     except (CodecError, ValueError, TypeError) as error:
         raise invalid(str(error)) from error
     return OpenAIRequest(wires, chat, stream, echo=completion.echo, prompts=completion.prompts, **options)

@@ -132,3 +132,22 @@ async def test_tools_travel_to_the_worker_that_renders_them(default_model_path: 
     assert (tool_call.function.name, json.loads(tool_call.function.arguments)) == ("weather", {"city": "Lima"})
     assert answer.choices[0].finish_reason == "tool_calls"
     assert answer.usage.prompt_tokens == len(expected)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": [1, -1, 3]}, "prompt_token_ids[1]"),
+    ({"prompt": ["fine", ""]}, "prompt"),
+])
+async def test_what_the_wire_codec_refuses_is_a_400_at_the_gateway(gateway_backend: RemoteBackend, body: dict,
+                                                                    field: str) -> None:
+    """The gateway runs the codec's checks on the requests it builds, before it encodes them (no worker
+    needed: nothing is queued)."""
+    with serving(gateway_backend, GatewayOptions()) as base_url:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+            answer = await client.post("/completions", json={"max_tokens": 2, **body})
+            kobold = await client.post(base_url.removesuffix("/v1") + "/api/v1/generate",
+                                       json={"prompt": "", "max_length": 2})
+    assert answer.status_code == 400, answer.text
+    assert field in answer.json()["error"]["message"]
+    assert kobold.status_code == 400, kobold.text
