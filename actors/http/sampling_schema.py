@@ -69,8 +69,8 @@ def _structured_output_shapes() -> dict[str, Schema]:
                                   "schema": {"type": "object"}, "strict": {"type": ["boolean", "null"]}}}
     structured_outputs = {"type": "object", "additionalProperties": False, "minProperties": 1, "properties": {
         "json": schema, "regex": text, "choice": choices, "grammar": text, "json_object": {"type": ["boolean", "null"]},
-        "whitespace_pattern": text}, "description": "vLLM's form: exactly one of json, regex, choice, grammar, "
-                                                    "json_object"}
+        "whitespace_pattern": text, "disable_any_whitespace": {"type": ["boolean", "null"]}},
+        "description": "vLLM's form: exactly one of json, regex, choice, grammar, json_object"}
     return {
         "structured_outputs": {"anyOf": [structured_outputs, {"type": "null"}]},
         "response_format": {"anyOf": [{"type": "object", "required": ["type"], "additionalProperties": False,

@@ -6,7 +6,8 @@ Accepted (at most one per request; two are an error naming both):
 - Aphrodite's (and vLLM's older) `guided_json` (a schema, as an object or a JSON string),
   `guided_regex`, `guided_choice` (a list of strings), `guided_grammar` (GBNF or Lark), with
   `guided_whitespace_pattern` for JSON;
-- vLLM's `structured_outputs: {json | regex | choice | grammar | json_object, whitespace_pattern}`.
+- vLLM's `structured_outputs: {json | regex | choice | grammar | json_object, whitespace_pattern,
+  disable_any_whitespace}` (the last: compact JSON, no whitespace between tokens).
 
 The canonical form is `(kind, spec, whitespace_pattern)`: kind one of json, regex, choice, grammar;
 spec a string (a schema as sorted-key JSON, a choice list as JSON). It is what crosses the wire
@@ -29,6 +30,8 @@ ALIASES = ("response_format", "guided_json", "guided_regex", "guided_choice", "g
 MAX_SPEC_CHARS = 65_536  # a schema, regex or grammar; compiling is bounded by the compiler's own limits
 MAX_CHOICES = 1024
 ANY_JSON_OBJECT = json.dumps({"type": "object"})
+NO_WHITESPACE = "(?:)"  # a JSON answer with nothing between its tokens (disable_any_whitespace)
+_STRUCTURED_OUTPUTS_FIELDS = (*KINDS, "json_object", "whitespace_pattern", "disable_any_whitespace")
 
 StructuredOutput = tuple[str, str, str]
 
@@ -62,20 +65,31 @@ def _from_structured_outputs(value: Any, whitespace_pattern: Any) -> StructuredO
         return kind, spec, pattern
     if not isinstance(value, dict):
         fail(f"structured_outputs must be an object, got {type(value).__name__}")
-    unknown = sorted(str(key) for key in value if key not in (*KINDS, "json_object", "whitespace_pattern"))
+    unknown = sorted(str(key) for key in value if key not in _STRUCTURED_OUTPUTS_FIELDS)
     if unknown:
-        fail(f"structured_outputs has unknown field(s) {', '.join(unknown)} (known: json, regex, choice, grammar, "
-             "json_object, whitespace_pattern)")
+        fail(f"structured_outputs has unknown field(s) {', '.join(unknown)} (known: "
+             f"{', '.join(_STRUCTURED_OUTPUTS_FIELDS)})")
     kinds = [key for key in (*KINDS, "json_object") if value.get(key) not in (None, False)]
     if len(kinds) != 1:
         fail(f"structured_outputs must set exactly one of json, regex, choice, grammar, json_object, got "
              f"{', '.join(kinds) or 'none'}")
-    pattern = value.get("whitespace_pattern", whitespace_pattern)
+    pattern = _whitespace_of(value, whitespace_pattern)
     if kinds[0] == "json_object":
         if value["json_object"] is not True:
             fail(f"structured_outputs.json_object must be true, got {value['json_object']!r}")
         return _with_whitespace(("json", ANY_JSON_OBJECT, ""), pattern)
     return _with_whitespace(_from_kind(kinds[0], value[kinds[0]], f"structured_outputs.{kinds[0]}"), pattern)
+
+
+def _whitespace_of(value: dict[str, Any], whitespace_pattern: Any) -> Any:
+    """structured_outputs' whitespace_pattern, or none at all with disable_any_whitespace: true."""
+    pattern = value.get("whitespace_pattern", whitespace_pattern)
+    disable = value.get("disable_any_whitespace")
+    if disable not in (None, True, False):
+        fail(f"structured_outputs.disable_any_whitespace must be true or false, got {disable!r}")
+    if disable and pattern is not None:
+        fail("structured_outputs.disable_any_whitespace and a whitespace pattern cannot be combined")
+    return NO_WHITESPACE if disable else pattern
 
 
 def _response_format_kind(value: Any) -> str | None:

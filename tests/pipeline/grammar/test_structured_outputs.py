@@ -77,6 +77,23 @@ def test_choice_regex_grammar_and_json_object_spellings() -> None:
     assert SamplingParams.from_dict({"response_format": {"type": "json_object"}}).structured_outputs == any_object
     assert SamplingParams.from_dict({"response_format": {"type": "text"}}).structured_outputs is None
     assert SamplingParams.from_dict({"response_format": None, "guided_json": None}).structured_outputs is None
+    nameless = {"response_format": {"type": "json_schema", "json_schema": {"schema": PERSON}}}  # llama.cpp's
+    assert SamplingParams.from_dict(nameless).structured_outputs == ("json", json.dumps(PERSON, sort_keys=True), "")
+
+
+def test_disable_any_whitespace_gives_compact_json(default_model_path: Path) -> None:
+    """vLLM's `disable_any_whitespace`: nothing between a JSON answer's tokens."""
+    given = {"structured_outputs": {"json": PERSON, "disable_any_whitespace": True}}
+    assert SamplingParams.from_dict(given).structured_outputs[2] == "(?:)"
+    engine = make_engine(default_model_path)
+    params = SamplingParams.from_dict({**given, "max_tokens": 40, "temperature": 1.0, "seed": 3})
+    choice = run_requests(engine, {"compact": ("Who?", params)})["compact"]["choices"][0]
+    text = choice["text"]
+    assert choice["finish_reason"] == "stop", text
+    assert text == json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False), text
+    with pytest.raises(ValueError, match="cannot be combined"):
+        SamplingParams.from_dict({"structured_outputs": {"json": PERSON, "disable_any_whitespace": True,
+                                                         "whitespace_pattern": " "}})
 
 
 @pytest.mark.parametrize("given, message", [
