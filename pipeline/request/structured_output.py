@@ -98,16 +98,22 @@ def _response_format_kind(value: Any) -> str | None:
     kind = value.get("type")
     if kind not in ("text", "json_object", "json_schema"):
         fail(f"response_format.type must be text, json_object or json_schema, got {kind!r}")
+    unknown = sorted(str(key) for key in value if key not in ("type", "json_schema"))
+    if unknown:
+        fail(f"response_format has unknown field(s) {', '.join(unknown)}")
+    if "json_schema" in value or kind == "json_schema":  # checked whatever the type: the document says so
+        _check_schema_holder(value.get("json_schema"))
     return None if kind == "text" else kind
 
 
 def _from_response_format(value: dict[str, Any]) -> StructuredOutput:
-    unknown = sorted(str(key) for key in value if key not in ("type", "json_schema"))
-    if unknown:
-        fail(f"response_format has unknown field(s) {', '.join(unknown)}")
     if value["type"] == "json_object":
         return "json", ANY_JSON_OBJECT, ""
-    schema_holder = value.get("json_schema")
+    schema = value["json_schema"].get("schema", {})  # OpenAI: a missing schema means any JSON value
+    return _from_kind("json", schema, "response_format.json_schema.schema")
+
+
+def _check_schema_holder(schema_holder: Any) -> None:
     if not isinstance(schema_holder, dict):
         fail("response_format.json_schema must be an object with a schema (and a name)")
     unknown = sorted(str(key) for key in schema_holder if key not in ("name", "schema", "strict", "description"))
@@ -117,8 +123,10 @@ def _from_response_format(value: dict[str, Any]) -> StructuredOutput:
         fail("response_format.json_schema.name must be a string")
     if not isinstance(schema_holder.get("strict", False), bool | None):
         fail("response_format.json_schema.strict must be true, false or null")
-    schema = schema_holder.get("schema", {})  # OpenAI: a missing schema means any JSON value
-    return _from_kind("json", schema, "response_format.json_schema.schema")
+    if not isinstance(schema_holder.get("description", ""), str):
+        fail("response_format.json_schema.description must be a string")
+    if not isinstance(schema_holder.get("schema", {}), dict):
+        fail("response_format.json_schema.schema must be an object (a JSON schema)")
 
 
 def _from_kind(kind: str, value: Any, where: str) -> StructuredOutput:

@@ -197,6 +197,14 @@ def _put(body: Any, path: tuple[Any, ...], value: Any) -> Any:
     return body
 
 
+def rejected_or_too_large(ctx: CheckContext, response: Response, case: Case) -> bool | None:
+    """schemathesis' negative_data_rejection, where a 413 also counts as refusing the body: a generated
+    body past --max-request-bytes is refused for its size before anyone reads what it violates."""
+    if response.status_code == 413:
+        return None
+    return negative_data_rejection(ctx, response, case)
+
+
 def openai_error_shape(ctx: CheckContext, response: Response, case: Case) -> bool | None:
     """A schemathesis check: see check_answer."""
     check_answer(response.status_code, response.headers.get("content-type", [""])[0], response.content)
@@ -231,8 +239,8 @@ def check_stream(content: bytes) -> None:
             assert from_engine_error(error).status < 500, f"a stream ended in a server error: {line}"
 
 
-# negative_data_rejection: a body the document calls invalid must get a 4xx, so the document is no looser
+# rejected_or_too_large: a body the document calls invalid must get a 4xx, so the document is no looser
 # than the parsers. positive_data_acceptance is left out: rules across fields (min_tokens <= max_tokens,
 # prompt + max_tokens within the context) make some schema-valid bodies a 400, as documented.
 CHECKS: list[Any] = [not_a_server_error, max_response_time, status_code_conformance, content_type_conformance,
-                     response_schema_conformance, negative_data_rejection, openai_error_shape]
+                     response_schema_conformance, rejected_or_too_large, openai_error_shape]
