@@ -17,6 +17,7 @@ import msgpack
 import msgspec
 from msgspec import Meta, Struct
 
+from pipeline.request.chat_template_kwargs import check_chat_template_kwargs
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.request.tools import MAX_TOOLS, arguments_object, check_tools
 from pipeline.request.untrusted import INT64_MAX, UntrustedValueError, check_untrusted
@@ -59,6 +60,7 @@ class WireRequest(_Wire, omit_defaults=True):
     deadline_ms: NonNegativeInt | None = None
     images: list[bytes] | None = None  # encoded images (PNG, JPEG, ...), one per <image> placeholder
     tools: Annotated[list[Any], Meta(min_length=1, max_length=MAX_TOOLS)] | None = None  # for the chat template
+    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables (enable_thinking, ...)
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams.from_dict(self.params)
@@ -249,12 +251,17 @@ def _check_prompt(request: WireRequest) -> None:
 
 
 def _check_tools(request: WireRequest) -> None:
-    """Tools and tool calls only come with chat messages, and hold what a chat template can render."""
+    """Tools, tool calls and template variables only come with chat messages, and hold what a chat
+    template can render."""
     if request.tools is not None and request.messages is None:
         raise CodecError("tools need messages (they are rendered by the chat template)")
     try:
         if request.tools is not None:
             check_tools(request.tools)
+        if request.chat_template_kwargs is not None:
+            if request.messages is None:
+                raise ValueError("chat_template_kwargs need messages (they are the chat template's variables)")
+            check_chat_template_kwargs(request.chat_template_kwargs)
         for index, message in enumerate(request.messages or []):
             check_tool_roles(message, f"messages[{index}]")
             for number, call in enumerate(message.tool_calls or []):

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
+from actors.http.anthropic.routes import add_anthropic_routes
 from actors.http.backends import Backend
 from actors.http.errors import ApiError
 from actors.http.gateway_metrics import GatewayMetrics
@@ -65,6 +66,7 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
 
     add_openai_routes(app, generation, backend, options)
     add_kobold_routes(app, generation, backend, options)
+    add_anthropic_routes(app, generation, backend, options)
 
     @app.get("/")
     async def playground() -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,3 +19,6 @@ class GatewayOptions:
     strict_fields: bool = False  # --strict-fields: an unknown request field is a 400, not ignored and named
     # --tool-call-parser, set when --enable-auto-tool-choice is on: tool_choice "auto" reads calls with it
     tool_call_parser: str | None = None
+    reasoning_parser: str | None = None  # --reasoning-parser: chat answers' reasoning split from their content
+    # --default-chat-template-kwargs: the chat template's variables, under each request's own
+    default_chat_template_kwargs: dict[str, Any] | None = None

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 from actors.http.openai.tool_parsers import PARSERS
 from actors.http.options import GatewayOptions
+from actors.http.reasoning import FORMATS
+from pipeline.request.chat_template_kwargs import check_chat_template_kwargs
+from pipeline.request.untrusted import loads_json
 
 
 def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., str | None]) -> None:
@@ -37,6 +41,7 @@ def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., s
                         help="answer an unknown request field with a 400 (default: ignore it, log it and name it "
                              "in the X-Ignored-Fields response header, as vLLM accepts extra fields)")
     add_tool_args(parser)
+    add_reasoning_args(parser)
     parser.add_argument("--metrics-open", action="store_true",
                         help="serve /metrics without the API key (by default it needs --api-key when one is set)")
 
@@ -48,6 +53,24 @@ def add_tool_args(parser: argparse.ArgumentParser) -> None:
                              "--tool-call-parser (without it, auto with tools is a 400, as in vLLM)")
     parser.add_argument("--tool-call-parser", choices=sorted(PARSERS), default=None,
                         help="the model's tool-call format, for --enable-auto-tool-choice")
+
+
+def add_reasoning_args(parser: argparse.ArgumentParser) -> None:
+    """vLLM's reasoning flags (docs/http-api.md#reasoning)."""
+    parser.add_argument("--reasoning-parser", choices=sorted(FORMATS), default=None,
+                        help="split chat answers' reasoning (<think>...</think>) from their content into "
+                             "`reasoning` and `reasoning_content`, in the model's format")
+    parser.add_argument("--default-chat-template-kwargs", default=None, metavar="JSON",
+                        help='the chat template\'s variables for every chat request, e.g. \'{"enable_thinking": '
+                             "false}'; a request's chat_template_kwargs override them")
+
+
+def template_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
+    """--default-chat-template-kwargs as a checked map; ValueError naming the flag."""
+    if args.default_chat_template_kwargs is None:
+        return None
+    kwargs = loads_json(args.default_chat_template_kwargs, "--default-chat-template-kwargs")
+    return check_chat_template_kwargs(kwargs, "--default-chat-template-kwargs") or None
 
 
 def tool_parser_from_args(args: argparse.Namespace) -> str | None:
@@ -67,4 +90,5 @@ def options_from_args(args: argparse.Namespace) -> GatewayOptions:
                           max_request_bytes=args.max_request_bytes, metrics_open=args.metrics_open,
                           served_model_names=tuple(args.served_model_name or ()),
                           allowed_origins=tuple(args.allowed_origins or ()), strict_fields=args.strict_fields,
-                          tool_call_parser=tool_call_parser)
+                          tool_call_parser=tool_call_parser, reasoning_parser=args.reasoning_parser,
+                          default_chat_template_kwargs=template_kwargs_from_args(args))

@@ -246,4 +246,5 @@ def build_request(builder: RequestBuilder, message: WireRequest) -> Request:
     return builder.build(message.id, builder.sampling_params(message.params), prompt=message.prompt, lora=message.lora,
                          prompt_token_ids=message.prompt_token_ids,
                          messages=[m.as_dict() for m in message.messages] if message.messages is not None else None,
-                         images=message.images, tools=message.tools)
+                         images=message.images, tools=message.tools,
+                         chat_template_kwargs=message.chat_template_kwargs)

@@ -79,6 +79,21 @@ class ChatContentGuard:
                     message[key] = _map_strings(message[key], hide)
         return protected, _map_strings(tools, hide) if tools is not None else None, literals
 
+    def special_text_in(self, value: Any) -> str | None:
+        """The first special-token text in any string of `value` (JSON-like, map keys included); None if none."""
+        if not self.enabled:
+            return None
+        found: list[str] = []
+
+        def note(text: str) -> str:
+            match = self._pattern.search(text)
+            if match is not None and not found:
+                found.append(match.group(0))
+            return text
+
+        _map_strings(value, note)
+        return found[0] if found else None
+
     def encode(self, rendered: str, literals: list[str]) -> list[int]:
         """Token ids of a prompt rendered from `protect`ed messages (see the module's example)."""
         pieces = _MARK.split(rendered)  # text, index, text, index, ..., text

@@ -17,6 +17,7 @@ from pipeline.grammar.compiler import GrammarCompiler
 from pipeline.intake.chat_content import ChatContentGuard
 from pipeline.intake.image_processor import ImageProcessor
 from pipeline.lora.registry import LoRARegistry
+from pipeline.request.chat_template_kwargs import check_chat_template_kwargs
 from pipeline.request.generation_defaults import GenerationDefaults
 from pipeline.request.image_input import ImageInput, VisionInfo, check_image_count, expand_placeholders
 from pipeline.request.request import Request
@@ -59,9 +60,10 @@ class RequestBuilder:
     def build(self, request_id: str, params: SamplingParams, *, prompt: str | None = None,
               prompt_token_ids: Sequence[int] | None = None,
               messages: list[dict[str, Any]] | None = None, images: Sequence[bytes] | None = None,
-              lora: str | None = None, tools: list[dict[str, Any]] | None = None) -> Request:
+              lora: str | None = None, tools: list[dict[str, Any]] | None = None,
+              chat_template_kwargs: dict[str, Any] | None = None) -> Request:
         """`tools` (OpenAI's, with `messages` only) are rendered by the chat template, as transformers'
-        apply_chat_template(tools=...) does."""
+        apply_chat_template(tools=...) does; `chat_template_kwargs` are the template's extra variables."""
         if self.breakers is not None and params.dry_multiplier > 0:
             self.breakers.mask(params.dry_sequence_breakers)  # built here, not on the device thread
         if params.structured_outputs is not None:
@@ -74,12 +76,14 @@ class RequestBuilder:
             raise ValueError("images: this model takes no images (it is not a vision-language model)")
         if tools is not None and messages is None:
             raise ValueError("tools need messages (they are rendered by the chat template)")
+        if chat_template_kwargs is not None:
+            self._check_template_kwargs(chat_template_kwargs, messages)
         literals: list[str] = []
         if messages is not None:
             chat = self._chat_messages(messages)
             if self.content_guard is not None:
                 chat, tools, literals = self.content_guard.protect_with_tools(chat, tools)
-            prompt = self._apply_chat_template(chat, tools)
+            prompt = self._apply_chat_template(chat, tools, chat_template_kwargs or {})
         if prompt is not None and literals:
             self._check_prompt_chars(prompt)
             ids = self.content_guard.encode(prompt, literals)  # special-token text in messages stays text
@@ -174,7 +178,17 @@ class RequestBuilder:
             if outside:
                 raise ValueError(f"{name} must hold token ids in [0, {self.vocab_size}), got {outside[0]}")
 
-    def _apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    def _check_template_kwargs(self, kwargs: dict[str, Any], messages: list[dict[str, Any]] | None) -> None:
+        if messages is None:
+            raise ValueError("chat_template_kwargs need messages (they are the chat template's variables)")
+        check_chat_template_kwargs(kwargs)
+        special = self.content_guard.special_text_in(kwargs) if self.content_guard is not None else None
+        if special is not None:  # the template would write it into the prompt, where it reads as the token
+            raise ValueError(f"chat_template_kwargs: special-token text {special!r} is not accepted in template "
+                             "variables")
+
+    def _apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                             kwargs: dict[str, Any]) -> str:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("messages need a chat template, and this model's tokenizer has none")
         if not messages:
@@ -182,7 +196,7 @@ class RequestBuilder:
         try:
             with_tools = {"tools": tools} if tools is not None else {}
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                      **with_tools)
+                                                      **with_tools, **kwargs)
         except Exception as error:
             # The template is model-supplied Jinja run on the client's messages: any failure (e.g.
             # jinja2's TemplateError from raise_exception("roles must alternate")) is a bad request.

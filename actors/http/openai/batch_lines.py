@@ -36,7 +36,8 @@ def parse_line_body(url: str, body: Any, tool_parser: str | None) -> LineBody:
     """The body of a line for `url` (one of URLS); ValueError naming the field at fault."""
     if url == CHAT_URL:
         chat = parse_chat_request(body, tool_parser)  # validates the sampling and tool fields
-        fields = {"messages": chat.messages, "images": chat.images or None, "tools": chat.tools}
+        fields = {"messages": chat.messages, "images": chat.images or None, "tools": chat.tools,
+                  "chat_template_kwargs": chat.template_kwargs}
         return LineBody(True, chat.params, fields, tool_plan=chat.tool_plan)
     completion = parse_completion_body(body)  # validates the sampling fields
     if len(completion.prompts) != 1:

@@ -6,7 +6,8 @@ so are the chat features we do not implement (the deprecated `functions`), so no
 ignored. Content may be a string or a list of text and image_url parts (actors/http/openai/content_parts.py).
 Tools (docs/http-api.md#tool-calling): `tools` travel to the chat template; `tool_choice` decides what
 the gateway makes of the answer (actors/http/openai/tool_parsers/plan.py), and `required` or a named
-function add the structured-output constraint that makes the answer the call(s).
+function add the structured-output constraint that makes the answer the call(s). `chat_template_kwargs`
+and `reasoning_effort` become the template's variables (actors/http/openai/template_kwargs.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from actors.http.openai.completion_request import sampling_fields
 from actors.http.openai.content_parts import parse_content
+from actors.http.openai.template_kwargs import take_template_kwargs
 from actors.http.openai.tool_parsers.plan import ToolPlan
 from actors.http.openai.tool_parsers.tool_choice import check_tool_choice, check_tools, constraint_for
 from pipeline.request.sampling_params import SamplingParams
@@ -37,12 +39,17 @@ class ChatBody:
     images: list[bytes]  # of image_url parts, in order
     tools: list[dict[str, Any]] | None  # for the chat template
     tool_plan: ToolPlan | None  # what becomes of the answer's text; None: it is content
+    template_kwargs: dict[str, Any] | None = None  # the chat template's extra variables
+    constrained: bool = False  # a structured-output constraint covers the answer (a tool_choice's included)
 
 
-def parse_chat_request(body: Any, tool_parser: str | None) -> ChatBody:
+def parse_chat_request(body: Any, tool_parser: str | None,
+                       default_template_kwargs: dict[str, Any] | None = None) -> ChatBody:
     """Every field checked, ValueError naming the field for anything we cannot run as asked.
-    `tool_parser`: the server's --tool-call-parser when --enable-auto-tool-choice is on."""
+    `tool_parser`: the server's --tool-call-parser when --enable-auto-tool-choice is on;
+    `default_template_kwargs`: its --default-chat-template-kwargs."""
     params = sampling_fields(body, "messages", _UNSUPPORTED)
+    template_kwargs = take_template_kwargs(params, default_template_kwargs)
     tools, tool_plan, constraint = _tool_fields(params, tool_parser)
     images: list[bytes] = []
     messages = parse_messages(body["messages"], images)
@@ -50,7 +57,7 @@ def parse_chat_request(body: Any, tool_parser: str | None) -> ChatBody:
     if constraint is not None:
         params["guided_json"] = constraint
     SamplingParams.from_dict(params)  # validates every remaining field, naming it
-    return ChatBody(messages, params, images, tools, tool_plan)
+    return ChatBody(messages, params, images, tools, tool_plan, template_kwargs, bool(_constraints(params)))
 
 
 def _tool_fields(params: dict[str, Any],
@@ -71,8 +78,7 @@ def _tool_fields(params: dict[str, Any],
         if tool_parser is None:
             raise UntrustedValueError(AUTO_NEEDS_PARSER, "tool_choice")
         return tools, ToolPlan(choice, tool_parser, parallel is not False), None
-    constrained = sorted(name for name in (*ALIASES, "structured_outputs")
-                         if params.get(name) not in (None, {"type": "text"}))  # text: no constraint
+    constrained = _constraints(params)
     if constrained:
         raise UntrustedValueError(f"tool_choice {choice.mode!r} constrains the answer to the call(s) and cannot be "
                                   f"combined with {', '.join(constrained)}", "tool_choice")
@@ -82,6 +88,12 @@ def _tool_fields(params: dict[str, Any],
         raise UntrustedValueError(f"tools: for tool_choice {choice.mode!r} the tools' parameter schemas become a "
                                   f"constraint of at most {MAX_SPEC_CHARS} characters, got {size}", "tools")
     return tools, ToolPlan(choice, None, parallel is not False), constraint
+
+
+def _constraints(params: dict[str, Any]) -> list[str]:
+    """The structured-output fields that constrain the answer."""
+    return sorted(name for name in (*ALIASES, "structured_outputs")
+                  if params.get(name) not in (None, {"type": "text"}))  # text: no constraint
 
 
 def parse_messages(messages: Any, images: list[bytes]) -> list[ChatMessage]:

@@ -6,6 +6,8 @@
               {"index": 0, "id": "call_...", "type": "function", "function": {"name": ..., "arguments": ...}}]},
               "finish_reason": "tool_calls"}], ...}     (tool_choice auto: calls come whole, at the end;
                                                  required: each call once complete; named: argument deltas)
+    data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"reasoning": "Hm",
+              "reasoning_content": "Hm"}}], ...}  (--reasoning-parser: the reasoning, then content)
     data: {"choices": [], "usage": {...}}        (stream_options.include_usage)
     (with stream_options.continuous_usage_stats too, every chunk carries `usage` so far, as vLLM's do:
      the prompt's tokens and that choice's completion tokens; the last chunk has the totals)
@@ -33,11 +35,13 @@ from actors.http.openai.render import (
     chat_logprobs,
     completion_logprobs,
     echo_entries,
+    reasoning_delta,
     usage_object,
     vllm_prompt_logprobs,
 )
 from actors.http.openai.tool_parsers.call_stream import CallStream
 from actors.http.openai.tool_parsers.plan import ToolPlan
+from actors.http.reasoning import ReasoningSplitter
 from queue_adapters.codec import WireChoice, WireReply, WireUsage
 
 log = structlog.get_logger(__name__)
@@ -64,6 +68,7 @@ class ChunkWriter:
         self._completion_tokens: dict[int, int] = {}  # choice -> tokens sent (continuous usage)
         self._answers: dict[int, _HeldAnswer] = {}  # choice -> its text so far (chat with tools, auto)
         self._calls: dict[int, CallStream] = {}  # choice -> its constrained tool answer (required, named)
+        self._splitters: dict[int, ReasoningSplitter] = {}  # choice -> its reasoning split (--reasoning-parser)
 
     def opening(self, firsts: list[WireReply]) -> str:
         """The events of each prompt's first reply entry (after chat's role announcement), as one
@@ -127,9 +132,15 @@ class ChunkWriter:
         entries = list(choice.logprobs) if choice.logprobs is not None else None
         ending = {"finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
         if self.request.chat:
-            delta: dict[str, Any] = {"content": choice.text} if choice.text else {}
+            text, delta = choice.text, {}
+            if self.request.reasoning is not None:
+                text, delta = self._reasoning_delta(choice)
             if self.request.tool_plan is not None:
-                delta, ending["finish_reason"] = self._tool_delta(choice, self.request.tool_plan)
+                calls, ending["finish_reason"] = self._tool_delta(choice.index, text, choice.finish_reason,
+                                                                  self.request.tool_plan)
+                delta.update(calls)
+            elif text:
+                delta["content"] = text
             return {"index": choice.index, "delta": delta,
                     "logprobs": chat_logprobs(entries, self.tokenizer) if entries is not None else None,
                     "token_ids": list(choice.token_ids), **ending}
@@ -157,15 +168,27 @@ class ChunkWriter:
             entries = [*echo_entries(prompt), *entries]
         return text, entries, extra
 
-    def _tool_delta(self, choice: WireChoice, plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
+    def _reasoning_delta(self, choice: WireChoice) -> tuple[str, dict[str, Any]]:
+        """(the content part of this entry's text, a delta with its reasoning part): the split of
+        actors/http/reasoning/splitter.py, which holds back what may still be a marker until it is sure."""
+        assert self.request.reasoning is not None
+        splitter = self._splitters.setdefault(choice.index, ReasoningSplitter(self.request.reasoning))
+        split = splitter.feed(choice.text)
+        if choice.finish_reason is not None:
+            split += splitter.finish()
+        return split.content, reasoning_delta(split.reasoning)
+
+    def _tool_delta(self, index: int, text: str, finish_reason: str | None,
+                    plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
         """`auto`: content that cannot become a call goes out at once; the rest waits for the answer's end,
         where the whole text is parsed as the non-streamed answer is (actors/http/openai/tool_parsers/plan.py).
-        `required` and a named function: tool-call deltas as the text comes (call_stream.py)."""
+        `required` and a named function: tool-call deltas as the text comes (call_stream.py). `text`: the
+        choice's new content (after any reasoning)."""
         if plan.choice.mode != "auto":
-            return self._constrained_delta(choice, plan)
-        answer = self._answers.setdefault(choice.index, _HeldAnswer())
-        answer.text += choice.text
-        if choice.finish_reason is None:
+            return self._constrained_delta(index, text, finish_reason, plan)
+        answer = self._answers.setdefault(index, _HeldAnswer())
+        answer.text += text
+        if finish_reason is None:
             upto = max(plan.sendable(answer.text), answer.sent)
             content, answer.sent = answer.text[answer.sent:upto], upto
             return ({"content": content} if content else {}), None
@@ -177,21 +200,21 @@ class ChunkWriter:
         if rest:
             delta["content"] = rest
         if not parsed.calls:
-            return delta, choice.finish_reason
-        delta["tool_calls"] = [call.as_openai(index) for index, call in enumerate(parsed.calls)]
-        return delta, plan.finish_reason(choice.finish_reason)
+            return delta, finish_reason
+        delta["tool_calls"] = [call.as_openai(number) for number, call in enumerate(parsed.calls)]
+        return delta, plan.finish_reason(finish_reason)
 
-    def _constrained_delta(self, choice: WireChoice, plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
-        stream = self._calls.setdefault(choice.index, CallStream(plan.choice))
-        calls = stream.feed(choice.text)
+    def _constrained_delta(self, index: int, text: str, finish_reason: str | None,
+                           plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
+        stream = self._calls.setdefault(index, CallStream(plan.choice))
+        calls = stream.feed(text)
         content = None
-        if choice.finish_reason is not None:
+        if finish_reason is not None:
             last_calls, content = stream.finish()
             calls += last_calls
         delta: dict[str, Any] = {"content": content} if content else {}
         if calls:
             delta["tool_calls"] = calls
-        finish_reason = choice.finish_reason
         if stream.num_calls_sent:
             finish_reason = plan.finish_reason(finish_reason)
         return delta, finish_reason

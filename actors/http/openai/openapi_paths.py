@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from actors.http.openai.completion_request import MAX_PROMPTS
 from actors.http.openai.parse import _REQUEST_ID
+from actors.http.openai.template_kwargs import REASONING_EFFORTS
 from actors.http.sampling_schema import INT64, TOKEN_ID, Schema, sampling_properties
+from pipeline.request.chat_template_kwargs import MAX_KWARGS
 from pipeline.request.tools import MAX_ARGUMENTS_CHARS, MAX_NAME_CHARS, MAX_TOOL_CALLS, MAX_TOOLS, MAX_TOOLS_CHARS
 
 _BASE64_DATA_URI = r"^data:[^,]*;base64,(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
@@ -80,6 +82,12 @@ def chat_body() -> Schema:
         # The deprecated function calling is not supported: only the values that ask for none of it.
         "functions": {**_NO_LIST, "description": "not supported (use tools)"},
         "function_call": {"enum": [None, "none"], "description": "not supported (use tool_choice)"},
+        "chat_template_kwargs": {"type": ["object", "null"], "maxProperties": MAX_KWARGS,
+                                 "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}$"},
+                                 "description": "the chat template's extra variables (e.g. enable_thinking), over "
+                                                "--default-chat-template-kwargs; the template's own names are a 400"},
+        "reasoning_effort": {"enum": [*REASONING_EFFORTS, None],
+                             "description": "the chat template's variable reasoning_effort"},
     }
     properties = {"messages": {"type": "array", "minItems": 1, "items": _message()},
                   **_gateway_fields(), **sampling, **chat_only}

@@ -20,6 +20,7 @@ from actors.http.openai.chat_request import parse_chat_request
 from actors.http.openai.completion_request import Prompt, parse_completion_body, prompt_field
 from actors.http.openai.tool_parsers.plan import ToolPlan
 from actors.http.openai.unknown_fields import take_unknown_fields
+from actors.http.reasoning import ReasoningFormat, format_for_request
 from queue_adapters.codec import MAX_ID_LENGTH, CodecError, WireRequest, check_request
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -34,13 +35,16 @@ class OpenAIRequest(GatewayRequest):
     prompts: list[Prompt] | None = None  # completions: as the client gave them (echo prepends them)
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage so far in every chunk
     tool_plan: ToolPlan | None = None  # chat with tools: what the answer's text becomes
+    reasoning: ReasoningFormat | None = None  # chat under --reasoning-parser: how the answer splits
 
 
 def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
                timeout_s: float | None, adapters: list[str] | None = None,
                aliases: tuple[str, ...] = (), strict_fields: bool = False,
-               tool_parser: str | None = None) -> OpenAIRequest:
-    """`tool_parser`: --tool-call-parser, when --enable-auto-tool-choice is on."""
+               tool_parser: str | None = None, reasoning_parser: str | None = None,
+               template_kwargs: dict[str, Any] | None = None) -> OpenAIRequest:
+    """`tool_parser`: --tool-call-parser, when --enable-auto-tool-choice is on; `reasoning_parser`:
+    --reasoning-parser; `template_kwargs`: --default-chat-template-kwargs."""
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
     lora = _check_model(body.get("model"), aliases or (model_name,), adapters or [])
@@ -53,13 +57,15 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
                "ignored_fields": ignored}
     try:
         if chat:
-            parsed = parse_chat_request(body, tool_parser)
+            parsed = parse_chat_request(body, tool_parser, template_kwargs)
             # A chat answer runs to the end of its turn unless the client caps it (OpenAI's default).
             parsed.params.setdefault("max_tokens", None)
             wire = WireRequest(id=response_id, params=parsed.params, deadline_ms=deadline_ms, lora=lora,
-                               messages=parsed.messages, images=parsed.images or None, tools=parsed.tools)
+                               messages=parsed.messages, images=parsed.images or None, tools=parsed.tools,
+                               chat_template_kwargs=parsed.template_kwargs)
             check_request(wire, params_checked=True)  # what a worker's codec would refuse is a 400 here
-            return OpenAIRequest([wire], chat, stream, tool_plan=parsed.tool_plan, **options)
+            reasoning = format_for_request(reasoning_parser, parsed.template_kwargs, parsed.constrained)
+            return OpenAIRequest([wire], chat, stream, tool_plan=parsed.tool_plan, reasoning=reasoning, **options)
         completion = parse_completion_body(body)
     except (ValueError, CodecError, TypeError) as error:
         raise invalid(str(error), getattr(error, "field", None) or _field_named_in(str(error), body)) from error

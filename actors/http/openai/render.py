@@ -11,15 +11,18 @@ import time
 from typing import Any
 
 from actors.http.openai.tool_parsers.plan import ToolPlan
+from actors.http.reasoning import ReasoningFormat, split_whole
 
 
 def completion_body(response_id: str, result: dict[str, Any], model_name: str, tokenizer: Any | None,
-                    chat: bool, tool_plan: ToolPlan | None = None) -> dict[str, Any]:
+                    chat: bool, tool_plan: ToolPlan | None = None,
+                    reasoning: ReasoningFormat | None = None) -> dict[str, Any]:
     """A `text_completion` or `chat.completion` object from a finished, error-free result (a chat
-    request's tool plan turns the calls in its answers into `tool_calls`)."""
+    request's reasoning format splits off its answers' reasoning; its tool plan turns the calls in the
+    rest into `tool_calls`)."""
 
     def choice_object(choice: dict[str, Any], tokenizer: Any | None) -> dict[str, Any]:
-        return chat_choice(choice, tokenizer, tool_plan) if chat else completion_choice(choice, tokenizer)
+        return chat_choice(choice, tokenizer, tool_plan, reasoning) if chat else completion_choice(choice, tokenizer)
 
     body: dict[str, Any] = {
         "id": response_id,
@@ -112,14 +115,21 @@ def token_text(tokenizer: Any | None, token_id: int) -> str:
     return tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
 
 
-def chat_choice(choice: dict[str, Any], tokenizer: Any | None, tool_plan: ToolPlan | None = None) -> dict[str, Any]:
+def chat_choice(choice: dict[str, Any], tokenizer: Any | None, tool_plan: ToolPlan | None = None,
+                reasoning: ReasoningFormat | None = None) -> dict[str, Any]:
     """A `chat.completion` choice from an assembled result's choice (plus token_ids, as completions have);
-    with a tool plan, the calls in its text become `tool_calls`."""
+    with a reasoning format, its reasoning goes in `reasoning` (and `reasoning_content`, the older name)
+    and `content` is the text after it; with a tool plan, the calls in that text become `tool_calls`."""
     entries = choice["logprobs"]
-    message: dict[str, Any] = {"role": "assistant", "content": choice["text"]}
+    text = choice["text"]
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning is not None:
+        thought, content = split_whole(reasoning, text)
+        text = content or ""
+        message.update(content=content, reasoning=thought, reasoning_content=thought)
     finish_reason = choice["finish_reason"]
     if tool_plan is not None:
-        parsed = tool_plan.calls(choice["text"])
+        parsed = tool_plan.calls(text)
         message["content"] = parsed.content
         if parsed.calls:
             message["tool_calls"] = [call.as_openai() for call in parsed.calls]
@@ -128,6 +138,11 @@ def chat_choice(choice: dict[str, Any], tokenizer: Any | None, tool_plan: ToolPl
             "logprobs": chat_logprobs(entries, tokenizer) if entries is not None else None,
             "finish_reason": finish_reason, "stop_reason": choice["stop_reason"],
             "token_ids": choice["token_ids"]}
+
+
+def reasoning_delta(reasoning: str) -> dict[str, str]:
+    """A chat chunk's reasoning, under vLLM's current name and the older one (clients read either)."""
+    return {"reasoning": reasoning, "reasoning_content": reasoning} if reasoning else {}
 
 
 def chat_logprobs(entries: list[dict[str, Any]], tokenizer: Any | None) -> dict[str, Any]:

@@ -50,7 +50,8 @@ def _add_generation_routes(app: FastAPI, generation: Generation, backend: Backen
         parsed = await off_loop_if_large(size, functools.partial(
             parse_body, body, chat, backend.model_name, request.headers.get("x-request-id"),
             options.request_timeout_s, backend.adapter_names(), aliases=options.served_model_names,
-            strict_fields=options.strict_fields, tool_parser=options.tool_call_parser))
+            strict_fields=options.strict_fields, tool_parser=options.tool_call_parser,
+            reasoning_parser=options.reasoning_parser, template_kwargs=options.default_chat_template_kwargs))
         if parsed.ignored_fields:
             log.warning("request fields ignored", request_id=parsed.wire.id,
                         fields=bounded_names(parsed.ignored_fields))

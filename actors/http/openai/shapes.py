@@ -36,7 +36,7 @@ class OpenAIShape:
         result = results[0] if request.chat else merge_prompt_results(results, request.n, request.prompts,
                                                                       request.echo, tokenizer)
         return JSONResponse(completion_body(request.response_id, result, self.backend.model_name, tokenizer,
-                                            request.chat, request.tool_plan),
+                                            request.chat, request.tool_plan, request.reasoning),
                             headers=ignored_fields_header(request.ignored_fields))
 
     def writer(self, request: OpenAIRequest) -> EventWriter:

@@ -8,7 +8,7 @@ see what had no effect (vLLM only logs them). `aqueduct serve --strict-fields` k
 behaviour: a 400 naming the field.
 
 A field this module knows is never taken off: the parsers decide about it, so a known field we do
-not implement (`tools` before tool calling, vLLM's `chat_template_kwargs`) is still an error.
+not implement (vLLM's `chat_template`, `bad_words`, ...) is still an error.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ _VLLM_NOT_IMPLEMENTED = frozenset({
     "guided_decoding_backend", "add_special_tokens", "logits_processors", "vllm_xargs", "kv_transfer_params",
     "cache_salt", "return_token_ids", "reasoning_parser"})
 _NOT_IMPLEMENTED = _OPENAI_NOT_IMPLEMENTED | _VLLM_NOT_IMPLEMENTED
+# The chat template's variables: chat's parser takes them; a completions prompt has no template.
+_CHAT_ONLY = frozenset({"reasoning_effort", "chat_template_kwargs"})
 # Values of those that ask for nothing (vLLM's defaults; clients send them for unset fields).
 _ASKS_NOTHING: dict[str, tuple[Any, ...]] = {
     "priority": (0,), "return_tokens_as_token_ids": (False,), "return_token_ids": (False,), "bad_words": ([],),
@@ -51,8 +53,9 @@ _SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 def take_unknown_fields(body: dict[str, Any], strict: bool, chat: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
     """(the body without its unknown top-level fields, their names, sorted). Known fields that ask
     for something this server does not do are a 400 naming them, in both modes."""
-    _refuse_not_implemented(body, chat)
-    body = _without(body, lambda key: key in _NOT_IMPLEMENTED or key in _OPENAI_BOOKKEEPING)  # ask nothing by now
+    not_implemented = _NOT_IMPLEMENTED - _CHAT_ONLY if chat else _NOT_IMPLEMENTED
+    _refuse_not_implemented(body, chat, not_implemented)
+    body = _without(body, lambda key: key in not_implemented or key in _OPENAI_BOOKKEEPING)  # ask nothing by now
     if strict:
         return body, ()  # the parsers answer an unknown field with a 400 naming it
     unknown = tuple(sorted(str(key) for key in body if not _is_known(key)))
@@ -67,9 +70,9 @@ def _without(body: dict[str, Any], drop: Callable[[str], bool]) -> dict[str, Any
     return {key: value for key, value in body.items() if not drop(key)}
 
 
-def _refuse_not_implemented(body: dict[str, Any], chat: bool) -> None:
+def _refuse_not_implemented(body: dict[str, Any], chat: bool, not_implemented: frozenset[str]) -> None:
     """A value that asks for vLLM's default is accepted: clients send defaults for unset fields."""
-    for key in sorted(body.keys() & _NOT_IMPLEMENTED):
+    for key in sorted(body.keys() & not_implemented):
         value = body[key]
         defaults = (_ADD_SPECIAL_TOKENS_DEFAULT[chat],) if key == "add_special_tokens" else _ASKS_NOTHING.get(key, ())
         if value is not None and not any(value == default and type(value) is type(default) for default in defaults):

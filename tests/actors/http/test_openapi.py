@@ -41,7 +41,7 @@ def test_completion_bodies_have_exactly_the_sampling_params_fields() -> None:
 
 def test_chat_bodies_have_the_sampling_params_fields_and_chat_s_own() -> None:
     chat_only = {"top_logprobs", "max_completion_tokens", "tools", "functions", "tool_choice", "function_call",
-                 "parallel_tool_calls"}
+                 "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort"}
     assert set(chat_body()["properties"]) - GATEWAY_FIELDS - {"messages"} == SAMPLING_FIELDS | chat_only
 
 

@@ -77,10 +77,9 @@ async def test_strict_fields_keeps_the_400_naming_the_field(path: str, body: dic
     assert "temperatur" in response.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("field", ["chat_template_kwargs", "reasoning_effort", "bad_words"])
+@pytest.mark.parametrize("field", ["chat_template", "verbosity", "bad_words"])
 async def test_known_fields_we_do_not_implement_stay_errors_unless_null(field: str) -> None:
-    value = {"chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "low",
-             "bad_words": ["x"]}[field]
+    value = {"chat_template": "{{ messages }}", "verbosity": "low", "bad_words": ["x"]}[field]
     async with _client(ScriptedBackend()) as client:
         refused = await client.post("/v1/chat/completions", json={**CHAT, field: value})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == field
