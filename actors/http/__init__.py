@@ -2,9 +2,10 @@
 graph in this process (embedded) or a Redis deployment (stateless gateway).
 
 At the top, the server: the app (app.py) that mounts each protocol's routes, `serve` and its flags,
-the OpenAPI document; below them the protocols, one package each (openai/, kobold/); below those the
-protocol-neutral plumbing: generation/ (submit, first entry, stream, cancel), backends, API keys
-and body limits, request ids, errors, metrics, options, the one-send transport. A protocol imports
+the OpenAPI document; below them the protocols, one package each (openai/, kobold/, anthropic/);
+below those the protocol-neutral plumbing: generation/ (submit, first entry, stream, cancel),
+backends, API keys and body limits, request ids, errors, metrics, options, the one-send transport,
+tool_parsers/ (answers -> tool calls) and reasoning/ (answers -> reasoning and content). A protocol imports
 the plumbing, never another protocol; the plumbing imports no protocol.
 
 May import: actors.worker (the embedded backend runs the worker's graph), actors.kit, pipeline,

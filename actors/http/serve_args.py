@@ -6,9 +6,9 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from actors.http.openai.tool_parsers import PARSERS
 from actors.http.options import GatewayOptions
 from actors.http.reasoning import FORMATS
+from actors.http.tool_parsers import PARSERS
 from pipeline.request.chat_template_kwargs import check_chat_template_kwargs
 from pipeline.request.untrusted import loads_json
 

@@ -13,7 +13,7 @@ from actors.http.openai.chat_request import parse_chat_request
 from actors.http.openai.completion_request import parse_completion_body, prompt_field
 from actors.http.openai.prompt_results import merge_prompt_results
 from actors.http.openai.render import completion_body
-from actors.http.openai.tool_parsers.plan import ToolPlan
+from actors.http.tool_parsers.plan import ToolPlan
 from queue_adapters.codec import WireRequest
 
 COMPLETIONS_URL = "/v1/completions"

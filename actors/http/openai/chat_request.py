@@ -5,7 +5,7 @@ Strict like completions (actors/http/openai/completion_request.py): unknown fiel
 so are the chat features we do not implement (the deprecated `functions`), so nothing is silently
 ignored. Content may be a string or a list of text and image_url parts (actors/http/openai/content_parts.py).
 Tools (docs/http-api.md#tool-calling): `tools` travel to the chat template; `tool_choice` decides what
-the gateway makes of the answer (actors/http/openai/tool_parsers/plan.py), and `required` or a named
+the gateway makes of the answer (actors/http/tool_parsers/plan.py), and `required` or a named
 function add the structured-output constraint that makes the answer the call(s). `chat_template_kwargs`
 and `reasoning_effort` become the template's variables (actors/http/openai/template_kwargs.py).
 """
@@ -19,8 +19,8 @@ from typing import Any
 from actors.http.openai.completion_request import sampling_fields
 from actors.http.openai.content_parts import parse_content
 from actors.http.openai.template_kwargs import take_template_kwargs
-from actors.http.openai.tool_parsers.plan import ToolPlan
-from actors.http.openai.tool_parsers.tool_choice import check_tool_choice, check_tools, constraint_for
+from actors.http.tool_parsers.plan import ToolPlan
+from actors.http.tool_parsers.tool_choice import check_tool_choice, check_tools, constraint_for
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.request.structured_output import ALIASES, MAX_SPEC_CHARS
 from pipeline.request.tools import MAX_NAME_CHARS, MAX_TOOL_CALLS, arguments_object

@@ -39,9 +39,9 @@ from actors.http.openai.render import (
     usage_object,
     vllm_prompt_logprobs,
 )
-from actors.http.openai.tool_parsers.call_stream import CallStream
-from actors.http.openai.tool_parsers.plan import ToolPlan
 from actors.http.reasoning import ReasoningSplitter
+from actors.http.tool_parsers.call_stream import CallStream
+from actors.http.tool_parsers.plan import ToolPlan
 from queue_adapters.codec import WireChoice, WireReply, WireUsage
 
 log = structlog.get_logger(__name__)
@@ -181,7 +181,7 @@ class ChunkWriter:
     def _tool_delta(self, index: int, text: str, finish_reason: str | None,
                     plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
         """`auto`: content that cannot become a call goes out at once; the rest waits for the answer's end,
-        where the whole text is parsed as the non-streamed answer is (actors/http/openai/tool_parsers/plan.py).
+        where the whole text is parsed as the non-streamed answer is (actors/http/tool_parsers/plan.py).
         `required` and a named function: tool-call deltas as the text comes (call_stream.py). `text`: the
         choice's new content (after any reasoning)."""
         if plan.choice.mode != "auto":

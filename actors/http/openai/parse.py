@@ -18,9 +18,9 @@ from actors.http.errors import ApiError, invalid
 from actors.http.generation.request import GatewayRequest
 from actors.http.openai.chat_request import parse_chat_request
 from actors.http.openai.completion_request import Prompt, parse_completion_body, prompt_field
-from actors.http.openai.tool_parsers.plan import ToolPlan
 from actors.http.openai.unknown_fields import take_unknown_fields
 from actors.http.reasoning import ReasoningFormat, format_for_request
+from actors.http.tool_parsers.plan import ToolPlan
 from queue_adapters.codec import MAX_ID_LENGTH, CodecError, WireRequest, check_request
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from actors.http.openai.tool_parsers.plan import ToolPlan
 from actors.http.reasoning import ReasoningFormat, split_whole
+from actors.http.tool_parsers.plan import ToolPlan
 
 
 def completion_body(response_id: str, result: dict[str, Any], model_name: str, tokenizer: Any | None,

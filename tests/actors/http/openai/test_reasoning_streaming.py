@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from actors.http.openai.chunks import ChunkWriter
 from actors.http.openai.parse import OpenAIRequest
 from actors.http.openai.render import completion_body
-from actors.http.openai.tool_parsers.plan import ToolPlan
-from actors.http.openai.tool_parsers.tool_choice import ToolChoice
 from actors.http.reasoning import FORMATS, ReasoningFormat, format_for_request
+from actors.http.tool_parsers.plan import ToolPlan
+from actors.http.tool_parsers.tool_choice import ToolChoice
 from queue_adapters.client import assemble
 from queue_adapters.codec import WireChoice, WireReply, WireRequest, WireUsage
 

@@ -11,18 +11,20 @@ message (text outside the calls) and the calls, each a function name and its arg
 string. Text that only looks like a call (malformed JSON, an unknown shape) stays content. Each parser's
 `sendable` says, while an answer streams, how much of the text so far is content whatever follows.
 
-May import: pipeline.request (the request's tool limits and checks). Nothing of actors/: the OpenAI
-package and serve's flags (actors/http/serve_args.py) import it, not the other way round.
+Protocol-neutral: OpenAI's chat and Anthropic's Messages both turn answers into calls through it.
+
+May import: pipeline.request (the request's tool limits and checks). Nothing of actors/: the protocols
+and serve's flags (actors/http/serve_args.py) import it, not the other way round.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from actors.http.openai.tool_parsers.base import ParsedToolCalls, ToolCall
-from actors.http.openai.tool_parsers.hermes import parse_hermes, sendable_hermes
-from actors.http.openai.tool_parsers.llama3_json import parse_llama3_json, sendable_llama3_json
-from actors.http.openai.tool_parsers.mistral import parse_mistral, sendable_mistral
+from actors.http.tool_parsers.base import ParsedToolCalls, ToolCall
+from actors.http.tool_parsers.hermes import parse_hermes, sendable_hermes
+from actors.http.tool_parsers.llama3_json import parse_llama3_json, sendable_llama3_json
+from actors.http.tool_parsers.mistral import parse_mistral, sendable_mistral
 
 PARSERS: dict[str, Callable[[str], ParsedToolCalls]] = {
     "hermes": parse_hermes,

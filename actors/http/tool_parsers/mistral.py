@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 import string
 
-from actors.http.openai.tool_parsers.base import (
+from actors.http.tool_parsers.base import (
     ParsedToolCalls,
     before_marker,
     call_from_json,

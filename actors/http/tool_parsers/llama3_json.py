@@ -6,7 +6,7 @@ Example: '<|python_tag|>{"name": "weather", "parameters": {"city": "Oslo"}}' -> 
 
 from __future__ import annotations
 
-from actors.http.openai.tool_parsers.base import (
+from actors.http.tool_parsers.base import (
     ParsedToolCalls,
     before_marker,
     call_from_json,

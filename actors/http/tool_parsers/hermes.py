@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 
-from actors.http.openai.tool_parsers.base import (
+from actors.http.tool_parsers.base import (
     ParsedToolCalls,
     ToolCall,
     before_marker,

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.http.openai.tool_parsers import PARSERS, SENDABLE
-from actors.http.openai.tool_parsers.base import ParsedToolCalls, content_or_none
-from actors.http.openai.tool_parsers.tool_choice import ToolChoice, calls_from_constrained
+from actors.http.tool_parsers import PARSERS, SENDABLE
+from actors.http.tool_parsers.base import ParsedToolCalls, content_or_none
+from actors.http.tool_parsers.tool_choice import ToolChoice, calls_from_constrained
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from actors.http.openai.tool_parsers.base import ParsedToolCalls, ToolCall
+from actors.http.tool_parsers.base import ParsedToolCalls, ToolCall
 from pipeline.request.schema_refs import json_pointer, rebase_refs
 from pipeline.request.tools import MAX_TOOLS, check_tools
 

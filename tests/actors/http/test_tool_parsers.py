@@ -10,10 +10,10 @@ import jsonschema_rs
 import llguidance
 import pytest
 
-from actors.http.openai.tool_parsers import PARSERS
-from actors.http.openai.tool_parsers.base import ParsedToolCalls
-from actors.http.openai.tool_parsers.call_stream import CallStream
-from actors.http.openai.tool_parsers.tool_choice import (
+from actors.http.tool_parsers import PARSERS
+from actors.http.tool_parsers.base import ParsedToolCalls
+from actors.http.tool_parsers.call_stream import CallStream
+from actors.http.tool_parsers.tool_choice import (
     calls_from_constrained,
     check_tool_choice,
     check_tools,

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.http.openai.tool_parsers.base import ToolCall, new_call_id
-from actors.http.openai.tool_parsers.tool_choice import ToolChoice, complete_items, required_call
+from actors.http.tool_parsers.base import ToolCall, new_call_id
+from actors.http.tool_parsers.tool_choice import ToolChoice, complete_items, required_call
 
 
 @dataclass(slots=True)
