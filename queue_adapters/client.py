@@ -18,20 +18,33 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
 import redis.asyncio as aioredis
 import structlog
 
-from queue_adapters.codec import CodecError, WireCancel, WireReply, WireRequest, decode_reply, decode_request, encode
+from queue_adapters.codec import (
+    CodecError,
+    WireCancel,
+    WireControl,
+    WireControlResult,
+    WireReply,
+    WireRequest,
+    decode_reply,
+    decode_request,
+    encode,
+)
 from queue_adapters.redis_streams import DATA_FIELD, stream_entries
 
 log = structlog.get_logger(__name__)
 R = TypeVar("R")
 _MAX_REMEMBERED = 4096  # submitted requests whose reply_to / n we keep for a later `stream`
 _PIPELINE_CHUNK = 1024  # submit_many: XADDs per round trip
+_CONTROL_ANSWERS_TTL_S = 600  # a control entry's answer stream, once read (late answers land in it too)
 
 
 class ReplyOrder:
@@ -166,6 +179,30 @@ class AqueductClient:
                     break
         self._submitted.pop(request_id, None)
 
+    async def control(self, control: WireControl, workers: set[str], alive: Callable[[], Awaitable[set[str]]],
+                      timeout_s: float) -> ControlAnswers:
+        """Send a load_lora / unload_lora entry (every worker applies it) with an answer stream of its
+        own, and wait up to `timeout_s` for the answers of `workers`; one that `alive` stops listing
+        (a dead worker never answers) is not waited for."""
+        control_id = f"control-{uuid.uuid4().hex}"
+        key = f"{self.prefix}:out:{control_id}"  # workers answer on a reply_to only under {prefix}:out:
+        entry = msgspec.structs.replace(control, id=control_id, reply_to=key)
+        await self.redis.xadd(f"{self.prefix}:control", {DATA_FIELD: encode(entry)})
+        answers: dict[str, WireControlResult] = {}
+        deadline, last_id = time.monotonic() + timeout_s, "0"
+        while workers - answers.keys() and (remaining_s := deadline - time.monotonic()) > 0:
+            block_ms = max(1, min(self.block_ms, int(remaining_s * 1000)))
+            response = await self.redis.xread({key: last_id}, count=64, block=block_ms)
+            for entry_id, fields in stream_entries(response):
+                last_id = entry_id
+                answer = _control_answer(fields)
+                if answer is not None and answer.id == control_id:
+                    answers[answer.worker] = answer
+            if not response:
+                workers = workers & await alive()
+        await self.redis.expire(key, _CONTROL_ANSWERS_TTL_S)
+        return ControlAnswers(tuple(answers.values()), tuple(sorted(workers - answers.keys())))
+
     def _block_ms(self, deadline: float | None, request_id: str) -> int:
         if deadline is None:
             return self.block_ms
@@ -184,6 +221,21 @@ class AqueductClient:
     async def close(self) -> None:
         if self._owns_redis:
             await self.redis.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class ControlAnswers:
+    """The workers' answers to one control entry, and the workers that gave none in time."""
+
+    answers: tuple[WireControlResult, ...]
+    missing: tuple[str, ...]
+
+
+def _control_answer(fields: dict[bytes, bytes] | None) -> WireControlResult | None:
+    try:
+        return msgspec.msgpack.decode((fields or {}).get(DATA_FIELD, b""), type=WireControlResult)
+    except msgspec.MsgspecError:  # not an answer: skipped
+        return None
 
 
 def _decode_entry(entry_id: bytes | str, fields: dict[bytes, bytes] | None) -> WireReply:

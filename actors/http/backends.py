@@ -12,23 +12,35 @@ import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from actors.http.errors import ApiError
 from actors.http.request_ids import RedisRequestIds
 from actors.kit.messages import Cancel
 from actors.kit.runtime import ActorRuntime
+from actors.worker.control import apply_lora, lora_path_refusal
 from actors.worker.metrics import WorkerMetrics
 from actors.worker.recovery.liveness import heartbeat_key
 from actors.worker.replies import MemoryReplySink
 from actors.worker.run import StatsReporter, build_graph
 from pipeline.engine import LLMEngine
-from queue_adapters.client import AqueductClient, ReplyOrder
-from queue_adapters.codec import Malformed, WireError, WireReply, WireRequest
+from queue_adapters.client import AqueductClient, ControlAnswers, ReplyOrder
+from queue_adapters.codec import (
+    Malformed,
+    WireControl,
+    WireControlResult,
+    WireError,
+    WireReply,
+    WireRequest,
+    encode,
+)
 from queue_adapters.memory import MemoryStream, StreamClosed
+from queue_adapters.redis_streams import DATA_FIELD
 
 log = structlog.get_logger(__name__)
 
@@ -59,6 +71,15 @@ class Backend(Protocol):
         """LoRA adapters a request's `model` may name (besides the base model)."""
         ...
 
+    def adapter_root(self, name: str) -> str:
+        """Where adapter `name` was loaded from (/v1/models' `root`); its name when not known here."""
+        ...
+
+    async def change_lora(self, control: WireControl, lora_root: Path | None, timeout_s: float) -> ControlAnswers:
+        """Apply a load_lora / unload_lora control entry (the runtime LoRA routes): in this process, or on
+        every live worker; their answers, and the workers that gave none within `timeout_s`."""
+        ...
+
     async def workers_alive(self) -> bool:
         """Whether anyone will eventually answer: a request waiting behind others is not a 503."""
         ...
@@ -78,6 +99,7 @@ class RemoteBackend:
                  adapters: list[str] | None = None) -> None:
         self.redis_url, self.prefix = redis_url, prefix
         self.adapters = list(adapters or [])  # as the workers were started with (--lora-modules)
+        self.adapter_paths: dict[str, str] = {}  # those loaded through this gateway
         self.model_name, self.tokenizer, self.max_model_len = model_name, tokenizer, max_model_len
         self.max_connections = max_pending + _SPARE_CONNECTIONS
         self.worker_metrics = None  # each worker serves its own /metrics
@@ -91,6 +113,50 @@ class RemoteBackend:
 
     def adapter_names(self) -> list[str]:
         return self.adapters
+
+    def adapter_root(self, name: str) -> str:
+        return self.adapter_paths.get(name, name)
+
+    async def change_lora(self, control: WireControl, lora_root: Path | None, timeout_s: float) -> ControlAnswers:
+        """Every live worker applies the entry (their own --lora-root applies); an adapter that some
+        worker failed to load is unloaded again from the others, so none serves it."""
+        refusal = lora_path_refusal(control.load_lora.path, lora_root) if control.load_lora is not None else None
+        if refusal is not None:  # the gateway's own --lora-root: no worker need see the entry
+            return ControlAnswers((WireControlResult(worker="", op="load_lora", ok=False, error=refusal),), ())
+        try:
+            workers = await self.live_workers()
+            if not workers:
+                return ControlAnswers((), ())
+            outcome = await self._client().control(control, workers, self.live_workers, timeout_s)
+            if control.load_lora is not None and any(not answer.ok for answer in outcome.answers):
+                await self._client().redis.xadd(f"{self.prefix}:control", {
+                    DATA_FIELD: encode(WireControl(unload_lora=control.load_lora.name))})
+        except (ConnectionError, OSError, RedisError) as error:
+            raise ApiError(503, f"Redis is unreachable: {error}", code="redis_unavailable") from None
+        self._note_lora_change(control, outcome)
+        return outcome
+
+    def _note_lora_change(self, control: WireControl, outcome: ControlAnswers) -> None:
+        """This gateway's adapters (what a request's `model` may name) follow its own changes: a load
+        once every live worker has it, a failed load or an unload once no worker that answered has it."""
+        oks = [answer.ok for answer in outcome.answers]
+        if control.load_lora is not None and all(oks) and oks and not outcome.missing:
+            self.adapters = [*dict.fromkeys([*self.adapters, control.load_lora.name])]
+            self.adapter_paths[control.load_lora.name] = control.load_lora.path
+        elif control.load_lora is not None and not all(oks):  # unloaded again everywhere (change_lora)
+            self._forget_adapter(control.load_lora.name)
+        elif control.unload_lora is not None and (any(oks) or not outcome.missing):
+            self._forget_adapter(control.unload_lora)
+
+    def _forget_adapter(self, name: str) -> None:
+        self.adapters = [adapter for adapter in self.adapters if adapter != name]
+        self.adapter_paths.pop(name, None)
+
+    async def live_workers(self) -> set[str]:
+        """The names of the workers whose heartbeat key exists (actors/worker/recovery/liveness.py)."""
+        start = len(heartbeat_key(self.prefix, ""))
+        pattern = heartbeat_key(self.prefix, "*")
+        return {key.decode()[start:] async for key in self._client().redis.scan_iter(match=pattern, count=100)}
 
     async def close(self) -> None:
         if self._redis is not None:
@@ -148,6 +214,8 @@ class EmbeddedBackend:
         self._running: asyncio.Task[int] | None = None
         self._stop = asyncio.Event()
         self.died: str | None = None  # why the graph stopped unexpectedly (not through close())
+        lora = engine.config.lora
+        self.adapter_paths: dict[str, str] = dict(lora.modules) if lora is not None else {}
         self.on_death: Callable[[], None] | None = None
         self._failing: asyncio.Task[None] | None = None
 
@@ -155,13 +223,25 @@ class EmbeddedBackend:
         registry = self.engine.lora_registry
         return registry.names() if registry is not None else []
 
+    def adapter_root(self, name: str) -> str:
+        return self.adapter_paths.get(name, name)
+
+    async def change_lora(self, control: WireControl, lora_root: Path | None, timeout_s: float) -> ControlAnswers:
+        """As a worker's control actor applies the entry: files read on the device thread, between steps."""
+        answer = await apply_lora(control, self.engine.lora_registry, self.device, lora_root, worker_name="")
+        if answer.ok and control.load_lora is not None:
+            self.adapter_paths[control.load_lora.name] = control.load_lora.path
+        elif answer.ok:
+            self.adapter_paths.pop(control.unload_lora or "", None)
+        return ControlAnswers((answer,), ())
+
     async def start(self) -> None:
         max_in_flight = 2 * self.engine.config.scheduler.max_num_seqs
         self.inbox: MemoryStream[WireRequest | Malformed] = MemoryStream(maxsize=4 * max_in_flight)
         self.producer = self.inbox.producer()
         graph = build_graph(self.engine, self.inbox.consumer(), self.sink, EMBEDDED_PREFIX, self._no_dead_letters,
                             max_in_flight=max_in_flight, metrics=self.worker_metrics, device=self.device)
-        self.to_scheduler = graph.to_scheduler
+        self.to_scheduler, self.device = graph.to_scheduler, graph.device
         stats = StatsReporter(self.engine, self.worker_metrics, interval_s=10.0)
         runtime = ActorRuntime([*graph.actors, stats], graph.intake, graph.admission.wait_idle, drain_timeout_s=5.0,
                                on_crash=self._graph_died)

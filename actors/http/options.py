@@ -22,3 +22,7 @@ class GatewayOptions:
     reasoning_parser: str | None = None  # --reasoning-parser: chat answers' reasoning split from their content
     # --default-chat-template-kwargs: the chat template's variables, under each request's own
     default_chat_template_kwargs: dict[str, Any] | None = None
+    # --enable-runtime-lora-updating (or VLLM_ALLOW_RUNTIME_LORA_UPDATING): mount /v1/load_lora_adapter
+    # and /v1/unload_lora_adapter; their paths must lie under lora_root (--lora-root) when it is set
+    runtime_lora_updating: bool = False
+    lora_root: str | None = None

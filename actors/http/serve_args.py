@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from actors.http.options import GatewayOptions
@@ -11,6 +12,8 @@ from actors.http.reasoning import FORMATS
 from actors.http.tool_parsers import PARSERS
 from pipeline.request.chat_template_kwargs import check_chat_template_kwargs
 from pipeline.request.untrusted import loads_json
+
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
 
 def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., str | None]) -> None:
@@ -44,6 +47,22 @@ def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., s
     add_reasoning_args(parser)
     parser.add_argument("--metrics-open", action="store_true",
                         help="serve /metrics without the API key (by default it needs --api-key when one is set)")
+    add_runtime_lora_args(parser)
+
+
+def add_runtime_lora_args(parser: argparse.ArgumentParser) -> None:
+    """vLLM's runtime LoRA routes (docs/lora.md#loading-adapters-over-http)."""
+    parser.add_argument("--enable-runtime-lora-updating", action="store_true",
+                        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter, behind the API key "
+                             f"(also on with env {RUNTIME_LORA_ENV}=true, as vLLM); off, they answer 404")
+    parser.add_argument("--lora-root", default=None, metavar="DIR",
+                        help="adapters loaded over HTTP must lie under DIR (symlinks resolved); unset, any "
+                             "directory this server can read (a warning says so)")
+
+
+def runtime_lora_updating(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
+    """The flag, or vLLM's switch: VLLM_ALLOW_RUNTIME_LORA_UPDATING=true or 1 (any case)."""
+    return args.enable_runtime_lora_updating or environ.get(RUNTIME_LORA_ENV, "").strip().lower() in ("true", "1")
 
 
 def add_tool_args(parser: argparse.ArgumentParser) -> None:
@@ -91,4 +110,5 @@ def options_from_args(args: argparse.Namespace) -> GatewayOptions:
                           served_model_names=tuple(args.served_model_name or ()),
                           allowed_origins=tuple(args.allowed_origins or ()), strict_fields=args.strict_fields,
                           tool_call_parser=tool_call_parser, reasoning_parser=args.reasoning_parser,
-                          default_chat_template_kwargs=template_kwargs_from_args(args))
+                          default_chat_template_kwargs=template_kwargs_from_args(args),
+                          runtime_lora_updating=runtime_lora_updating(args, os.environ), lora_root=args.lora_root)

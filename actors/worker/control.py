@@ -55,9 +55,11 @@ class ControlActor:
                         "can read")
 
     async def run(self) -> None:
-        last_id = "$"  # only entries issued from now on
+        last_id: str | bytes | None = None
         while True:
             try:
+                if last_id is None:
+                    last_id = await self._newest_id()
                 response = await self.redis.xread({self.key: last_id}, block=self.block_ms, count=100)
             except (RedisConnectionError, RedisTimeoutError, OSError) as error:
                 log.warning("control stream unreachable; retrying", error=str(error))
@@ -68,6 +70,12 @@ class ControlActor:
                 for entry_id, fields in entries:
                     last_id = entry_id
                     await self._forward(fields)
+
+    async def _newest_id(self) -> str | bytes:
+        """Where "entries issued from now on" begin, as a concrete id: reading from `$` on every call
+        would skip an entry added between two reads; "0-0" when the stream has none yet."""
+        newest = await self.redis.xrevrange(self.key, count=1)
+        return newest[0][0] if newest else "0-0"
 
     async def _forward(self, fields: dict[bytes, bytes]) -> None:
         try:
@@ -80,48 +88,8 @@ class ControlActor:
         if control.cancel is not None:
             await self.to_scheduler.send(Cancel(control.cancel))
             return
-        result = await self._apply_lora(control)
+        result = await apply_lora(control, self.loras, self.device, self.lora_root, self.worker_name)
         await self._answer(result, control.reply_to)
-
-    async def _apply_lora(self, control: WireControl) -> WireControlResult:
-        op = "unload_lora" if control.unload_lora is not None else "load_lora"
-        adapter = control.unload_lora if control.unload_lora is not None else control.load_lora.name
-
-        def answer(ok: bool, error: str | None = None) -> WireControlResult:
-            return WireControlResult(worker=self.worker_name, op=op, ok=ok, id=control.id, adapter=adapter,
-                                     error=error)
-
-        if self.loras is None or self.device is None:
-            return answer(False, "LoRA is not enabled on this worker (--enable-lora)")
-        if control.unload_lora is not None:
-            known = self.loras.unload(control.unload_lora)
-            log.info("lora adapter unloaded" if known else "unload of an unknown lora adapter", adapter=adapter)
-            return answer(known, None if known else f"no adapter named {adapter!r} is loaded")
-        path = control.load_lora.path
-        refusal = self._path_refusal(path)
-        if refusal is not None:
-            log.warning("lora adapter path refused", adapter=adapter, path=path, error=refusal)
-            return answer(False, refusal)
-        adapter_id = self.loras.reserve(adapter, path, self.lora_root)  # checked again where the files are read
-        try:
-            await asyncio.wrap_future(self.device.submit(self.loras.complete, adapter_id))
-        except Exception as error:  # the registry forgot the name; the files were the entry's fault
-            log.warning("lora adapter load failed", adapter=adapter, path=path, error=str(error))
-            return answer(False, str(error))
-        log.info("lora adapter loaded", adapter=adapter, path=path, adapter_id=adapter_id)
-        return answer(True)
-
-    def _path_refusal(self, path: str) -> str | None:
-        """Why `path` may not be loaded (None: it may): outside --lora-root once symlinks are resolved."""
-        if self.lora_root is None:
-            return None
-        try:
-            resolved = Path(path).resolve()
-        except (OSError, RuntimeError, ValueError) as error:  # a symlink loop, a NUL in the path
-            return f"the path cannot be resolved: {error}"
-        if not resolved.is_relative_to(self.lora_root):
-            return f"the path is outside --lora-root {str(self.lora_root)!r}"
-        return None
 
     async def _answer(self, result: WireControlResult, reply_to: str | None) -> None:
         key = f"{self.prefix}:control:results"
@@ -131,3 +99,49 @@ class ControlActor:
             await self.redis.xadd(key, {DATA_FIELD: encode(result)}, maxlen=RESULTS_MAXLEN, approximate=True)
         except (RedisError, OSError) as error:  # e.g. the key is not a stream: logged, never fatal
             log.warning("control answer not written", key=key, error=str(error))
+
+
+async def apply_lora(control: WireControl, loras: LoRARegistry | None, device: ThreadPoolExecutor | None,
+                     lora_root: Path | None, worker_name: str) -> WireControlResult:
+    """Apply a load_lora or unload_lora entry to `loras` and say how it went: the control actor's
+    path, and the embedded gateway's (its HTTP loads). The files are read on `device`, the thread
+    that owns the LoRA slots; nothing the entry holds raises."""
+    op = "unload_lora" if control.unload_lora is not None else "load_lora"
+    adapter = control.unload_lora if control.unload_lora is not None else control.load_lora.name
+
+    def answer(ok: bool, error: str | None = None) -> WireControlResult:
+        return WireControlResult(worker=worker_name, op=op, ok=ok, id=control.id, adapter=adapter, error=error)
+
+    if loras is None or device is None:
+        return answer(False, "LoRA is not enabled on this worker (--enable-lora)")
+    if control.unload_lora is not None:
+        known = loras.unload(control.unload_lora)
+        log.info("lora adapter unloaded" if known else "unload of an unknown lora adapter", adapter=adapter)
+        return answer(known, None if known else f"no adapter named {adapter!r} is loaded")
+    path = control.load_lora.path
+    refusal = lora_path_refusal(path, lora_root)
+    if refusal is not None:
+        log.warning("lora adapter path refused", adapter=adapter, path=path, error=refusal)
+        return answer(False, refusal)
+    adapter_id = loras.reserve(adapter, path, lora_root)  # checked again where the files are read
+    try:
+        await asyncio.wrap_future(device.submit(loras.complete, adapter_id))
+    except Exception as error:  # the registry forgot the name; the files were the entry's fault
+        log.warning("lora adapter load failed", adapter=adapter, path=path, error=str(error))
+        return answer(False, str(error))
+    log.info("lora adapter loaded", adapter=adapter, path=path, adapter_id=adapter_id)
+    return answer(True)
+
+
+def lora_path_refusal(path: str, lora_root: Path | None) -> str | None:
+    """Why `path` may not be loaded (None: it may): outside --lora-root (given resolved) once symlinks
+    are resolved."""
+    if lora_root is None:
+        return None
+    try:
+        resolved = Path(path).resolve()
+    except (OSError, RuntimeError, ValueError) as error:  # a symlink loop, a NUL in the path
+        return f"the path cannot be resolved: {error}"
+    if not resolved.is_relative_to(lora_root):
+        return f"the path is outside --lora-root {str(lora_root)!r}"
+    return None

@@ -1,5 +1,6 @@
 """The OpenAI routes: /v1/completions and /v1/chat/completions (through actors/http/generation/ with
-parse.py's parser and shapes.py's answers), /v1/models, and vLLM's /tokenize and /detokenize."""
+parse.py's parser and shapes.py's answers), /v1/models, vLLM's /tokenize and /detokenize, and vLLM's
+runtime LoRA routes (lora_routes.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from actors.http.errors import ApiError, invalid
 from actors.http.generation.flow import Generation
 from actors.http.generation.request import bounded_names
 from actors.http.limits import check_api_key, off_loop_if_large, read_json_body
+from actors.http.openai.lora_routes import add_lora_routes
 from actors.http.openai.parse import OpenAIRequest, parse_body
 from actors.http.openai.shapes import OpenAIShape
 from actors.http.openai.tokenize_request import token_ids, tokenized
@@ -34,11 +36,13 @@ def add_openai_routes(app: FastAPI, generation: Generation, backend: Backend, op
     async def models(request: Request) -> Response:
         check_api_key(request, options.api_key)
         base = {"id": backend.model_name, "object": "model", "created": started, "owned_by": "aqueduct",
-                "max_model_len": backend.max_model_len}
-        adapters = [{**base, "id": name, "parent": backend.model_name} for name in backend.adapter_names()]
+                "root": backend.model_name, "parent": None, "max_model_len": backend.max_model_len}
+        adapters = [{**base, "id": name, "root": backend.adapter_root(name), "parent": backend.model_name}
+                    for name in backend.adapter_names()]
         return JSONResponse({"object": "list", "data": [base, *adapters]})
 
     _add_token_routes(app, backend, options)
+    add_lora_routes(app, backend, options)
 
 
 def _add_generation_routes(app: FastAPI, generation: Generation, backend: Backend, options: GatewayOptions) -> None:
