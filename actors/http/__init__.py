@@ -2,7 +2,8 @@
 graph in this process (embedded) or a Redis deployment (stateless gateway).
 
 At the top, the server: the app (app.py) that mounts each protocol's routes, `serve` and its flags,
-the OpenAPI document; below them the protocols, one package each (openai/, kobold/, anthropic/);
+the OpenAPI document; below them the protocols, one package each (openai/, kobold/, anthropic/,
+responses/);
 below those the protocol-neutral plumbing: generation/ (submit, first entry, stream, cancel),
 backends, API keys and body limits, request ids, errors, metrics, options, the one-send transport,
 tool_parsers/ (answers -> tool calls) and reasoning/ (answers -> reasoning and content). A protocol imports

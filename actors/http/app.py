@@ -25,6 +25,7 @@ from actors.http.kobold.routes import add_kobold_routes
 from actors.http.limits import check_api_key
 from actors.http.openai.routes import add_openai_routes
 from actors.http.options import GatewayOptions
+from actors.http.responses.routes import add_responses_routes
 from actors.worker.metrics import METRICS_CONTENT_TYPE
 
 log = structlog.get_logger(__name__)
@@ -67,6 +68,7 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
     add_openai_routes(app, generation, backend, options)
     add_kobold_routes(app, generation, backend, options)
     add_anthropic_routes(app, generation, backend, options)
+    add_responses_routes(app, generation, backend, options)
 
     @app.get("/")
     async def playground() -> Response:
