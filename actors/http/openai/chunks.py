@@ -4,8 +4,9 @@
     data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "lo"}}], ...}
     data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [
               {"index": 0, "id": "call_...", "type": "function", "function": {"name": ..., "arguments": ...}}]},
-              "finish_reason": "tool_calls"}], ...}     (tool_choice auto: calls come whole, at the end;
-                                                 required: each call once complete; named: argument deltas)
+              "finish_reason": "tool_calls"}], ...}     (tool_choice auto: each call whole once the parser is
+                                                 sure of it, else at the end; required: each call once
+                                                 complete; named: argument deltas)
     data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"reasoning": "Hm",
               "reasoning_content": "Hm"}}], ...}  (--reasoning-parser: the reasoning, then content)
     data: {"choices": [], "usage": {...}}        (stream_options.include_usage)
@@ -23,10 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
-
-import structlog
 
 from actors.http.errors import from_engine_error
 from actors.http.openai.parse import OpenAIRequest
@@ -40,11 +38,11 @@ from actors.http.openai.render import (
     vllm_prompt_logprobs,
 )
 from actors.http.reasoning import ReasoningSplitter
+from actors.http.tool_parsers.auto_stream import AutoStream
 from actors.http.tool_parsers.call_stream import CallStream
 from actors.http.tool_parsers.plan import ToolPlan
 from queue_adapters.codec import WireChoice, WireReply, WireUsage
 
-log = structlog.get_logger(__name__)
 DONE_EVENT = "data: [DONE]\n\n"
 # json.dumps(payload, ensure_ascii=False) builds an encoder per call; this one gives the same text.
 _ENCODER = json.JSONEncoder(ensure_ascii=False)
@@ -66,7 +64,7 @@ class ChunkWriter:
         self._usages: dict[int, WireUsage] = {}  # prompt index -> its usage, once finished
         self._prompt_tokens: dict[int, int] = {}  # prompt index -> its length (continuous usage)
         self._completion_tokens: dict[int, int] = {}  # choice -> tokens sent (continuous usage)
-        self._answers: dict[int, _HeldAnswer] = {}  # choice -> its text so far (chat with tools, auto)
+        self._answers: dict[int, AutoStream] = {}  # choice -> its answer so far (chat with tools, auto)
         self._calls: dict[int, CallStream] = {}  # choice -> its constrained tool answer (required, named)
         self._splitters: dict[int, ReasoningSplitter] = {}  # choice -> its reasoning split (--reasoning-parser)
 
@@ -180,29 +178,23 @@ class ChunkWriter:
 
     def _tool_delta(self, index: int, text: str, finish_reason: str | None,
                     plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
-        """`auto`: content that cannot become a call goes out at once; the rest waits for the answer's end,
-        where the whole text is parsed as the non-streamed answer is (actors/http/tool_parsers/plan.py).
-        `required` and a named function: tool-call deltas as the text comes (call_stream.py). `text`: the
-        choice's new content (after any reasoning)."""
+        """`auto`: content and each call as soon as the parser is sure of them (auto_stream.py), the rest
+        at the answer's end, where the whole text is parsed as the non-streamed answer is. `required` and
+        a named function: tool-call deltas as the text comes (call_stream.py). `text`: the choice's new
+        content (after any reasoning)."""
         if plan.choice.mode != "auto":
             return self._constrained_delta(index, text, finish_reason, plan)
-        answer = self._answers.setdefault(index, _HeldAnswer())
-        answer.text += text
-        if finish_reason is None:
-            upto = max(plan.sendable(answer.text), answer.sent)
-            content, answer.sent = answer.text[answer.sent:upto], upto
-            return ({"content": content} if content else {}), None
-        parsed = plan.calls(answer.text)
-        if not (parsed.content or "").startswith(answer.text[:answer.sent]):
-            log.warning("streamed content is not a prefix of the parsed content", request_id=self.request.wire.id)
-        delta: dict[str, Any] = {}
-        rest = (parsed.content or "")[answer.sent:]
-        if rest:
-            delta["content"] = rest
-        if not parsed.calls:
-            return delta, finish_reason
-        delta["tool_calls"] = [call.as_openai(number) for number, call in enumerate(parsed.calls)]
-        return delta, plan.finish_reason(finish_reason)
+        answer = self._answers.setdefault(index, AutoStream(plan))
+        content, calls = answer.feed(text)
+        if finish_reason is not None:
+            last_content, last_calls = answer.finish()
+            content, calls = content + last_content, calls + last_calls
+        delta: dict[str, Any] = {"content": content} if content else {}
+        if calls:
+            delta["tool_calls"] = calls
+        if answer.calls_sent:
+            finish_reason = plan.finish_reason(finish_reason)
+        return delta, finish_reason
 
     def _constrained_delta(self, index: int, text: str, finish_reason: str | None,
                            plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
@@ -219,8 +211,3 @@ class ChunkWriter:
             finish_reason = plan.finish_reason(finish_reason)
         return delta, finish_reason
 
-
-@dataclass(slots=True)
-class _HeldAnswer:
-    text: str = ""  # the choice's text so far
-    sent: int = 0  # characters of it sent as content

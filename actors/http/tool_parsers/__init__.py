@@ -9,7 +9,8 @@
 Each parser takes the whole generated text and returns `ParsedToolCalls`: the content left for the
 message (text outside the calls) and the calls, each a function name and its arguments as a JSON
 string. Text that only looks like a call (malformed JSON, an unknown shape) stays content. Each parser's
-`sendable` says, while an answer streams, how much of the text so far is content whatever follows.
+`sendable` says, while an answer streams, how much of the text so far is content whatever follows, and
+its `settled` which calls too (streamed as soon as they are, by auto_stream.py).
 
 Protocol-neutral: OpenAI's chat and Anthropic's Messages both turn answers into calls through it.
 
@@ -22,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from actors.http.tool_parsers.base import ParsedToolCalls, ToolCall
-from actors.http.tool_parsers.hermes import parse_hermes, sendable_hermes
-from actors.http.tool_parsers.llama3_json import parse_llama3_json, sendable_llama3_json
-from actors.http.tool_parsers.mistral import parse_mistral, sendable_mistral
+from actors.http.tool_parsers.hermes import parse_hermes, sendable_hermes, settled_hermes
+from actors.http.tool_parsers.llama3_json import parse_llama3_json, sendable_llama3_json, settled_llama3_json
+from actors.http.tool_parsers.mistral import parse_mistral, sendable_mistral, settled_mistral
 
 PARSERS: dict[str, Callable[[str], ParsedToolCalls]] = {
     "hermes": parse_hermes,
@@ -38,4 +39,11 @@ SENDABLE: dict[str, Callable[[str], int]] = {
     "mistral": sendable_mistral,
 }
 
-__all__ = ["PARSERS", "SENDABLE", "ParsedToolCalls", "ToolCall"]
+# Streaming: the content and calls of the text so far that no continuation changes (auto_stream.py).
+SETTLED: dict[str, Callable[[str], ParsedToolCalls]] = {
+    "hermes": settled_hermes,
+    "llama3_json": settled_llama3_json,
+    "mistral": settled_mistral,
+}
+
+__all__ = ["PARSERS", "SENDABLE", "SETTLED", "ParsedToolCalls", "ToolCall"]

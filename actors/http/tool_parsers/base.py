@@ -40,7 +40,7 @@ def call_from_json(value: Any, arguments_key: str = "arguments") -> ToolCall | N
     if isinstance(arguments, str):  # some models write the arguments as a JSON string already
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None
@@ -69,15 +69,25 @@ def content_or_none(text: str) -> str | None:
     return text if text.strip() else None
 
 
-def before_marker(text: str, marker: str) -> int:
-    """Streaming: the characters of `text` before a call that starts with `marker` may begin, i.e.
-    before its first occurrence or before a tail that could grow into it. Leading whitespace only
-    counts once something else follows (a parser drops content that is only whitespace)."""
+def marker_start(text: str, marker: str) -> int:
+    """Where a call that starts with `marker` may begin in `text`: its first occurrence, or a tail
+    that could grow into it, or the end."""
     found = text.find(marker)
-    if found < 0:
-        found = len(text)
-        for length in range(min(len(marker) - 1, len(text)), 0, -1):
-            if marker.startswith(text[-length:]):
-                found = len(text) - length
-                break
+    if found >= 0:
+        return found
+    for length in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-length:]):
+            return len(text) - length
+    return len(text)
+
+
+def before_marker(text: str, marker: str) -> int:
+    """Streaming: the characters of `text` before a call that starts with `marker` may begin. Leading
+    whitespace only counts once something else follows (a parser drops content that is only whitespace)."""
+    found = marker_start(text, marker)
     return found if text[:found].strip() else 0
+
+
+def nothing_settled(text: str, sendable: int) -> ParsedToolCalls:
+    """What a streamed answer has settled while only its first `sendable` characters are sure content."""
+    return ParsedToolCalls(text[:sendable], [])

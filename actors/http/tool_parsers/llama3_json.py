@@ -12,6 +12,7 @@ from actors.http.tool_parsers.base import (
     call_from_json,
     content_or_none,
     json_values,
+    nothing_settled,
 )
 
 _PYTHON_TAG = "<|python_tag|>"
@@ -37,3 +38,9 @@ def sendable_llama3_json(text: str) -> int:
     if not rest or rest[0] in "[{":
         return 0
     return before_marker(text, _PYTHON_TAG)
+
+
+def settled_llama3_json(text: str) -> ParsedToolCalls:
+    """Streaming: no call is settled before the answer ends, as any text after the JSON values makes the
+    whole message content."""
+    return nothing_settled(text, sendable_llama3_json(text))

@@ -16,6 +16,7 @@ from actors.http.tool_parsers.base import (
     call_from_json,
     content_or_none,
     json_values,
+    nothing_settled,
 )
 
 MARKER = "[TOOL_CALLS]"
@@ -42,3 +43,20 @@ def parse_mistral(text: str) -> ParsedToolCalls:
 
 def sendable_mistral(text: str) -> int:
     return before_marker(text, MARKER)
+
+
+def settled_mistral(text: str) -> ParsedToolCalls:
+    """Streaming: the calls are all or none of the list's items (one that is not a call, or another
+    JSON value after the list, makes the whole text content), so they are settled only once text that
+    cannot continue the JSON values follows them; until then, the content before the marker."""
+    _, marker, after = text.partition(MARKER)
+    try:
+        found = json_values(after.strip()) if marker else None
+    except RecursionError:
+        found = None
+    if found is None or found[1].lstrip(" \t\r\n;,")[:1] in ("", "[", "{"):
+        return nothing_settled(text, sendable_mistral(text))
+    parsed = parse_mistral(text)
+    if parsed.calls:
+        return ParsedToolCalls(parsed.content or "", parsed.calls)
+    return nothing_settled(text, len(text) if text.strip() else 0)  # content, whatever follows

@@ -2,7 +2,8 @@
 a streamed answer may go out as content before the end.
 
 - `auto`: the server's parser (--tool-call-parser) reads the calls out of the model's own format;
-  while streaming, text that may still become a call is held back until the answer ends.
+  while streaming, text that may still become a call is held back until the parser is sure of it
+  (each call then goes out whole: auto_stream.py), or until the answer ends.
 - `required` / a named function: the answer was generated under tool_choice.py's constraint, so it
   is the call(s); streamed as tool-call deltas (call_stream.py).
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.http.tool_parsers import PARSERS, SENDABLE
+from actors.http.tool_parsers import PARSERS, SENDABLE, SETTLED
 from actors.http.tool_parsers.base import ParsedToolCalls, content_or_none
 from actors.http.tool_parsers.tool_choice import ToolChoice, calls_from_constrained
 
@@ -49,6 +50,17 @@ class ToolPlan:
             return 0
         assert self.parser is not None
         return SENDABLE[self.parser](text)
+
+    def settled(self, text: str) -> ParsedToolCalls:
+        """auto, streaming: the content and calls of the text so far that no continuation changes."""
+        assert self.choice.mode == "auto" and self.parser is not None
+        try:
+            settled = SETTLED[self.parser](text)
+        except (RecursionError, KeyError, TypeError):  # as in `calls`: not a call (yet)
+            return ParsedToolCalls("", [])
+        if not self.parallel:
+            settled.calls = settled.calls[:1]
+        return settled
 
     @staticmethod
     def finish_reason(finish_reason: str | None) -> str | None:

@@ -10,7 +10,7 @@ import jsonschema_rs
 import llguidance
 import pytest
 
-from actors.http.tool_parsers import PARSERS
+from actors.http.tool_parsers import PARSERS, SETTLED
 from actors.http.tool_parsers.base import ParsedToolCalls
 from actors.http.tool_parsers.call_stream import CallStream
 from actors.http.tool_parsers.tool_choice import (
@@ -53,6 +53,19 @@ def test_several_calls_and_text_that_only_looks_like_one() -> None:
                          ("mistral", "[TOOL_CALLS] nothing"), ("hermes", "plain text")):
         parsed = PARSERS[parser](text)
         assert parsed.calls == [] and parsed.content == text
+
+
+def test_settled_calls_are_those_no_continuation_can_change() -> None:
+    call = '{"name": "weather", "arguments": {"city": "Oslo"}}'
+    hermes = SETTLED["hermes"](f"Hi <tool_call>{call}</tool_call> and <tool_call>{call}")
+    assert hermes.content == "Hi  and " and [c.name for c in hermes.calls] == ["weather"]
+    assert SETTLED["hermes"](f"<tool_call>{call}").calls == []  # may still break before its tag
+    deep = PARSERS["hermes"](f"<tool_call>{call}</tool_call><tool_call>{'[' * 5000}</tool_call>")
+    assert len(deep.calls) == 1 and deep.content is not None  # too deep is not a call, the other stays one
+    assert SETTLED["mistral"](f"Hi[TOOL_CALLS][{call}]").calls == []  # another JSON value would void it
+    mistral = SETTLED["mistral"](f"Hi[TOOL_CALLS][{call}] ok")
+    assert mistral.content == "Hi" and len(mistral.calls) == 1 and len(mistral.calls[0].id) == 9
+    assert SETTLED["llama3_json"](call.replace("arguments", "parameters")).calls == []  # text may follow
 
 
 def test_tools_and_tool_choice_are_checked() -> None:
