@@ -1,7 +1,8 @@
 """Greedy `aqueduct batch` vs HF transformers on tiny random models no test has seen.
 
 Each case draws an architecture (any of tests/support/hf_models.py: llama, llama3, qwen2, qwen3, mistral,
-phi3, mixtral, gemma2, with a sliding window drawn for the families that have one), a head layout,
+phi3, mixtral, gemma2, olmo2, granite, smollm3, glm4, with a sliding window drawn for the families that
+have one), a head layout,
 sizes, a weight
 seed and tight engine limits (KV blocks, token budget, sequences per step, block size) from
 --seed, runs a batch file of mixed-length greedy requests through `aqueduct batch`, and compares
@@ -12,7 +13,7 @@ HF's logits (top-2 margin < 1e-3). Exit status 1 if any divergence is not a near
     python benchmarks/check_fidelity.py --seed 41 --cases 4 --tensor-parallel-size 2
 
 With --tensor-parallel-size N the engine runs N ranks, and cases are drawn among the dense
-families with a head count N divides (mixture-of-experts models are not sharded).
+families with a head count N divides (mixture-of-experts models and OLMo 2 are not sharded).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tests.support.hf_models import ARCHS, make_tiny_hf_model
 
 NEAR_TIE_MARGIN = 1e-3
 WINDOWED_ARCHS = ("mistral", "gemma2", "phi3", "mixtral")  # families whose configs carry sliding_window
+UNSHARDED_ARCHS = ("mixtral", "olmo2")  # tensor parallelism refuses them (experts; q/k norms over all heads)
 MAX_PROMPT, MAX_OUTPUT = 70, 40
 
 
@@ -73,7 +75,7 @@ def draw_case_for(rng: random.Random, tensor_parallel_size: int) -> Case:
         case = draw_case(rng)
         if tensor_parallel_size == 1:
             return case
-        if case.arch != "mixtral" and case.config["num_attention_heads"] % tensor_parallel_size == 0:
+        if case.arch not in UNSHARDED_ARCHS and case.config["num_attention_heads"] % tensor_parallel_size == 0:
             case.flags += ["--tensor-parallel-size", str(tensor_parallel_size)]
             return case
 

@@ -1,5 +1,5 @@
 """Tiny random-weight HF checkpoints for tests (Llama, llama3 rope, Qwen2, Qwen3, Mistral, Phi-3,
-Mixtral, Gemma 2).
+Mixtral, Gemma 2, OLMo 2, Granite, SmolLM3, GLM-4).
 
 HF's default init (std 0.02, zero biases, unit norms) gives near-tied logits and leaves biases
 and norm weights untested, so every parameter is re-drawn: matrices with std 1/sqrt(fan_in)
@@ -59,6 +59,20 @@ _ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
         "num_hidden_layers": 4, "head_dim": 32, "query_pre_attn_scalar": 16, "sliding_window": 19,
         "attn_logit_softcapping": 10.0, "final_logit_softcapping": 10.0, "rope_theta": 10000.0}),
+    # Post-norms only, q/k norms over whole projections; a q/k bias as well (the HF class has the switch).
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"rope_theta": 10000.0, "attention_bias": True}),
+    # Every multiplier away from 1; the attention scale (0.5) is not head_dim ** -0.5 (0.25).
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {
+        "rope_theta": 10000.0, "embedding_multiplier": 2.0, "residual_multiplier": 0.6,
+        "attention_multiplier": 0.5, "logits_scaling": 2.5}),
+    # no_rope_layers [1, 0, 1, 0]: layers 1 and 3 attend without rope. Untied (its default is tied):
+    # tied, greedy runs of 24 tokens held 1-5 distinct ones, untied 17-23.
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {
+        "num_hidden_layers": 4, "no_rope_layer_interval": 2, "rope_theta": 10000.0, "pad_token_id": None,
+        "tie_word_embeddings": False}),
+    # Rope on half of each 32-dim head (16 dims, interleaved pairs); q/k/v biases (its default).
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", {
+        "head_dim": 32, "partial_rotary_factor": 0.5, "rope_theta": 10000.0, "pad_token_id": None}),
 }
 ARCHS = tuple(_ARCHS)
 # _randomize settings that differ by family. Gemma multiplies embeddings by sqrt(hidden_size), so

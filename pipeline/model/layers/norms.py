@@ -1,6 +1,6 @@
-"""RMSNorm in its two forms: Llama's (normalise in float32, round, then scale) and Gemma's (scale by
-1 + weight in float32, round last), as HF transformers computes them; Llama's runs through the native
-CPU kernel where one is built.
+"""RMSNorm in its three forms, as HF transformers computes them: Llama's (normalise in float32, round,
+then scale), OLMo 2's (scale in float32, round last) and Gemma's (scale by 1 + weight in float32, round
+last); Llama's runs through the native CPU kernel where one is built.
 """
 
 from __future__ import annotations
@@ -41,6 +41,26 @@ def use_native_norms(model: nn.Module) -> int:
     for norm in norms:
         norm.kernel = kernel
     return len(norms)
+
+
+class Float32RMSNorm(nn.Module):
+    """RMSNorm that scales by its weight in float32 and rounds last (HF's OLMo 2 order).
+
+    The same arithmetic as RMSNorm in float32; in bfloat16 it rounds once, where RMSNorm rounds the
+    normalised x and then the product.
+    """
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one op, see RMSNorm
+        x_f32 = x.float()
+        normed = x_f32 * torch.rsqrt(x_f32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * normed).to(x.dtype)
 
 
 class GemmaRMSNorm(nn.Module):

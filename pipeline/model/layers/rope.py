@@ -1,6 +1,7 @@
 """Rotary position embedding: settings from either HF config form, inverse frequencies (default and
-llama3 scaling), and the rotation; cos/sin computed in float32 and cast to the activation dtype, as
-HF transformers does.
+llama3 scaling), and the rotation in two layouts (rotate-half, and GLM's interleaved pairs over the
+leading part of a head); cos/sin computed in float32 and cast to the activation dtype, as HF
+transformers does.
 """
 
 from __future__ import annotations
@@ -101,3 +102,19 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs of x [T, H, D]'s first 2 * cos.shape[-1] dims; the rest pass through.
+
+    GLM-4's layout (partial rotary): HF repeats each angle twice ([c0, c0, c1, c1, ...]) and rotates
+    pairs (x0, x1) -> (-x1, x0), i.e. per pair i:
+        out[2i]     = x[2i] * cos_i - x[2i + 1] * sin_i
+        out[2i + 1] = x[2i + 1] * cos_i + x[2i] * sin_i
+    Example, head_dim 8 and cos [T, 1, 2]: dims (0, 1) turn by angle 0, (2, 3) by angle 1, 4..7 stay.
+    """
+    rotary_dim = 2 * cos.shape[-1]
+    pairs = x[..., :rotary_dim].unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)

@@ -20,13 +20,17 @@ from types import ModuleType
 # HF architecture name -> module under pipeline.model.models
 _FAMILIES: dict[str, str] = {
     "Gemma2ForCausalLM": "gemma2",
+    "Glm4ForCausalLM": "glm4",
+    "GraniteForCausalLM": "granite",
     "LlamaForCausalLM": "llama",
     "LlavaForConditionalGeneration": "llava",
     "MistralForCausalLM": "llama",
     "MixtralForCausalLM": "mixtral",
+    "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
     "Qwen2ForCausalLM": "llama",
     "Qwen3ForCausalLM": "llama",
+    "SmolLM3ForCausalLM": "smollm3",
 }
 
 SUPPORTED_ARCHITECTURES = tuple(_FAMILIES)

@@ -1,5 +1,5 @@
 """Decoder-only transformer for the Llama family: Llama (incl. llama3 rope), Mistral, Qwen2, Qwen3;
-Phi-3 (phi3.py) and Mixtral (mixtral.py) build on it.
+Phi-3, Mixtral, Gemma 2, OLMo 2, Granite, SmolLM3 and GLM-4 (each in its own module) build on it.
 
 The families differ only in flags: qkv bias (Qwen2), per-head q/k RMSNorm (Qwen3), an explicit
 head_dim (Qwen3), tied embeddings, sliding-window layers (Mistral; Qwen2 with use_sliding_window),
@@ -137,10 +137,12 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    attention_class: ClassVar[type[Attention]] = Attention  # families with other attention (SmolLM3) pass theirs
+
     def __init__(self, config: DecoderConfig, backend: AttentionBackend, window: int | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, backend, window)
+        self.self_attn = self.attention_class(config, backend, window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp: nn.Module
         if config.num_experts:

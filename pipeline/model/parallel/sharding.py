@@ -143,6 +143,11 @@ def _vocab_rows(weight: torch.Tensor, rank: int, world: int) -> tuple[torch.Tens
 
 def _shard_attention(attention: nn.Module, heads: LocalHeads, head_dim: int, total_heads: int,
                      total_kv_heads: int) -> None:
+    q_norm = getattr(attention, "q_norm", None)
+    if q_norm is not None and q_norm.weight.shape[0] != head_dim:
+        # A norm over the whole q projection (OLMo 2) needs every head's values: not split by heads.
+        raise ValueError(f"tensor parallelism does not support {type(attention).__name__} layers yet (their "
+                         "q/k norms span every head); run the model with tensor_parallel_size 1")
     q_rows = slice(heads.q_start * head_dim, (heads.q_start + heads.num_heads) * head_dim)
     k_offset = total_heads * head_dim
     v_offset = k_offset + total_kv_heads * head_dim
