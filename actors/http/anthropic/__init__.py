@@ -8,8 +8,7 @@ tools and tool_choice onto chat completions' tool plan and structured-output con
 `ResponseShape`. errors.py and auth.py give Anthropic's error shape and its x-api-key header;
 token_count.py renders the prompt for count_tokens. The reference is docs/http-api.md.
 
-May import: actors.http.generation, actors.http.backends, actors.http.errors, actors.http.limits,
-actors.http.options (the plumbing), actors.http.tool_parsers (protocol-neutral; to move down to
-the plumbing), pipeline, queue_adapters. Nothing else of actors.http.openai, nor actors.http.kobold, nor
-the app that mounts these routes.
+May import: actors.http.generation, actors.http.backends, actors.http.body_fields, actors.http.errors,
+actors.http.limits, actors.http.options, actors.http.tool_parsers (the plumbing), pipeline, queue_adapters.
+Nothing of actors.http.openai or actors.http.kobold, nor the app that mounts these routes.
 """

@@ -22,7 +22,8 @@ from typing import Any
 
 from actors.http.anthropic.content import parse_conversation
 from actors.http.anthropic.tools import tool_answer, wire_tools
-from actors.http.errors import ApiError, invalid
+from actors.http.body_fields import body_adapter, bool_field
+from actors.http.errors import invalid
 from actors.http.generation.request import GatewayRequest
 from actors.http.tool_parsers.plan import ToolPlan
 from pipeline.request.sampling_params import SamplingParams
@@ -64,9 +65,9 @@ def parse_messages_body(body: Any, model_names: tuple[str, ...], adapters: list[
                         timeout_s: float | None, strict_fields: bool = False,
                         tool_parser: str | None = None) -> AnthropicRequest:
     """`model_names`: the base model's names (--served-model-name); `tool_parser`: --tool-call-parser."""
-    lora = check_model(body, model_names, adapters)
+    lora = body_adapter(body, model_names, adapters)
     body, ignored = check_fields(body, strict_fields)
-    stream = _flag(body, "stream")
+    stream = bool_field(body, "stream")
     response_id = _response_id(request_id)
     deadline_ms = int((time.time() + timeout_s) * 1000) if timeout_s else None
     try:
@@ -88,20 +89,6 @@ def parse_prompt(body: dict[str, Any]) -> Conversation:
     images: list[bytes] = []
     messages = parse_conversation(body.get("system"), body.get("messages"), images)
     return Conversation(messages, images, wire_tools(body.get("tools")))
-
-
-def check_model(body: Any, model_names: tuple[str, ...], adapters: list[str]) -> str | None:
-    """The LoRA adapter `model` names (None: the base model); 404 for a model this server does not serve."""
-    if not isinstance(body, dict):
-        raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
-    model = body.get("model")
-    if model is None or model in model_names:
-        return None
-    if model in adapters:
-        return str(model)
-    served = ", ".join(repr(name) for name in [*model_names, *adapters])
-    raise ApiError(404, f"the model {model!r} does not exist; this server serves {served}", param="model",
-                   code="model_not_found")
 
 
 def check_fields(body: dict[str, Any], strict: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -141,15 +128,6 @@ def _sampling(body: dict[str, Any], constraint: dict[str, Any] | None) -> dict[s
         params["guided_json"] = constraint
     SamplingParams.from_dict(params)  # validates every field, naming it
     return params
-
-
-def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise invalid(f"{name} must be true or false, got {value!r}", name)
-    return value
 
 
 def _response_id(request_id: str | None) -> str:

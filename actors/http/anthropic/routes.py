@@ -17,13 +17,13 @@ from actors.http.anthropic.errors import anthropic_error_response
 from actors.http.anthropic.request import (
     AnthropicRequest,
     check_fields,
-    check_model,
     parse_messages_body,
     parse_prompt,
 )
 from actors.http.anthropic.shapes import AnthropicShape
 from actors.http.anthropic.token_count import count_prompt_tokens
 from actors.http.backends import Backend
+from actors.http.body_fields import body_adapter
 from actors.http.errors import ApiError, invalid
 from actors.http.generation.flow import Generation
 from actors.http.generation.request import bounded_names
@@ -73,7 +73,7 @@ def add_anthropic_routes(app: FastAPI, generation: Generation, backend: Backend,
 
 def _count(body: Any, model_names: tuple[str, ...], backend: Backend, content_guard: ChatContentGuard | None) -> int:
     """A Messages body's prompt tokens; its other fields are checked as a Messages request's, strictly."""
-    check_model(body, model_names, backend.adapter_names())
+    body_adapter(body, model_names, backend.adapter_names())
     body, _ = check_fields(body, strict=True)
     try:
         conversation = parse_prompt(body)

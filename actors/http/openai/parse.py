@@ -14,7 +14,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from actors.http.errors import ApiError, invalid
+from actors.http.body_fields import served_adapter
+from actors.http.errors import invalid
 from actors.http.generation.request import GatewayRequest
 from actors.http.openai.chat_request import parse_chat_request
 from actors.http.openai.completion_request import Prompt, parse_completion_body, prompt_field
@@ -47,7 +48,7 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
     --reasoning-parser; `template_kwargs`: --default-chat-template-kwargs."""
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
-    lora = _check_model(body.get("model"), aliases or (model_name,), adapters or [])
+    lora = served_adapter(body.get("model"), aliases or (model_name,), adapters or [])
     body, ignored = take_unknown_fields(body, strict_fields, chat)
     stream = _pop_bool(body, "stream")
     include_usage, continuous_usage = _pop_stream_options(body, stream)
@@ -88,17 +89,6 @@ def prompt_ids(response_id: str, num_prompts: int) -> list[str]:
         raise invalid(f"X-Request-Id must be at most {MAX_ID_LENGTH - 1 - len(str(num_prompts - 1))} characters "
                       f"for {num_prompts} prompts (each gets `:index` appended)", "X-Request-Id")
     return [f"{response_id}:{index}" for index in range(num_prompts)]
-
-
-def _check_model(model: Any, model_names: tuple[str, ...], adapters: list[str]) -> str | None:
-    """The LoRA adapter `model` names (None: the base model, by any of its names); 404 for a model not served."""
-    if model is None or model in model_names:
-        return None
-    if model in adapters:
-        return str(model)
-    served = ", ".join(repr(name) for name in [*model_names, *adapters])
-    raise ApiError(404, f"the model {model!r} does not exist; this server serves {served}",
-                   param="model", code="model_not_found")
 
 
 def _pop_bool(body: dict[str, Any], name: str) -> bool:

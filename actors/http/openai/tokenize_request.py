@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors.http.body_fields import bool_field
 from actors.http.errors import ApiError, invalid
 from actors.http.openai.chat_request import parse_messages
 from pipeline.intake.chat_content import ChatContentGuard
@@ -27,7 +28,7 @@ def tokenized(tokenizer: Any, body: dict[str, Any], content_guard: ChatContentGu
     if isinstance(body.get("prompt"), str):
         if body.get("tools") is not None:
             raise invalid("tools are rendered by the chat template: give messages, not prompt", "tools")
-        return list(tokenizer.encode(body["prompt"], add_special_tokens=_flag(body, "add_special_tokens", True)))
+        return list(tokenizer.encode(body["prompt"], add_special_tokens=bool_field(body, "add_special_tokens", True)))
     messages = body.get("messages")
     if isinstance(messages, list) and messages:
         if not getattr(tokenizer, "chat_template", None):
@@ -36,10 +37,10 @@ def tokenized(tokenizer: Any, body: dict[str, Any], content_guard: ChatContentGu
         literals: list[str] = []
         if content_guard is not None:
             chat, literals = content_guard.protect(chat)
-        text = _chat_text(tokenizer, chat, _flag(body, "add_generation_prompt", True),
-                          _flag(body, "continue_final_message", False), _tools(body.get("tools")))
+        text = _chat_text(tokenizer, chat, bool_field(body, "add_generation_prompt", True),
+                          bool_field(body, "continue_final_message", False), _tools(body.get("tools")))
         # As vLLM's: the template writes BOS itself, so special tokens are added only when asked.
-        add_special_tokens = _flag(body, "add_special_tokens", False)
+        add_special_tokens = bool_field(body, "add_special_tokens", False)
         if literals:
             return _with_special_tokens(tokenizer, _guarded_ids(content_guard, text, literals), add_special_tokens)
         return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
@@ -91,15 +92,6 @@ def _guarded_ids(content_guard: ChatContentGuard, text: str, literals: list[str]
         return content_guard.encode(text, literals)
     except ValueError as error:
         raise invalid(str(error), "messages") from None
-
-
-def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise invalid(f"{name} must be true or false, got {value!r}", name)
-    return value
 
 
 def _chat_text(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True,

@@ -2,7 +2,8 @@
 continues on any other, and a gateway's restart loses none):
 
     {prefix}:resp:{id}               "{tenant}\n{record}" (records.py), expiring after StoreLimits.ttl_s
-    {prefix}:resp-index:{tenant}     a sorted set: the tenant's response ids by when they were saved
+    {prefix}:resp-index:{tenant}     a sorted set: the tenant's response ids in the order they were saved
+                                     (scored by the save's time in ms, each later than the one before)
     {prefix}:resp-sizes:{tenant}     a hash: each of those ids -> its record's size in bytes
 
 A save runs as one script, so gateways saving for one tenant at once cannot both miss its bound: it
@@ -27,7 +28,11 @@ for _, old in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - ttl * 10
   redis.call('HDEL', KEYS[3], old)
 end
 redis.call('SET', KEYS[1], record, 'EX', ttl)
-redis.call('ZADD', KEYS[2], now, id)
+-- Scores order the tenant's saves: one saved in the same millisecond as the newest still sorts after it.
+local newest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+local score = now
+if newest[2] and tonumber(newest[2]) >= score then score = tonumber(newest[2]) + 1 end
+redis.call('ZADD', KEYS[2], score, id)
 redis.call('HSET', KEYS[3], id, #record)
 local total = 0
 for _, size in ipairs(redis.call('HVALS', KEYS[3])) do total = total + tonumber(size) end

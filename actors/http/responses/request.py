@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.http.errors import ApiError, invalid
+from actors.http.body_fields import body_adapter, bool_field
+from actors.http.errors import invalid
 from actors.http.generation.request import GatewayRequest
 from actors.http.options import GatewayOptions
 from actors.http.reasoning import ReasoningFormat, format_for_request
@@ -68,11 +69,11 @@ class Caller:
 def parse_responses_body(body: Any, previous: Record | None, caller: Caller,
                          options: GatewayOptions) -> ResponsesRequest:
     """`previous`: previous_response_id's record (routes.py loads it: a 404 when unknown)."""
-    lora = check_model(body, caller.model_names, caller.adapters)
+    lora = body_adapter(body, caller.model_names, caller.adapters)
     if caller.request_id is not None and not _REQUEST_ID.match(caller.request_id):
         raise invalid("X-Request-Id must be 1-128 characters of [A-Za-z0-9._:-]", "X-Request-Id")
     body, ignored = check_body_fields(body, options.strict_fields)
-    stream, store = _flag(body, "stream", False), _flag(body, "store", True)
+    stream, store = bool_field(body, "stream", False), bool_field(body, "store", True)
     response_id = new_id("resp")
     deadline_ms = int((time.time() + options.request_timeout_s) * 1000) if options.request_timeout_s else None
     try:
@@ -96,31 +97,8 @@ def parse_responses_body(body: Any, previous: Record | None, caller: Caller,
                             context_bytes=context_bytes)
 
 
-def check_model(body: Any, model_names: tuple[str, ...], adapters: list[str]) -> str | None:
-    """The LoRA adapter `model` names (None: the base model); 404 for a model this server does not serve."""
-    if not isinstance(body, dict):
-        raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
-    model = body.get("model")
-    if model is None or model in model_names:
-        return None
-    if model in adapters:
-        return str(model)
-    served = ", ".join(repr(name) for name in [*model_names, *adapters])
-    raise ApiError(404, f"the model {model!r} does not exist; this server serves {served}", param="model",
-                   code="model_not_found")
-
-
 def _instructions(body: dict[str, Any]) -> str | None:
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ValueError("instructions must be a string")
     return instructions
-
-
-def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise invalid(f"{name} must be true or false, got {value!r}", name)
-    return value
