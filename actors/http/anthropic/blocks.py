@@ -2,8 +2,11 @@
 whole message (message.py: all the text at once) and the stream (events.py), so the streamed message
 is the non-streamed one.
 
-The steps: `TextPiece` (add to the open text block, or open one), `ToolStart` (open a tool_use block)
-and `InputPiece` (add to the open tool_use block's input JSON). By the request's tool plan:
+The steps: `ThinkingPiece` (add to the thinking block, or open it), `TextPiece` (add to the open text
+block, or open one), `ToolStart` (open a tool_use block) and `InputPiece` (add to the open tool_use
+block's input JSON). With --reasoning-parser (`ReasonedBlocks`), the answer's reasoning, split off by
+actors/http/reasoning/, is the first block, a thinking one, and its content makes the rest as below
+(tool calls are read from the content only). By the request's tool plan:
 
 - none: the text as it comes;
 - auto: text that cannot become a call goes out at once (the parser's `sendable`); the rest waits for
@@ -22,8 +25,14 @@ from typing import Any
 
 import pydantic_core
 
+from actors.http.reasoning import ReasoningFormat, ReasoningSplitter, Split
 from actors.http.tool_parsers.plan import ToolPlan
 from actors.http.tool_parsers.tool_choice import complete_items, required_call
+
+
+@dataclass(slots=True)
+class ThinkingPiece:
+    thinking: str
 
 
 @dataclass(slots=True)
@@ -42,7 +51,7 @@ class InputPiece:
     partial_json: str
 
 
-BlockStep = TextPiece | ToolStart | InputPiece
+BlockStep = ThinkingPiece | TextPiece | ToolStart | InputPiece
 
 
 @dataclass(slots=True)
@@ -113,12 +122,43 @@ class AnswerBlocks:
         return steps
 
 
+class ReasonedBlocks:
+    """The steps of an answer that may open with reasoning (`reasoning` None: the server has no reasoning
+    parser, and the answer is all content)."""
+
+    def __init__(self, plan: ToolPlan | None, reasoning: ReasoningFormat | None) -> None:
+        self.content = AnswerBlocks(plan)
+        self.splitter = ReasoningSplitter(reasoning) if reasoning is not None else None
+
+    @property
+    def num_calls(self) -> int:
+        return self.content.num_calls
+
+    def feed(self, piece: str) -> list[BlockStep]:
+        if self.splitter is None:
+            return self.content.feed(piece)
+        return self._steps(self.splitter.feed(piece))
+
+    def finish(self) -> list[BlockStep]:
+        steps = self._steps(self.splitter.finish()) if self.splitter is not None else []
+        return [*steps, *self.content.finish()]
+
+    def _steps(self, split: Split) -> list[BlockStep]:
+        steps: list[BlockStep] = [ThinkingPiece(split.reasoning)] if split.reasoning else []
+        # Only text that is surely content: a tool plan must not see a piece still held as maybe reasoning.
+        return [*steps, *self.content.feed(split.content)] if split.content else steps
+
+
 def content_blocks(steps: list[BlockStep]) -> list[dict[str, Any]]:
     """A whole message's content from its steps."""
     blocks: list[dict[str, Any]] = []
     inputs: dict[int, str] = {}  # tool_use block -> its input JSON so far
     for step in steps:
-        if isinstance(step, TextPiece):
+        if isinstance(step, ThinkingPiece):
+            if not blocks or blocks[-1]["type"] != "thinking":
+                blocks.append({"type": "thinking", "thinking": "", "signature": ""})
+            blocks[-1]["thinking"] += step.thinking
+        elif isinstance(step, TextPiece):
             if not blocks or blocks[-1]["type"] != "text":
                 blocks.append({"type": "text", "text": ""})
             blocks[-1]["text"] += step.text

@@ -13,9 +13,9 @@
 A tool result becomes a `tool` message, as in an OpenAI conversation, so chat templates render it as
 they render OpenAI's. Images travel as openai/content_parts.py's do: decoded here, each an ImagePart
 slot plus its bytes, in order; an image URL other than a base64 data: URI is not fetched. Earlier
-turns' `thinking` blocks are dropped: this server writes none, and templates take no such part. A
-last assistant turn (Anthropic's prefill, which the answer continues) is refused: a worker's template
-always opens a new turn.
+turns' `thinking` blocks are dropped, as Anthropic's API drops them for most models: the answer's own
+reasoning is not fed back (and this server's carry no signature to check). A last assistant turn
+(Anthropic's prefill, which the answer continues) is refused: a worker's template always opens a new turn.
 """
 
 from __future__ import annotations

@@ -2,12 +2,17 @@
 
     event: message_start        {"message": {..., "content": [], "usage": {"input_tokens": N, "output_tokens": 0}}}
     event: ping
-    event: content_block_start  {"index": 0, "content_block": {"type": "text", "text": ""}}
-    event: content_block_delta  {"index": 0, "delta": {"type": "text_delta", "text": "Hel"}}
+    (--reasoning-parser, an answer that reasons: its thinking block first)
+    event: content_block_start  {"index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}
+    event: content_block_delta  {"index": 0, "delta": {"type": "thinking_delta", "thinking": "Hm"}}
+    event: content_block_delta  {"index": 0, "delta": {"type": "signature_delta", "signature": ""}}
     event: content_block_stop   {"index": 0}
-    event: content_block_start  {"index": 1, "content_block": {"type": "tool_use", "id", "name", "input": {}}}
-    event: content_block_delta  {"index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"ci"}}
+    event: content_block_start  {"index": 1, "content_block": {"type": "text", "text": ""}}
+    event: content_block_delta  {"index": 1, "delta": {"type": "text_delta", "text": "Hel"}}
     event: content_block_stop   {"index": 1}
+    event: content_block_start  {"index": 2, "content_block": {"type": "tool_use", "id", "name", "input": {}}}
+    event: content_block_delta  {"index": 2, "delta": {"type": "input_json_delta", "partial_json": "{\"ci"}}
+    event: content_block_stop   {"index": 2}
     event: message_delta        {"delta": {"stop_reason", "stop_sequence"}, "usage": {"output_tokens": M}}
     event: message_stop
 
@@ -20,7 +25,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from actors.http.anthropic.blocks import AnswerBlocks, BlockStep, InputPiece, TextPiece
+from actors.http.anthropic.blocks import BlockStep, InputPiece, ReasonedBlocks, TextPiece, ThinkingPiece
 from actors.http.anthropic.errors import error_event, sse_event
 from actors.http.anthropic.message import message_envelope, stop_reason
 from actors.http.anthropic.request import AnthropicRequest
@@ -35,7 +40,7 @@ class MessageEvents:
 
     def __init__(self, request: AnthropicRequest, model_name: str) -> None:
         self.request, self.model_name = request, model_name
-        self.blocks = AnswerBlocks(request.tool_plan)
+        self.blocks = ReasonedBlocks(request.tool_plan, request.reasoning)
         self.open_index, self.open_type = -1, ""  # the block being written ("": none)
         self.input_tokens = self.output_tokens = 0
 
@@ -71,6 +76,10 @@ class MessageEvents:
     def _step(self, step: BlockStep) -> str:
         if isinstance(step, InputPiece):
             return self._delta({"type": "input_json_delta", "partial_json": step.partial_json})
+        if isinstance(step, ThinkingPiece):
+            opened = "" if self.open_type == "thinking" else self._open({"type": "thinking", "thinking": "",
+                                                                          "signature": ""})
+            return opened + self._delta({"type": "thinking_delta", "thinking": step.thinking})
         if isinstance(step, TextPiece):
             opened = "" if self.open_type == "text" else self._open({"type": "text", "text": ""})
             return opened + self._delta({"type": "text_delta", "text": step.text})
@@ -84,8 +93,10 @@ class MessageEvents:
     def _close(self) -> str:
         if not self.open_type:
             return ""
+        # Anthropic ends a thinking block with its signature; this server signs nothing.
+        signed = self._delta({"type": "signature_delta", "signature": ""}) if self.open_type == "thinking" else ""
         self.open_type = ""
-        return sse_event({"type": "content_block_stop", "index": self.open_index})
+        return signed + sse_event({"type": "content_block_stop", "index": self.open_index})
 
     def _delta(self, delta: dict[str, Any]) -> str:
         return sse_event({"type": "content_block_delta", "index": self.open_index, "delta": delta})

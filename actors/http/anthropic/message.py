@@ -1,25 +1,27 @@
 """Anthropic's message object from an assembled result:
 
     {"id": "msg_...", "type": "message", "role": "assistant", "model": ...,
-     "content": [{"type": "text", "text": ...} | {"type": "tool_use", "id": "toolu_...", "name", "input"}],
+     "content": [{"type": "thinking", "thinking": ..., "signature": ""} (--reasoning-parser: the reasoning, first),
+                 {"type": "text", "text": ...} | {"type": "tool_use", "id": "toolu_...", "name", "input"}, ...],
      "stop_reason": "end_turn" | "max_tokens" | "stop_sequence" | "tool_use", "stop_sequence": ... | null,
      "usage": {"input_tokens", "output_tokens"}}
 
 A request ended by its deadline or cancelled keeps the engine's reason (`timeout`, `abort`): Anthropic
-has no name for them.
+has no name for them. A thinking block's signature is empty: this server signs nothing, and earlier
+turns' thinking blocks are dropped from the prompt anyway (content.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from actors.http.anthropic.blocks import AnswerBlocks, content_blocks
+from actors.http.anthropic.blocks import ReasonedBlocks, content_blocks
 from actors.http.anthropic.request import AnthropicRequest
 
 
 def message_body(request: AnthropicRequest, result: dict[str, Any], model_name: str) -> dict[str, Any]:
     choice = result["choices"][0]  # one answer: n is 1
-    blocks = AnswerBlocks(request.tool_plan)
+    blocks = ReasonedBlocks(request.tool_plan, request.reasoning)
     content = content_blocks([*blocks.feed(choice["text"]), *blocks.finish()])
     reason, sequence = stop_reason(choice["finish_reason"], choice["stop_reason"], request.stop_sequences,
                                    called=blocks.num_calls > 0)

@@ -8,7 +8,9 @@ the engine path is the same), and the fields checked as the OpenAI routes check 
 - Any other sampling parameter of the server (min_p, seed, guided_regex, ...) may be given at the top
   level, as in chat completions, but those with no place in one message (n, logprobs, beam search, and
   `stop`: give stop_sequences) are a 400. `metadata` and `service_tier` are accepted and not used;
-  `thinking` (but disabled), `mcp_servers`, `container` and `context_management` are a 400.
+  `mcp_servers`, `container` and `context_management` are a 400.
+- `thinking` -> the chat template's `enable_thinking` (thinking.py); with --reasoning-parser the answer's
+  reasoning is split off into a thinking block (`reasoning`, the request's format).
 - An unknown top-level field is ignored and named in X-Ignored-Fields, or a 400 with --strict-fields.
 """
 
@@ -21,10 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.http.anthropic.content import parse_conversation
+from actors.http.anthropic.thinking import check_budget, template_kwargs
 from actors.http.anthropic.tools import tool_answer, wire_tools
 from actors.http.body_fields import body_adapter, bool_field
 from actors.http.errors import invalid
 from actors.http.generation.request import GatewayRequest
+from actors.http.reasoning import ReasoningFormat, format_for_request
 from actors.http.tool_parsers.plan import ToolPlan
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.request.structured_output import ALIASES
@@ -33,10 +37,9 @@ from queue_adapters.codec import CodecError, WireRequest, check_request
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _OWN_FIELDS = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p",
-                         "top_k", "stream", "metadata", "tools", "tool_choice", "service_tier"})
+                         "top_k", "stream", "metadata", "tools", "tool_choice", "service_tier", "thinking"})
 # Anthropic fields this server does not implement, and the values that ask for nothing.
-_NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {"thinking": ({"type": "disabled"},), "mcp_servers": ([],),
-                                                "container": (), "context_management": ()}
+_NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {"mcp_servers": ([],), "container": (), "context_management": ()}
 # Sampling parameters with no place in one message: one answer, no logprobs, stop_sequences for stop.
 _NOT_IN_A_MESSAGE = frozenset({"n", "best_of", "use_beam_search", "length_penalty", "early_stopping", "logprobs",
                                "prompt_logprobs", "stop"})
@@ -50,6 +53,7 @@ class AnthropicRequest(GatewayRequest):
 
     tool_plan: ToolPlan | None = None  # tools with tool_choice auto, any or tool: what the answer's text becomes
     stop_sequences: tuple[str, ...] = ()
+    reasoning: ReasoningFormat | None = None  # --reasoning-parser: how the answer splits into thinking and text
 
 
 @dataclass(slots=True)
@@ -59,36 +63,44 @@ class Conversation:
     messages: list[ChatMessage]
     images: list[bytes]
     tools: list[dict[str, Any]] | None
+    template_kwargs: dict[str, Any] | None = None  # the chat template's variables (enable_thinking, ...)
 
 
 def parse_messages_body(body: Any, model_names: tuple[str, ...], adapters: list[str], request_id: str | None,
                         timeout_s: float | None, strict_fields: bool = False,
-                        tool_parser: str | None = None) -> AnthropicRequest:
-    """`model_names`: the base model's names (--served-model-name); `tool_parser`: --tool-call-parser."""
+                        tool_parser: str | None = None, reasoning_parser: str | None = None,
+                        default_template_kwargs: dict[str, Any] | None = None) -> AnthropicRequest:
+    """`model_names`: the base model's names (--served-model-name); `tool_parser`: --tool-call-parser;
+    `reasoning_parser`: --reasoning-parser; `default_template_kwargs`: --default-chat-template-kwargs."""
     lora = body_adapter(body, model_names, adapters)
     body, ignored = check_fields(body, strict_fields)
     stream = bool_field(body, "stream")
     response_id = _response_id(request_id)
     deadline_ms = int((time.time() + timeout_s) * 1000) if timeout_s else None
     try:
-        conversation = parse_prompt(body)
+        conversation = parse_prompt(body, default_template_kwargs, reasoning_parser)
         answer = tool_answer(body.get("tool_choice"), conversation.tools, tool_parser)
         params = _sampling(body, answer.constraint)
+        check_budget(body.get("thinking"), params["max_tokens"])
         wire = WireRequest(id=response_id, params=params, deadline_ms=deadline_ms, lora=lora,
                            messages=conversation.messages, images=conversation.images or None,
-                           tools=conversation.tools)
+                           tools=conversation.tools, chat_template_kwargs=conversation.template_kwargs)
         check_request(wire, params_checked=True)  # what a worker's codec would refuse is a 400 here
     except (ValueError, CodecError, TypeError) as error:
         raise invalid(str(error), getattr(error, "field", None)) from error
     return AnthropicRequest([wire], chat=True, stream=stream, response_id=response_id, ignored_fields=ignored,
-                            tool_plan=answer.plan, stop_sequences=tuple(params.get("stop", ())))
+                            tool_plan=answer.plan, stop_sequences=tuple(params.get("stop", ())),
+                            reasoning=format_for_request(reasoning_parser, conversation.template_kwargs,
+                                                         _constrained(params)))
 
 
-def parse_prompt(body: dict[str, Any]) -> Conversation:
-    """`system`, `messages` and `tools`; ValueError naming the field."""
+def parse_prompt(body: dict[str, Any], default_template_kwargs: dict[str, Any] | None = None,
+                 reasoning_parser: str | None = None) -> Conversation:
+    """`system`, `messages`, `tools` and `thinking`; ValueError naming the field."""
     images: list[bytes] = []
     messages = parse_conversation(body.get("system"), body.get("messages"), images)
-    return Conversation(messages, images, wire_tools(body.get("tools")))
+    kwargs = template_kwargs(body.get("thinking"), default_template_kwargs, reasoning_parser)
+    return Conversation(messages, images, wire_tools(body.get("tools")), kwargs)
 
 
 def check_fields(body: dict[str, Any], strict: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -128,6 +140,11 @@ def _sampling(body: dict[str, Any], constraint: dict[str, Any] | None) -> dict[s
         params["guided_json"] = constraint
     SamplingParams.from_dict(params)  # validates every field, naming it
     return params
+
+
+def _constrained(params: dict[str, Any]) -> bool:
+    """Whether a structured-output constraint (a tool choice's included) covers the answer."""
+    return any(params.get(name) not in (None, {"type": "text"}) for name in (*ALIASES, "structured_outputs"))
 
 
 def _response_id(request_id: str | None) -> str:

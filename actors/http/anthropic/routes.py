@@ -48,7 +48,8 @@ def add_anthropic_routes(app: FastAPI, generation: Generation, backend: Backend,
         body, size = await read_json_body(request, options.max_request_bytes)
         parsed = await off_loop_if_large(size, functools.partial(
             parse_messages_body, body, model_names(), backend.adapter_names(), request.headers.get("x-request-id"),
-            options.request_timeout_s, options.strict_fields, options.tool_call_parser))
+            options.request_timeout_s, options.strict_fields, options.tool_call_parser, options.reasoning_parser,
+            options.default_chat_template_kwargs))
         if parsed.ignored_fields:
             log.warning("request fields ignored", request_id=parsed.wire.id,
                         fields=bounded_names(parsed.ignored_fields))
@@ -63,7 +64,7 @@ def add_anthropic_routes(app: FastAPI, generation: Generation, backend: Backend,
     async def count_tokens(request: Request) -> Response:
         check_anthropic_key(request, options.api_key)
         body, size = await read_json_body(request, options.max_request_bytes)
-        count = await off_loop_if_large(size, _count, body, model_names(), backend, content_guard)
+        count = await off_loop_if_large(size, _count, body, model_names(), backend, content_guard, options)
         return JSONResponse({"input_tokens": count})
 
     # Plain Starlette routes, as the OpenAI ones: they read the request themselves.
@@ -71,12 +72,13 @@ def add_anthropic_routes(app: FastAPI, generation: Generation, backend: Backend,
     app.add_route("/v1/messages/count_tokens", count_tokens, methods=["POST"])
 
 
-def _count(body: Any, model_names: tuple[str, ...], backend: Backend, content_guard: ChatContentGuard | None) -> int:
+def _count(body: Any, model_names: tuple[str, ...], backend: Backend, content_guard: ChatContentGuard | None,
+           options: GatewayOptions) -> int:
     """A Messages body's prompt tokens; its other fields are checked as a Messages request's, strictly."""
     body_adapter(body, model_names, backend.adapter_names())
     body, _ = check_fields(body, strict=True)
     try:
-        conversation = parse_prompt(body)
+        conversation = parse_prompt(body, options.default_chat_template_kwargs, options.reasoning_parser)
     except ValueError as error:
         raise invalid(str(error), getattr(error, "field", None)) from error
     return count_prompt_tokens(backend.tokenizer, conversation, content_guard)

@@ -1,8 +1,8 @@
 """/v1/messages/count_tokens: `{"input_tokens": N}`, the prompt a Messages request with the same body
 would have, rendered and tokenized as a worker does it (pipeline/intake/request_builder.py): the chat
-template over the messages and tools, with the generation prompt, special-token text in them kept as
-text (pipeline/intake/chat_content.py). An image counts as the template's placeholder, before a vision
-model's worker expands it.
+template over the messages and tools, with the generation prompt and the template's variables
+(thinking.py), special-token text in them kept as text (pipeline/intake/chat_content.py). An image
+counts as the template's placeholder, before a vision model's worker expands it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def count_prompt_tokens(tokenizer: Any, conversation: Conversation, content_guar
         chat, tools, literals = content_guard.protect_with_tools(chat, tools)
     try:
         text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True,
+                                             **(conversation.template_kwargs or {}),
                                              **({"tools": tools} if tools is not None else {}))
     except Exception as error:  # model-supplied Jinja over the client's messages: a bad request, as at intake
         raise invalid(f"messages: the model's chat template rejected them: {error}", "messages") from None
