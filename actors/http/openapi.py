@@ -1,7 +1,9 @@
 """The gateway's OpenAPI 3.1 document (GET /openapi.json): each protocol's paths (actors/http/openai/,
-actors/http/kobold/openapi_paths.py), their sampling fields read off SamplingParams
-(actors/http/sampling_schema.py), and the error shape every route but Kobold's answers in
-(actors/http/errors.py).
+actors/http/kobold/, actors/http/anthropic/ and actors/http/responses/openapi_paths.py), their sampling
+fields read off SamplingParams (actors/http/sampling_schema.py), and the error shape every route but
+Kobold's and Anthropic's answers in (actors/http/errors.py). The runtime LoRA routes
+(/v1/load_lora_adapter, /v1/unload_lora_adapter) are not in it: they exist only on a server started with
+--enable-runtime-lora-updating, and the document is the same for every server.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import copy
 from functools import cache
 
+from actors.http.anthropic.openapi_paths import anthropic_paths
 from actors.http.kobold.openapi_paths import kobold_paths
 from actors.http.openai.openapi_paths import openai_paths
+from actors.http.responses.openapi_paths import responses_paths
 from actors.http.sampling_schema import Schema, sampling_properties
 
 _ERROR: Schema = {
@@ -26,11 +30,12 @@ def _document() -> Schema:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Aqueduct", "version": "1",
-                 "description": "OpenAI-compatible completions and chat. An unknown top-level field of a "
+                 "description": "OpenAI-compatible completions, chat and responses, and Anthropic's messages. An unknown top-level field of a "
                                 "generation body is ignored and named in the X-Ignored-Fields response header "
                                 "(a 400 with serve --strict-fields); elsewhere unknown fields are a 400, and so "
                                 "is an integer field given a number with a fraction part or exponent (1.0 for 1)."},
-        "paths": {**openai_paths(), **kobold_paths(sampling_properties())},
+        "paths": {**openai_paths(), **kobold_paths(sampling_properties()), **anthropic_paths(sampling_properties()),
+                  **responses_paths(sampling_properties())},
         "components": {"schemas": {"Error": _ERROR},
                        "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer",
                                                       "description": "when the server runs with --api-key"}}},

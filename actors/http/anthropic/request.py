@@ -25,8 +25,8 @@ from typing import Any
 from actors.http.anthropic.content import parse_conversation
 from actors.http.anthropic.thinking import check_budget, template_kwargs
 from actors.http.anthropic.tools import tool_answer, wire_tools
-from actors.http.body_fields import body_adapter, bool_field
 from actors.http.errors import invalid
+from actors.http.generation.body_fields import body_adapter, bool_field
 from actors.http.generation.request import GatewayRequest
 from actors.http.reasoning import ReasoningFormat, format_for_request
 from actors.http.tool_parsers.plan import ToolPlan

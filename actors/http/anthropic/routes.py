@@ -23,8 +23,8 @@ from actors.http.anthropic.request import (
 from actors.http.anthropic.shapes import AnthropicShape
 from actors.http.anthropic.token_count import count_prompt_tokens
 from actors.http.backends import Backend
-from actors.http.body_fields import body_adapter
 from actors.http.errors import ApiError, invalid
+from actors.http.generation.body_fields import body_adapter
 from actors.http.generation.flow import Generation
 from actors.http.generation.request import bounded_names
 from actors.http.limits import off_loop_if_large, read_json_body

@@ -9,9 +9,7 @@ render.py and chunks.py give the reasoning split off by actors/http/reasoning/ a
 serves vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter when runtime LoRA updating is on.
 `aqueduct batch` takes the parsers and the answers through batch_lines.py alone. The reference is docs/http-api.md.
 
-May import: actors.http.generation, actors.http.backends, actors.http.body_fields,
-actors.http.errors, actors.http.limits,
-actors.http.options, actors.http.sampling_schema, actors.http.reasoning, actors.http.tool_parsers
-(the plumbing), pipeline,
-queue_adapters. Never actors.http.kobold, nor the app that mounts these routes.
+May import: actors.http.generation, actors.http.backends, actors.http.errors, actors.http.limits,
+actors.http.options, actors.http.sampling_schema, actors.http.reasoning, actors.http.tool_parsers (the
+plumbing), pipeline, queue_adapters. Never another protocol, nor the app that mounts these routes.
 """

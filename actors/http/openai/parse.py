@@ -14,8 +14,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from actors.http.body_fields import served_adapter
 from actors.http.errors import invalid
+from actors.http.generation.body_fields import served_adapter
 from actors.http.generation.request import GatewayRequest
 from actors.http.openai.chat_request import parse_chat_request
 from actors.http.openai.completion_request import Prompt, parse_completion_body, prompt_field

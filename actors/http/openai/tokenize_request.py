@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.http.body_fields import bool_field
 from actors.http.errors import ApiError, invalid
+from actors.http.generation.body_fields import bool_field
 from actors.http.openai.chat_request import parse_messages
 from pipeline.intake.chat_content import ChatContentGuard
 from pipeline.intake.request_builder import template_messages

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.http.body_fields import body_adapter, bool_field
 from actors.http.errors import invalid
+from actors.http.generation.body_fields import body_adapter, bool_field
 from actors.http.generation.request import GatewayRequest
 from actors.http.options import GatewayOptions
 from actors.http.reasoning import ReasoningFormat, format_for_request
