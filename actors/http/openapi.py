@@ -30,10 +30,11 @@ def _document() -> Schema:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Aqueduct", "version": "1",
-                 "description": "OpenAI-compatible completions, chat and responses, and Anthropic's messages. An unknown top-level field of a "
-                                "generation body is ignored and named in the X-Ignored-Fields response header "
-                                "(a 400 with serve --strict-fields); elsewhere unknown fields are a 400, and so "
-                                "is an integer field given a number with a fraction part or exponent (1.0 for 1)."},
+                 "description": "OpenAI-compatible completions, chat and responses, and Anthropic's messages. "
+                                "An unknown top-level field of a generation body is ignored and named in the "
+                                "X-Ignored-Fields response header (a 400 with serve --strict-fields); elsewhere "
+                                "unknown fields are a 400, and so is an integer field given a number with a "
+                                "fraction part or exponent (1.0 for 1)."},
         "paths": {**openai_paths(), **kobold_paths(sampling_properties()), **anthropic_paths(sampling_properties()),
                   **responses_paths(sampling_properties())},
         "components": {"schemas": {"Error": _ERROR},

@@ -35,8 +35,12 @@ HANG_S = 10.0  # an answer slower than this is a hang (schemathesis' max_respons
 MAX_MODEL_LEN = 128  # small, so a request the cap misses still ends soon
 MAX_TOKENS = 8  # generated lengths are capped to this: a run's time goes into requests, not decoding
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
-_LENGTH_FIELDS = ("max_tokens", "max_completion_tokens")
+# Each generating route's length fields; a missing one is added (until the context is full otherwise), but
+# not Anthropic's max_tokens: it is required, and a body without it is a 400 to keep.
+LENGTH_FIELDS = {"/v1/completions": ("max_tokens", "max_completion_tokens"),
+                 "/v1/chat/completions": ("max_tokens", "max_completion_tokens"),
+                 "/v1/responses": ("max_output_tokens",), "/v1/messages": ("max_tokens",)}
+_REQUIRED_LENGTH = {"/v1/messages"}
 _FRESH_IDS = itertools.count()
 _ERROR_FIELDS = {"message": (str,), "type": (str,), "param": (str, type(None)), "code": (str, type(None))}
 
@@ -122,12 +126,12 @@ def tame(case: Case) -> None:
 def cap_generation(case: Case) -> None:
     """Lengths in (MAX_TOKENS, MAX_MODEL_LEN] and null/missing ones (until the context is full) become
     MAX_TOKENS. Longer ones are kept: the engine refuses them at once, and that refusal is a path to test."""
-    body = case.body
-    if case.operation.path not in GENERATION_PATHS or not isinstance(body, dict):
+    body, path = case.body, case.operation.path
+    if path not in LENGTH_FIELDS or not isinstance(body, dict):
         return
-    given = [name for name in _LENGTH_FIELDS if name in body]
-    if not given:
-        body["max_tokens"] = MAX_TOKENS
+    given = [name for name in LENGTH_FIELDS[path] if name in body]
+    if not given and path not in _REQUIRED_LENGTH:
+        body[LENGTH_FIELDS[path][0]] = MAX_TOKENS
     for name in given:
         value = body[name]
         if value is None or (type(value) is int and MAX_TOKENS < value <= MAX_MODEL_LEN):
@@ -220,11 +224,37 @@ def check_answer(status: int, content_type: str, content: bytes) -> None:
         check_stream(content)
 
 
-def check_error_body(content: bytes) -> None:
+def anthropic_error_shape(ctx: CheckContext, response: Response, case: Case) -> bool | None:
+    """A schemathesis check: see check_anthropic_answer."""
+    check_anthropic_answer(response.status_code, response.content)
+    return None
+
+
+def check_anthropic_answer(status: int, content: bytes) -> None:
+    """Below 500; a 4xx is Anthropic's `{"type": "error", "error": {"type", "message"}}`, but for a 405: the
+    router's, before any route, in OpenAI's shape as on every path (actors/http/app.py)."""
+    assert status < 500, f"a server error {status}: {content[:300]!r}"
+    if status == 405:
+        return check_error_body(content)
+    if status < 400:
+        return None
+    body = _json_body(content)
+    error = body.get("error") if isinstance(body, dict) else None
+    assert isinstance(body, dict) and body.get("type") == "error" and isinstance(error, dict), \
+        f"a 4xx body is not {{'type': 'error', 'error': {{...}}}}: {body!r}"
+    assert isinstance(error.get("type"), str) and isinstance(error.get("message"), str), \
+        f"error.type or error.message missing or mistyped: {error!r}"
+
+
+def _json_body(content: bytes) -> Any:
     try:
-        body = json.loads(content)
+        return json.loads(content)
     except ValueError as error:
         raise AssertionError(f"a 4xx body is not JSON ({error}): {content[:200]!r}") from None
+
+
+def check_error_body(content: bytes) -> None:
+    body = _json_body(content)
     error = body.get("error") if isinstance(body, dict) else None
     assert isinstance(error, dict), f"a 4xx body is not {{'error': {{...}}}}: {body!r}"
     for name, kinds in _ERROR_FIELDS.items():
@@ -244,3 +274,5 @@ def check_stream(content: bytes) -> None:
 # prompt + max_tokens within the context) make some schema-valid bodies a 400, as documented.
 CHECKS: list[Any] = [not_a_server_error, max_response_time, status_code_conformance, content_type_conformance,
                      response_schema_conformance, rejected_or_too_large, openai_error_shape]
+# The Anthropic routes: the same, in Anthropic's error shape.
+ANTHROPIC_CHECKS: list[Any] = [*CHECKS[:-1], anthropic_error_shape]

@@ -1,7 +1,8 @@
 """The HTTP gateway fuzzed in-process by schemathesis from its own OpenAPI document (GET /openapi.json):
 every generated body, valid or not, and bodies with JSON schemathesis never writes (lone surrogates, numbers
 beyond 64 bits, deep nesting) get an answer below 500 within 10 s, a 4xx in OpenAI's error shape, and the
-engine still serves afterwards. The long run is benchmarks/fuzz_gateway.py."""
+engine still serves afterwards. The Anthropic routes (/v1/messages...) are held to the same in Anthropic's error
+shape. The long run is benchmarks/fuzz_gateway.py."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from schemathesis.python import asgi
 
 from actors.http.openapi import openapi_document
 from tests.support.gateway_fuzz import (
+    ANTHROPIC_CHECKS,
     AUTH,
     CHECKS,
     HANG_S,
@@ -39,9 +41,12 @@ UNSHRUNK = (Phase.explicit, Phase.reuse, Phase.generate)
 # pytest 9 (it sets Function._nodeid); test_the_served_document_is_the_module_s checks they are the same.
 # The KoboldAI routes (/api/...) answer in Kobold's shapes, which CHECKS do not read: they get a fuzz of
 # their own below that asks only for an answer below 500 in time (their shapes: tests/actors/http/kobold/test_api.py).
-schema = schemathesis.openapi.from_dict(openapi_document()).exclude(path_regex="^/api/")
+# The Anthropic routes (/v1/messages...) answer in Anthropic's error shape: ANTHROPIC_CHECKS, below.
+schema = schemathesis.openapi.from_dict(openapi_document()).exclude(path_regex="^/api/|^/v1/messages")
 kobold_schema = schemathesis.openapi.from_dict(openapi_document()).include(path_regex="^/api/")
 KOBOLD_EXAMPLES = 25
+anthropic_schema = schemathesis.openapi.from_dict(openapi_document()).include(path_regex="^/v1/messages")
+ANTHROPIC_EXAMPLES = 60
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +82,19 @@ def test_every_kobold_request_is_answered_below_500_in_time(case: schemathesis.C
     gateway.assert_up()
 
 
-@given(edged=edged_bodies(schema.as_strategy(GenerationMode.POSITIVE)))
+@anthropic_schema.parametrize()
+@settings(max_examples=ANTHROPIC_EXAMPLES, suppress_health_check=list(HealthCheck), phases=UNSHRUNK)
+def test_every_anthropic_request_is_answered_below_500_in_time(case: schemathesis.Case, gateway: OneLifespan) -> None:
+    tame(case)
+    case.call_and_validate(headers=AUTH, timeout=HANG_S, checks=ANTHROPIC_CHECKS, app=gateway)
+    gateway.assert_up()
+
+
+# The operations that take a body (cancel takes none).
+bodied_schema = schema.include(method="POST").exclude(path_regex="/cancel$")
+
+
+@given(edged=edged_bodies(bodied_schema.as_strategy(GenerationMode.POSITIVE)))
 @settings(max_examples=EDGED_EXAMPLES, suppress_health_check=list(HealthCheck), deadline=None, phases=UNSHRUNK)
 def test_json_no_library_writes_is_answered_below_500(edged: Edged, gateway: OneLifespan) -> None:
     try:

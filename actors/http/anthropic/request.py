@@ -106,16 +106,21 @@ def parse_prompt(body: dict[str, Any], default_template_kwargs: dict[str, Any] |
 def check_fields(body: dict[str, Any], strict: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
     """(the body without unknown fields, their names); fields known and not implemented are a 400."""
     for name, asks_nothing in _NOT_IMPLEMENTED.items():
-        if body.get(name) is not None and body[name] not in asks_nothing:
+        if body.get(name) is not None and not _asks_nothing(body[name], asks_nothing):
             raise invalid(f"{name} is not supported by this server", name)
     for name in sorted(_NOT_IN_A_MESSAGE & body.keys()):
-        if body[name] is not None and not (name == "n" and body[name] == 1):
+        if body[name] is not None and not (name == "n" and _asks_nothing(body[name], (1,))):
             hint = "give stop_sequences" if name == "stop" else "use /v1/chat/completions"
             raise invalid(f"{name} is not available in the Messages API ({hint})", name)
     unknown = tuple(sorted(str(key) for key in body if key not in KNOWN_FIELDS))
     if unknown and strict:
         raise invalid(f"unknown field(s) {', '.join(unknown)}", unknown[0])
     return {key: value for key, value in body.items() if key not in unknown}, unknown
+
+
+def _asks_nothing(value: Any, values: tuple[Any, ...]) -> bool:
+    """Whether `value` is one of `values`, a bool matching only a bool (True is not n 1, 0 not background false)."""
+    return any(value == asks and isinstance(value, bool) == isinstance(asks, bool) for asks in values)
 
 
 def _sampling(body: dict[str, Any], constraint: dict[str, Any] | None) -> dict[str, Any]:

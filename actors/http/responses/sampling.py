@@ -30,10 +30,10 @@ _EFFORTS = ("low", "medium", "high")
 def check_body_fields(body: dict[str, Any], strict: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
     """(the body without unknown fields, their names); fields known and not implemented are a 400."""
     for name, asks_nothing in _NOT_IMPLEMENTED.items():
-        if body.get(name) is not None and body[name] not in asks_nothing:
+        if body.get(name) is not None and not _asks_nothing(body[name], asks_nothing):
             raise invalid(f"{name} is not supported by this server", name)
     for name in sorted(_NOT_IN_A_RESPONSE & body.keys()):
-        if body[name] is not None and not (name == "n" and body[name] == 1):
+        if body[name] is not None and not (name == "n" and _asks_nothing(body[name], (1,))):
             hint = "give max_output_tokens" if name == "max_tokens" else "use /v1/chat/completions"
             raise invalid(f"{name} is not available in the Responses API ({hint})", name)
     unknown = tuple(sorted(str(key) for key in body if key not in _KNOWN))
@@ -41,6 +41,11 @@ def check_body_fields(body: dict[str, Any], strict: bool) -> tuple[dict[str, Any
         raise invalid(f"unknown field(s) {', '.join(unknown)}", unknown[0])
     _check_bookkeeping(body)
     return {key: value for key, value in body.items() if key not in unknown}, unknown
+
+
+def _asks_nothing(value: Any, values: tuple[Any, ...]) -> bool:
+    """Whether `value` is one of `values`, a bool matching only a bool (True is not n 1, 0 not background false)."""
+    return any(value == asks and isinstance(value, bool) == isinstance(asks, bool) for asks in values)
 
 
 def wire_params(body: dict[str, Any], tool_constraint: dict[str, Any] | None) -> tuple[dict[str, Any], bool]:

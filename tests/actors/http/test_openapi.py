@@ -84,13 +84,38 @@ def test_structured_output_fields_agree_with_the_document_on_examples(name: str,
         assert not validator.is_valid(value)
 
 
-def test_the_document_is_openapi_3_1_with_the_four_bodies() -> None:
+def test_the_document_is_openapi_3_1_with_the_openai_anthropic_and_responses_routes() -> None:
     document = openapi_document()
     assert document["openapi"].startswith("3.1")
-    openai_paths = {name: path for name, path in document["paths"].items() if not name.startswith("/api/")}
-    assert sorted(openai_paths) == ["/detokenize", "/tokenize", "/v1/chat/completions", "/v1/completions"]
-    for path in openai_paths.values():  # the KoboldAI routes (/api/...): tests/actors/http/kobold/test_fields.py
-        assert {"200", "400", "401", "404", "413", "429", "503"} <= set(path["post"]["responses"])
+    paths = {name: path for name, path in document["paths"].items() if not name.startswith("/api/")}
+    # the KoboldAI routes (/api/...): tests/actors/http/kobold/test_fields.py; the runtime LoRA routes are left out
+    assert sorted(paths) == ["/detokenize", "/tokenize", "/v1/chat/completions", "/v1/completions", "/v1/messages",
+                             "/v1/messages/count_tokens", "/v1/responses", "/v1/responses/{response_id}",
+                             "/v1/responses/{response_id}/cancel", "/v1/responses/{response_id}/input_items"]
+    for name in ["/detokenize", "/tokenize", "/v1/chat/completions", "/v1/completions", "/v1/messages",
+                 "/v1/messages/count_tokens", "/v1/responses"]:
+        assert {"200", "400", "401", "404", "413", "429", "503"} <= set(paths[name]["post"]["responses"])
+    assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
+
+
+@pytest.mark.parametrize("path, body, accepted", [
+    ("/v1/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}, True),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "Hi"}]}, False),
+    ("/v1/messages", {"messages": [], "max_tokens": 4}, False),
+    ("/v1/messages", {"messages": [{"role": "system", "content": "Hi"}], "max_tokens": 4}, False),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "n": True}, False),
+    ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": "x"}, True),
+    ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "Hi"}], "bogus": 1}, False),
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": 4}, True),
+    ("/v1/responses", {"input": []}, False),
+    ("/v1/responses", {"input": "Hi", "background": 0}, False),
+    ("/v1/responses", {"input": "Hi", "top_logprobs": False}, False),
+    ("/v1/responses", {"input": "Hi", "metadata": {"a": 1}}, False),
+])
+def test_the_new_bodies_agree_with_the_document_on_examples(path: str, body: dict[str, Any], accepted: bool) -> None:
+    """The parsers' verdicts are tested with the routes (tests/actors/http/anthropic/, .../responses/)."""
+    schema = openapi_document()["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert jsonschema_rs.Draft202012Validator(schema).is_valid(body) == accepted
 
 
 def _accepted(name: str, value: Any) -> bool:
