@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from actors.http.errors import ApiError, parse_json_body
+from actors.http.errors import ApiError, invalid, parse_json_body
 
 T = TypeVar("T")
 
@@ -49,6 +49,15 @@ async def read_json_body(request: Request, max_bytes: int) -> tuple[Any, int]:
     """The body parsed as JSON (a 400 naming the field when it is not), and its size in bytes."""
     raw = await read_body_limited(request, max_bytes)
     return await off_loop_if_large(len(raw), parse_json_body, raw), len(raw)
+
+
+async def read_json_object(request: Request, api_key: str | None, max_bytes: int) -> dict[str, Any]:
+    """A small route's body: the API key checked, then the body parsed, which must be a JSON object."""
+    check_api_key(request, api_key)
+    body, _ = await read_json_body(request, max_bytes)
+    if not isinstance(body, dict):
+        raise invalid("the body must be a JSON object")
+    return body
 
 
 async def off_loop_if_large(size: int, work: Callable[..., T], *args: Any) -> T:

@@ -22,7 +22,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from actors.http.backends import Backend
 from actors.http.errors import ApiError, invalid
-from actors.http.limits import check_api_key, read_json_body
+from actors.http.limits import read_json_object
 from actors.http.options import GatewayOptions
 from queue_adapters.client import ControlAnswers
 from queue_adapters.codec import CodecError, WireControl, WireControlResult, decode_control, encode
@@ -38,7 +38,7 @@ def add_lora_routes(app: FastAPI, backend: Backend, options: GatewayOptions) -> 
                 lora_root=str(root) if root is not None else "none: any directory this server can read")
 
     async def load(request: Request) -> Response:
-        body = await _body(request, options)
+        body = await read_json_object(request, options.api_key, options.max_request_bytes)
         if not body.get("lora_name") or not body.get("lora_path"):
             raise invalid("Both 'lora_name' and 'lora_path' must be provided.")
         control = _control({"load_lora": {"name": _text(body, "lora_name"), "path": _text(body, "lora_path")}})
@@ -54,7 +54,7 @@ def add_lora_routes(app: FastAPI, backend: Backend, options: GatewayOptions) -> 
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload(request: Request) -> Response:
-        body = await _body(request, options)
+        body = await read_json_object(request, options.api_key, options.max_request_bytes)
         if not body.get("lora_name"):
             raise invalid("'lora_name' needs to be provided to unload a LoRA adapter.")
         name = _control({"unload_lora": _text(body, "lora_name")}).unload_lora or ""
@@ -65,14 +65,6 @@ def add_lora_routes(app: FastAPI, backend: Backend, options: GatewayOptions) -> 
 
     app.add_route("/v1/load_lora_adapter", load, methods=["POST"])
     app.add_route("/v1/unload_lora_adapter", unload, methods=["POST"])
-
-
-async def _body(request: Request, options: GatewayOptions) -> dict[str, Any]:
-    check_api_key(request, options.api_key)
-    body, _ = await read_json_body(request, options.max_request_bytes)
-    if not isinstance(body, dict):
-        raise invalid("the body must be a JSON object")
-    return body
 
 
 def _text(body: dict[str, Any], field: str) -> str:

@@ -14,10 +14,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from actors.http.backends import Backend
-from actors.http.errors import ApiError, invalid
+from actors.http.errors import ApiError
 from actors.http.generation.flow import Generation
 from actors.http.generation.request import bounded_names
-from actors.http.limits import check_api_key, off_loop_if_large, read_json_body
+from actors.http.limits import check_api_key, off_loop_if_large, read_json_body, read_json_object
 from actors.http.openai.lora_routes import add_lora_routes
 from actors.http.openai.parse import OpenAIRequest, parse_body
 from actors.http.openai.shapes import OpenAIShape
@@ -82,23 +82,15 @@ def _add_token_routes(app: FastAPI, backend: Backend, options: GatewayOptions) -
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
-        body = await _json_body(request, options)
+        body = await read_json_object(request, options.api_key, options.max_request_bytes)
         tokens = tokenized(backend.tokenizer, body, content_guard)
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": backend.max_model_len})
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
-        body = await _json_body(request, options)
+        body = await read_json_object(request, options.api_key, options.max_request_bytes)
         tokenizer = _tokenizer(backend)
         return JSONResponse({"prompt": tokenizer.decode(token_ids(body.get("tokens"), tokenizer))})
-
-
-async def _json_body(request: Request, options: GatewayOptions) -> dict[str, Any]:
-    check_api_key(request, options.api_key)
-    body, _ = await read_json_body(request, options.max_request_bytes)
-    if not isinstance(body, dict):
-        raise invalid("the body must be a JSON object")
-    return body
 
 
 def _tokenizer(backend: Backend) -> Any:
