@@ -1,5 +1,5 @@
 """Tiny random-weight HF checkpoints for tests (Llama, llama3 rope, Qwen2, Qwen3, Mistral, Phi-3,
-Mixtral, Gemma 2, OLMo 2, Granite, SmolLM3, GLM-4).
+Mixtral, Gemma 2, OLMo 2, Granite, SmolLM3, GLM-4, Qwen3-MoE, Qwen2-MoE).
 
 HF's default init (std 0.02, zero biases, unit norms) gives near-tied logits and leaves biases
 and norm weights untested, so every parameter is re-drawn: matrices with std 1/sqrt(fan_in)
@@ -73,6 +73,17 @@ _ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
     # Rope on half of each 32-dim head (16 dims, interleaved pairs); q/k/v biases (its default).
     "glm4": ("Glm4Config", "Glm4ForCausalLM", {
         "head_dim": 32, "partial_rotary_factor": 0.5, "rope_theta": 10000.0, "pad_token_id": None}),
+    # Layers 0 and 2 sparse, 1 and 3 dense (mlp_only_layers); top-k weights not renormalised (its default).
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 32, "rope_theta": 1000000.0, "num_experts": 8,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32, "mlp_only_layers": [1, 3],
+        "norm_topk_prob": False, "pad_token_id": None}),
+    # decoder_sparse_step 2: layers 1 and 3 sparse, 0 and 2 dense; renormalised top-k weights; a
+    # shared expert (96) wider than the routed ones (32), gated per token; q/k/v biases.
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {
+        "num_hidden_layers": 4, "rope_theta": 1000000.0, "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 96, "decoder_sparse_step": 2,
+        "norm_topk_prob": True, "pad_token_id": None}),
 }
 ARCHS = tuple(_ARCHS)
 # _randomize settings that differ by family. Gemma multiplies embeddings by sqrt(hidden_size), so

@@ -1,9 +1,12 @@
-"""Sparse mixture-of-experts MLP (Mixtral): a router picks top-k SwiGLU experts per token.
+"""Sparse mixture-of-experts MLPs: a router picks top-k SwiGLU experts per token (Mixtral, Qwen3-MoE),
+plus an always-on shared expert behind a sigmoid gate (Qwen2-MoE).
 
 Numerics follow HF transformers v5 (its default `grouped_mm` experts path): router logits in the
-model dtype, softmax over experts in float32, top-k, the k weights renormalised to sum to 1; each
-(token, expert) pair is computed by its expert, scaled by its float32 weight, and a token's k
-results are summed in top-k order. Router jitter and the load-balancing loss are training-only.
+model dtype, softmax over experts in float32, top-k, the k weights renormalised to sum to 1 (always
+for Mixtral; Qwen's `norm_topk_prob` switches it); each (token, expert) pair is computed by its
+expert, scaled by its weight, and a token's k results are summed in top-k order. Mixtral keeps the
+weights in float32 (so the scaling and the sum run in float32); the Qwen MoE routers round them to
+the model dtype first. Router jitter and the load-balancing loss are training-only.
 
 Experts run grouped by expert, not per token: the T*k (token, expert) pairs are sorted by expert
 so each expert's tokens are one contiguous block of rows, and every expert does one matmul over
@@ -17,6 +20,8 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pipeline.model.layers.mlp import GatedMLP
 
 
 class ExpertWeights(nn.Module):
@@ -35,24 +40,46 @@ class ExpertWeights(nn.Module):
 class SparseMoE(nn.Module):
     """x [T, H] -> sum over the top-k experts of weight * down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, *,
+                 norm_topk_prob: bool = True, round_weights: bool = False) -> None:
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok must be in 1..{num_experts}, got {top_k}")
         self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.round_weights = round_weights  # weights in the model dtype (Qwen) rather than float32 (Mixtral)
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)  # the router
         self.experts = ExpertWeights(num_experts, hidden_size, intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, expert_ids = route(self.gate(x), self.top_k)
+        weights, expert_ids = route(self.gate(x), self.top_k, self.norm_topk_prob)
+        if self.round_weights:
+            weights = weights.to(x.dtype)
         return grouped_experts(x, self.experts.gate_up_proj, self.experts.down_proj, expert_ids, weights)
 
 
-def route(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits [T, E] -> (float32 weights [T, k] summing to 1 per token, expert ids [T, k])."""
+class SharedExpertMoE(SparseMoE):
+    """Qwen2-MoE: the routed experts' sum plus sigmoid(shared_expert_gate(x)) * shared_expert(x)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
+                 shared_intermediate_size: int, *, norm_topk_prob: bool) -> None:
+        super().__init__(hidden_size, intermediate_size, num_experts, top_k, norm_topk_prob=norm_topk_prob,
+                         round_weights=True)
+        self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size)
+        self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return super().forward(x) + shared
+
+
+def route(router_logits: torch.Tensor, top_k: int, normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (float32 weights [T, k], expert ids [T, k]); `normalize`: weights sum to 1."""
     probs = torch.softmax(router_logits.float(), dim=-1)
     top_probs, expert_ids = torch.topk(probs, top_k, dim=-1)
-    return top_probs / top_probs.sum(dim=-1, keepdim=True), expert_ids
+    if normalize:
+        top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
+    return top_probs, expert_ids
 
 
 def grouped_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,

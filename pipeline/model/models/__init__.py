@@ -29,7 +29,9 @@ _FAMILIES: dict[str, str] = {
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
     "Qwen2ForCausalLM": "llama",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3ForCausalLM": "llama",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
     "SmolLM3ForCausalLM": "smollm3",
 }
 

@@ -1,5 +1,6 @@
 """Decoder-only transformer for the Llama family: Llama (incl. llama3 rope), Mistral, Qwen2, Qwen3;
-Phi-3, Mixtral, Gemma 2, OLMo 2, Granite, SmolLM3 and GLM-4 (each in its own module) build on it.
+Phi-3, Mixtral, Gemma 2, OLMo 2, Granite, SmolLM3, GLM-4, Qwen3-MoE and Qwen2-MoE (each in its own
+module) build on it.
 
 The families differ only in flags: qkv bias (Qwen2), per-head q/k RMSNorm (Qwen3), an explicit
 head_dim (Qwen3), tied embeddings, sliding-window layers (Mistral; Qwen2 with use_sliding_window),

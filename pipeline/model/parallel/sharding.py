@@ -63,7 +63,7 @@ def check_tensor_parallel(config: dict[str, Any], shape: AttentionShape, world: 
     if "vision_config" in config:
         raise ValueError("tensor parallelism does not support vision-language models yet "
                          "(run them with tensor_parallel_size 1)")
-    if config.get("num_local_experts"):
+    if config.get("num_local_experts") or config.get("num_experts"):  # Mixtral, Qwen3-MoE; Qwen2-MoE
         raise ValueError("tensor parallelism does not support mixture-of-experts models yet "
                          "(run them with tensor_parallel_size 1)")
     local_heads(shape, 0, world)

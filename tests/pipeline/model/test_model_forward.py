@@ -24,7 +24,7 @@ from tests.support.hf_models import make_tiny_hf_model
 ATOL = 1e-4
 NUM_BLOCKS = 256
 MODELS = ["llama", "llama3", "qwen2", "qwen3", "phi3", "mixtral", "gemma2", "olmo2", "granite", "smollm3", "glm4",
-          "llama-sharded"]
+          "qwen3_moe", "qwen2_moe", "llama-sharded"]
 
 
 @dataclass

@@ -104,7 +104,8 @@ def test_gguf_4bit_native_equals_per_op(tmp_path: Path) -> None:
         assert decoder.max_rows == min(ANY_ROWS, dequantize_min_rows(torch.bfloat16, bits) - 1)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma2", "mixtral", "olmo2", "granite", "smollm3", "glm4"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma2", "mixtral", "olmo2", "granite", "smollm3", "glm4",
+                                  "qwen3_moe", "qwen2_moe"])
 def test_other_layer_forms_keep_per_op_path(tmp_path: Path, arch: str) -> None:
     """q/k norms (Qwen3), Gemma 2's layers, mixture-of-experts MLPs, and the families whose layers
     differ from Llama's (post-norms, multipliers, layers without rope, GLM's rope): no native decoder."""
