@@ -18,8 +18,8 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from actors.http.anthropic.routes import add_anthropic_routes
 from actors.http.backends import Backend
 from actors.http.errors import ApiError
-from actors.http.gateway_metrics import GatewayMetrics
 from actors.http.generation.flow import Generation
+from actors.http.generation.metrics import GatewayMetrics
 from actors.http.generation.request import IGNORED_FIELDS_HEADER
 from actors.http.kobold.routes import add_kobold_routes
 from actors.http.limits import check_api_key

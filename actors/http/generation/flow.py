@@ -24,9 +24,9 @@ from starlette.responses import Response
 
 from actors.http.backends import Backend
 from actors.http.errors import ApiError, from_engine_error
-from actors.http.gateway_metrics import GatewayMetrics
 from actors.http.generation.event_stream import EventStreamResponse
 from actors.http.generation.interrupts import ClientGone, DisconnectWatch, Interrupter, Watchdog
+from actors.http.generation.metrics import GatewayMetrics
 from actors.http.generation.reply_merge import merge_replies
 from actors.http.generation.request import GatewayRequest, ignored_fields_header
 from actors.http.limits import PendingLimit

@@ -189,12 +189,8 @@ class ChunkWriter:
         if finish_reason is not None:
             last_content, last_calls = answer.finish()
             content, calls = content + last_content, calls + last_calls
-        delta: dict[str, Any] = {"content": content} if content else {}
-        if calls:
-            delta["tool_calls"] = calls
-        if answer.calls_sent:
-            finish_reason = plan.finish_reason(finish_reason)
-        return delta, finish_reason
+        finish_reason = plan.finish_reason(finish_reason) if answer.calls_sent else finish_reason
+        return _tool_chunk(content, calls, finish_reason)
 
     def _constrained_delta(self, index: int, text: str, finish_reason: str | None,
                            plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
@@ -204,10 +200,14 @@ class ChunkWriter:
         if finish_reason is not None:
             last_calls, content = stream.finish()
             calls += last_calls
-        delta: dict[str, Any] = {"content": content} if content else {}
-        if calls:
-            delta["tool_calls"] = calls
-        if stream.num_calls_sent:
-            finish_reason = plan.finish_reason(finish_reason)
-        return delta, finish_reason
+        finish_reason = plan.finish_reason(finish_reason) if stream.num_calls_sent else finish_reason
+        return _tool_chunk(content, calls, finish_reason)
 
+
+def _tool_chunk(content: str | None, calls: list[dict[str, Any]],
+                finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+    """A chat delta with the content and tool-call deltas a step completed (either may be empty)."""
+    delta: dict[str, Any] = {"content": content} if content else {}
+    if calls:
+        delta["tool_calls"] = calls
+    return delta, finish_reason

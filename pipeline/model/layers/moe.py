@@ -139,3 +139,19 @@ def _has_grouped_mm(rows: torch.Tensor) -> bool:
 @functools.cache
 def _cuda_capability(device_index: int | None) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device_index)
+
+
+def fused_expert_slot(mlp: str, expert: int, role: str, intermediate_size: int, num_experts: int,
+                      name: str) -> tuple[str, tuple[int, slice]]:
+    """Where a per-expert checkpoint tensor lands in the fused expert tensors of `mlp` (a module path).
+
+    role "gate" fills rows 0..I of gate_up_proj[expert], "up" rows I..2I, "down" the whole of
+    down_proj[expert]: ("model.layers.0.mlp", 2, "up", I) -> ("model.layers.0.mlp.experts.gate_up_proj",
+    (2, rows I..2I)). `name` is the checkpoint's, for the error when the expert does not exist.
+    """
+    if expert >= num_experts:
+        raise ValueError(f"unexpected weight in checkpoint: {name} (the model has {num_experts} experts)")
+    if role == "down":
+        return f"{mlp}.experts.down_proj", (expert, slice(None))
+    rows = slice(0, intermediate_size) if role == "gate" else slice(intermediate_size, 2 * intermediate_size)
+    return f"{mlp}.experts.gate_up_proj", (expert, rows)

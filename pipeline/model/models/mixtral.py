@@ -16,11 +16,13 @@ from typing import Any
 
 from pipeline.model.attention.paged import AttentionBackend
 from pipeline.model.attention.shape import AttentionShape
+from pipeline.model.layers.moe import fused_expert_slot
 from pipeline.model.models import llama
 from pipeline.model.models.llama import DecoderConfig, Index, LlamaForCausalLM
 
 # "model.layers.3.block_sparse_moe.experts.5.w1.weight" -> ("model.layers.3", "5", "w1")
 _PER_EXPERT = re.compile(r"(.*)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight")
+_ROLES = {"w1": "gate", "w3": "up", "w2": "down"}  # Mixtral's names for an expert's projections
 
 
 def decoder_config(config: dict[str, Any], max_positions: int) -> DecoderConfig:
@@ -53,11 +55,5 @@ class MixtralForCausalLM(LlamaForCausalLM):
         if match is None:
             return super().locate(name.replace(".block_sparse_moe.", ".mlp."))
         layer, expert, kind = match[1], int(match[2]), match[3]
-        if expert >= self.config.num_experts:
-            raise ValueError(f"unexpected weight in checkpoint: {name} (the model has "
-                             f"{self.config.num_experts} experts)")
-        size = self.config.intermediate_size
-        if kind == "w2":
-            return f"{layer}.mlp.experts.down_proj", (expert, slice(None))
-        rows = slice(0, size) if kind == "w1" else slice(size, 2 * size)
-        return f"{layer}.mlp.experts.gate_up_proj", (expert, rows)
+        return fused_expert_slot(f"{layer}.mlp", expert, _ROLES[kind], self.config.intermediate_size,
+                                 self.config.num_experts, name)

@@ -25,7 +25,7 @@ from typing import Any
 
 from pipeline.model.attention.paged import AttentionBackend
 from pipeline.model.attention.shape import AttentionShape
-from pipeline.model.layers.moe import SparseMoE
+from pipeline.model.layers.moe import SparseMoE, fused_expert_slot
 from pipeline.model.models import llama
 from pipeline.model.models.llama import DecoderConfig, DecoderLayer, DecoderModel, Index, LlamaForCausalLM
 
@@ -112,11 +112,5 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         if match is None:
             return super().locate(name)
         mlp, expert, kind = match[1], int(match[2]), match[3]
-        if expert >= self.config.num_experts:
-            raise ValueError(f"unexpected weight in checkpoint: {name} (the model has "
-                             f"{self.config.num_experts} experts)")
-        size = self.config.moe_intermediate_size
-        if kind == "down_proj":
-            return f"{mlp}.experts.down_proj", (expert, slice(None))
-        rows = slice(0, size) if kind == "gate_proj" else slice(size, 2 * size)
-        return f"{mlp}.experts.gate_up_proj", (expert, rows)
+        return fused_expert_slot(mlp, expert, kind.removesuffix("_proj"), self.config.moe_intermediate_size,
+                                 self.config.num_experts, name)
