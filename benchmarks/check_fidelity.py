@@ -1,8 +1,8 @@
 """Greedy `aqueduct batch` vs HF transformers on tiny random models no test has seen.
 
 Each case draws an architecture (any of tests/support/hf_models.py: llama, llama3, qwen2, qwen3, mistral,
-phi3, mixtral, gemma2, olmo2, granite, smollm3, glm4, with a sliding window drawn for the families that
-have one), a head layout,
+phi3, mixtral, gemma2, gemma3, gemma4, olmo2, granite, smollm3, glm4, deepseek_v2, deepseek_v3, gpt_oss, with a sliding
+window drawn for the families that have one and latent sizes for DeepSeek's), a head layout,
 sizes, a weight
 seed and tight engine limits (KV blocks, token budget, sequences per step, block size) from
 --seed, runs a batch file of mixed-length greedy requests through `aqueduct batch`, and compares
@@ -35,8 +35,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.hf_models import ARCHS, make_tiny_hf_model
 
 NEAR_TIE_MARGIN = 1e-3
-WINDOWED_ARCHS = ("mistral", "gemma2", "phi3", "mixtral")  # families whose configs carry sliding_window
-UNSHARDED_ARCHS = ("mixtral", "olmo2")  # tensor parallelism refuses them (experts; q/k norms over all heads)
+WINDOWED_ARCHS = ("mistral", "gemma2", "gemma3", "gemma4", "phi3", "mixtral", "gpt_oss")  # configs carry sliding_window
+# A window is drawn, never None (Gemma 3's and gpt-oss's sliding layers need one).
+ALWAYS_WINDOWED_ARCHS = ("mistral", "gemma3", "gemma4", "gpt_oss")
+# Their layer_types name each layer, so the layer count is tests/support/hf_models.py's (Gemma 4: 6).
+FIXED_DEPTH_ARCHS = ("gemma4",)
+# Run in float32 where --dtype auto would pick bfloat16: Gemma 4's unscaled attention over random
+# unit-weight q/k norms is so peaked that bfloat16 moves HF's own logits by up to 0.65 (HF bfloat16
+# vs float32, |logits| < 3.3), so greedy runs part at no near-tie; ours in bfloat16 is HF's bfloat16
+# (prefill bitwise, tests/pipeline/model/models/test_gemma4.py).
+FLOAT32_ARCHS = ("gemma4",)
+UNSHARDED_ARCHS = ("mixtral", "olmo2", "gpt_oss")  # tensor parallelism refuses them
+# (experts; q/k norms over all heads)
+UNSHARDED_ARCHS += ("gemma4",)  # layers of several head sizes, reused keys and values: not sharded yet
+MLA_ARCHS = ("deepseek_v2", "deepseek_v3")
 MAX_PROMPT, MAX_OUTPUT = 70, 40
 
 
@@ -59,13 +71,21 @@ def draw_case(rng: random.Random) -> Case:
                               "intermediate_size": rng.choice([96, 160, 256])}
     if arch == "qwen3":
         config["head_dim"] = head_dim
+    if arch in FIXED_DEPTH_ARCHS:
+        del config["num_hidden_layers"]
+    if arch in MLA_ARCHS:  # HF expands the latent into one KV head per query head
+        config.update(num_key_value_heads=num_heads, kv_lora_rank=rng.choice([16, 32, 64]),
+                      qk_rope_head_dim=rng.choice([8, 16]), qk_nope_head_dim=rng.choice([16, 24, 32]),
+                      v_head_dim=rng.choice([16, 24, 32]))
     if arch in WINDOWED_ARCHS:
-        config["sliding_window"] = rng.choice([None, rng.randint(3, MAX_PROMPT)]) if arch != "mistral" \
-            else rng.randint(3, MAX_PROMPT)
+        config["sliding_window"] = rng.choice([None, rng.randint(3, MAX_PROMPT)]) \
+            if arch not in ALWAYS_WINDOWED_ARCHS else rng.randint(3, MAX_PROMPT)
     block_size = rng.choice([4, 8, 16, 32])
     min_blocks = -(-(MAX_PROMPT + MAX_OUTPUT) // block_size) + 1  # the longest request fits alone
     flags = ["--block-size", str(block_size), "--num-kv-blocks", str(rng.randint(min_blocks, 3 * min_blocks)),
              "--max-num-batched-tokens", str(rng.randint(16, 96)), "--max-num-seqs", str(rng.randint(2, 8))]
+    if arch in FLOAT32_ARCHS:
+        flags += ["--dtype", "float32"]
     return Case(arch, rng.randrange(1000), config, flags)
 
 

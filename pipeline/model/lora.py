@@ -172,8 +172,8 @@ def lora_model_shapes(model: nn.Module) -> ModelShapes:
     """The target shapes of a model LoRA can wrap; ValueError naming the family otherwise."""
     config = getattr(model, "config", None)
     if not isinstance(model, LlamaForCausalLM) or not isinstance(config, DecoderConfig):
-        raise ValueError(f"LoRA is not supported for {type(model).__name__} (supported: the Llama family "
-                         "(Llama, Mistral, Qwen2, Qwen3), Phi-3 and Gemma 2)")
+        raise ValueError(f"LoRA is not supported for {type(model).__name__} (supported: the dense decoder "
+                         "families, docs/models.md)")
     if config.num_experts:
         raise ValueError(f"LoRA is not supported for mixture-of-experts models ({type(model).__name__})")
     return model_shapes(config)

@@ -8,8 +8,8 @@ logprobs are the per-op path's bit for bit (tests/pipeline/model/test_native_dec
 
 Applies (NativeDecoder.build) to Llama-form models (Llama, Mistral, Qwen2 and others built from
 llama.py's layers without q/k norms) on the CPU when every projection runs a native kernel (4- or
-8-bit quantized, or the few-rows kernel for float32/bfloat16 weights), the norms are native, no
-LoRA or tensor-parallel wrapper sits on a projection, and the KV cache is float32/bfloat16. Per
+8-bit quantized, GGUF blocks (gguf_linear.py), or the few-rows kernel for float32/bfloat16 weights), the
+norms are native, no LoRA or tensor-parallel wrapper sits on a projection, and the KV cache is float32/bfloat16. Per
 step (NativeDecoder.__call__) when every row is one sequence's decode token and the few-rows
 kernels take that many rows (up to 8, or 4 for float32 weights kept beside oneDNN's packed copy, or 64
 where float32 weights are kept as the panel kernel's panels instead, on CPUs with AVX-512; quantized
@@ -36,12 +36,14 @@ from pipeline.model.attention.groups import TorchAttentionMetadata
 from pipeline.model.attention.paged import TorchPagedAttention
 from pipeline.model.cpu.kernels import FewRowsLinearKernel, load_decoder_layers
 from pipeline.model.cpu.linear import FewRowsLinear, PackedLinear
+from pipeline.model.layers.gguf_linear import GgufLinear
+from pipeline.model.layers.gguf_linear import dequantize_min_rows as gguf_dequantize_min_rows
 from pipeline.model.layers.mlp import GatedMLP
 from pipeline.model.layers.norms import RMSNorm
 from pipeline.model.layers.quantized_linear import Int4Linear, Int8Linear, dequantize_min_rows
 from pipeline.model.models.llama import Attention, DecoderLayer, LlamaForCausalLM
 
-_LINEAR_INT4, _LINEAR_INT8, _LINEAR_FLOAT = 0, 1, 2
+_LINEAR_INT4, _LINEAR_INT8, _LINEAR_FLOAT, _LINEAR_GGUF = 0, 1, 2, 3
 ANY_ROWS = 1 << 30  # the row limit of layers whose kernels take any number of rows (quantized)
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -190,6 +192,10 @@ def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
     if type(module) is Int8Linear and module.native is not None:
         return _Linear(_LINEAR_INT8, 0, module.column_blocks.data_ptr(), module.scales.data_ptr(), bias,
                        module.out_features, module.in_features), min(ANY_ROWS, dequantize_min_rows(dtype, bits=8) - 1)
+    if type(module) is GgufLinear:  # the segment array lives in the module (rebuilt only if its buffers move)
+        segments = module.segments()
+        return _Linear(_LINEAR_GGUF, 0, ctypes.addressof(segments), None, bias, module.out_features,
+                       module.in_features), min(ANY_ROWS, gguf_dequantize_min_rows(dtype) - 1)
     if type(module) is PackedLinear and module.panels is not None:  # every row count it takes: the panels
         return _Linear(_LINEAR_FLOAT, int(module.panels.dtype == torch.bfloat16), None, None, bias,
                        module.out_features, module.in_features, module.panels.data_ptr()), PackedLinear.PANEL_ROWS

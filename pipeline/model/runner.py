@@ -1,9 +1,10 @@
 """ModelRunner: owns the weights and the paged KV cache; turns StepInputs into logits.
 
-KV cache: one tensor per layer, [2, blocks, block_size, num_kv_heads, head_dim], in the model's
-dtype, or fp8 bytes wrapped with the layer's scales (attention/fp8_kv.py). When CUDA
-graphs are used, one extra block past num_kv_blocks is a scratch block that graph padding rows
-write into; the scheduler never sees it.
+KV cache: one tensor per layer, [2, blocks, block_size, num_kv_heads, head_dim] (multi-head latent
+attention: [blocks, block_size, 1, latent row], attention/latent.py), in the model's dtype, or fp8
+bytes wrapped with the layer's scales (attention/fp8_kv.py). When CUDA graphs are used, one extra
+block past num_kv_blocks is a scratch block that graph padding rows write into; the scheduler never
+sees it.
 """
 
 from __future__ import annotations
@@ -155,6 +156,9 @@ class ModelRunner:
         local_shape = replace(shape, num_heads=heads.num_heads, num_kv_heads=heads.num_kv_heads)
         self.backend = make_backend(model_config.attention_backend, local_shape, self.block_size, self.device,
                                     self.dtype)
+        if self.kv_dtype is not None and shape.latent_dim is not None:
+            raise ValueError(f"kv_cache_dtype {self.cache_config.kv_cache_dtype} is not supported with multi-head "
+                             "latent attention (DeepSeek-V2/V3) yet: use kv_cache_dtype 'auto'")
         if self.kv_dtype is not None and not isinstance(self.backend, TorchPagedAttention):
             raise ValueError(f"kv_cache_dtype {self.cache_config.kv_cache_dtype} needs attention_backend 'torch'; "
                              f"{type(self.backend).__name__} does not read an fp8 cache yet")
@@ -215,9 +219,15 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        info = self.info
         elem = torch.empty(0, dtype=self.kv_dtype or self.dtype).element_size()
-        return 2 * self.block_size * info.num_kv_heads * info.head_dim * elem * info.num_layers
+        return math.prod(self._cache_shape(1)) * elem * self.info.num_layers
+
+    def _cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """One layer's cache on this rank (its own KV heads under tensor parallelism)."""
+        info = self.info
+        if info.attention.latent_dim is not None:  # one latent row per token (attention/latent.py)
+            return info.attention.cache_shape(num_blocks, self.block_size)
+        return (2, num_blocks, self.block_size, info.num_kv_heads, info.head_dim)
 
     def _decide_num_blocks(self, cache_config: CacheConfig) -> int:
         if cache_config.num_kv_blocks is not None:
@@ -261,7 +271,7 @@ class ModelRunner:
 
     def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor] | list[Fp8KVCache]:
         info = self.info
-        shape = (2, num_blocks, self.block_size, info.num_kv_heads, info.head_dim)
+        shape = self._cache_shape(num_blocks)
         dtype = self.kv_dtype or self.dtype
         # Zeroed, not empty: masked (unwritten) slots get zero attention weight, but 0 * NaN from
         # recycled memory would still poison the output.
@@ -312,6 +322,14 @@ class ModelRunner:
                 hidden = self._forward(inputs, self.kv_caches)
             logits_indices = to_device(inputs.logits_indices, self.device, torch.long)
             return self.model.compute_logits(hidden[logits_indices])
+
+    def hidden_states(self, inputs: StepInputs) -> torch.Tensor:
+        """The final (normed) hidden states [num_tokens, hidden_size] of every token, for pooling
+        (pipeline/model/decoder_pooling.py): eager, one rank, no adapters or images."""
+        if self.tp_group is not None:
+            raise ValueError("pooling runs on one rank: --tensor-parallel-size must be 1")
+        with torch.inference_mode():
+            return self._forward(inputs, self.kv_caches)[: inputs.num_tokens]
 
     def close(self) -> None:
         """Stop the tensor-parallel ranks (a no-op without them)."""

@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gguf
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from tests.support import kquant_blocks
 from tests.support.gguf_tokenizers import write_byte_level_tokenizer, write_gemma_tokenizer
 
 _GGUF_ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "MixtralForCausalLM": "llama",
@@ -60,8 +61,11 @@ def llama_cpp_permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
 
 def write_gguf(hf_dir: Path, out_path: Path, qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
                *, architecture: str | None = None, add_bos_token: bool = True,
-               record_sliding_window: bool = False) -> Path:
+               record_sliding_window: bool = False,
+               qtype_of: Callable[[str], gguf.GGMLQuantizationType] | None = None) -> Path:
     """`hf_dir` (a tests/support/hf_models.py checkpoint) as a GGUF file at `out_path`.
+
+    qtype_of: each quantized tensor's type by its GGUF name (a Q4_K_M-like mix), instead of `qtype`.
 
     record_sliding_window: write `llama.attention.sliding_window` for a Mistral/Mixtral checkpoint,
     which convert_hf_to_gguf.py's LlamaModel does not (gemma2 and phi3 files always record theirs).
@@ -75,7 +79,10 @@ def write_gguf(hf_dir: Path, out_path: Path, qtype: gguf.GGMLQuantizationType = 
     else:
         write_byte_level_tokenizer(writer, config["vocab_size"], add_bos_token, config.get("pad_token_id"))
     for name, array, stays_f32 in _llama_cpp_tensors(config, load_file(str(hf_dir / "model.safetensors"))):
-        _add_tensor(writer, name, array, gguf.GGMLQuantizationType.F32 if stays_f32 else qtype)
+        if stays_f32:
+            _add_tensor(writer, name, array, gguf.GGMLQuantizationType.F32)
+        else:
+            _add_tensor(writer, name, array, qtype_of(name) if qtype_of is not None else qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -220,7 +227,7 @@ def _add_tensor(writer: gguf.GGUFWriter, name: str, array: np.ndarray, qtype: gg
     elif qtype == gguf.GGMLQuantizationType.F16:
         writer.add_tensor(name, array.astype(np.float16))
     else:
-        writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        writer.add_tensor(name, kquant_blocks.quantize(array, qtype), raw_dtype=qtype)
 
 
 def _llama3_rope_freqs(scaling: dict, theta: float, head_dim: int) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Tiny random-weight HF checkpoints for tests (Llama, llama3 rope, Qwen2, Qwen3, Mistral, Phi-3,
-Mixtral, Gemma 2, OLMo 2, Granite, SmolLM3, GLM-4, Qwen3-MoE, Qwen2-MoE).
+Mixtral, Gemma 2, Gemma 3, Gemma 4 (text), OLMo 2, Granite, SmolLM3, GLM-4, Qwen3-MoE, Qwen2-MoE,
+DeepSeek-V2, DeepSeek-V3, gpt-oss).
 
 HF's default init (std 0.02, zero biases, unit norms) gives near-tied logits and leaves biases
 and norm weights untested, so every parameter is re-drawn: matrices with std 1/sqrt(fan_in)
@@ -59,6 +60,26 @@ _ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
         "num_hidden_layers": 4, "head_dim": 32, "query_pre_attn_scalar": 16, "sliding_window": 19,
         "attn_logit_softcapping": 10.0, "final_logit_softcapping": 10.0, "rope_theta": 10000.0}),
+    # Gemma 2's layout (window 19, scale 16 ** -0.5, heads * head_dim != hidden_size) with q/k norms and
+    # a rope per layer type: sliding layers at base 1e4, global ones at 1e6 with linear scaling (as the
+    # released 4B-27B); sliding_window_pattern 3 makes layer 2 the only global one (S S F S). No caps
+    # (as released; HF's Gemma 3 attention ignores attn_logit_softcapping).
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 32, "query_pre_attn_scalar": 16, "sliding_window": 19,
+        "sliding_window_pattern": 3, "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}}),
+    # Every Gemma 4 part at once: 6 layers S S F S S F, global heads twice as wide (64) with one KV
+    # head whose values are the keys' projection (attention_k_eq_v); layers 4 and 5 reuse layer 3's
+    # and 2's keys and values (num_kv_shared_layers 2) with double-wide MLPs; per-layer inputs of 16
+    # per layer; proportional rope on the global layers (its default: a quarter of the pairs turn).
+    # Fixed layer count: check_fidelity.py keeps it.
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
+        "num_hidden_layers": 6, "head_dim": 32, "global_head_dim": 64, "sliding_window": 19,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+        "vocab_size_per_layer_input": 512, "hidden_size_per_layer_input": 16, "num_kv_shared_layers": 2,
+        "attention_k_eq_v": True, "num_global_key_value_heads": 1, "use_double_wide_mlp": True,
+        "final_logit_softcapping": 30.0}),
     # Post-norms only, q/k norms over whole projections; a q/k bias as well (the HF class has the switch).
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"rope_theta": 10000.0, "attention_bias": True}),
     # Every multiplier away from 1; the attention scale (0.5) is not head_dim ** -0.5 (0.25).
@@ -84,6 +105,37 @@ _ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
         "num_hidden_layers": 4, "rope_theta": 1000000.0, "num_experts": 4, "num_experts_per_tok": 2,
         "moe_intermediate_size": 32, "shared_expert_intermediate_size": 96, "decoder_sparse_step": 2,
         "norm_topk_prob": True, "pad_token_id": None}),
+    # MLA (HF needs num_key_value_heads == num_attention_heads): 4 heads, a 32-value latent + 16 rope
+    # values cached per token (nope 40, so qk_head_dim 56 differs from the row's 48; v 24), q_proj without
+    # a q latent; layer 0 dense, 1 and 2
+    # sparse: 8 experts in 4 groups, top 3 inside the best 2 groups (group_limited_greedy: with top 2
+    # it always picks what greedy does), 2 shared experts, weights scaled by 1.5.
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": None,
+        "qk_rope_head_dim": 16, "qk_nope_head_dim": 40, "v_head_dim": 24, "n_routed_experts": 8,
+        "num_experts_per_tok": 3, "moe_intermediate_size": 32, "n_shared_experts": 2,
+        "first_k_dense_replace": 1, "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2,
+        "routed_scaling_factor": 1.5, "rope_theta": 10000.0, "pad_token_id": None}),
+    # V3: a q latent (q_lora_rank 48), sigmoid scores with a correction bias (noaux_tc: the best 2 of
+    # 4 groups), renormalised and scaled by 2.5; one shared expert; YaRN rope with both mscales.
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 48,
+        "qk_rope_head_dim": 16, "qk_nope_head_dim": 40, "v_head_dim": 24, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
+        "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True, "pad_token_id": None,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                            "original_max_position_embeddings": 256, "beta_fast": 32, "beta_slow": 1,
+                            "mscale": 1.0, "mscale_all_dim": 0.8}}),
+    # Layers slide and attend fully in turn (S F S F), window 19 as Gemma 2's; 4 experts of 32, top 2; a
+    # SwiGLU limit (1.5) that clamps part of the gate/up values (the released 7.0 never bites here);
+    # YaRN over an original context of 128 (factor 8: cos/sin scaled by 1.21, the low frequencies
+    # divided by 8). Sinks and router biases are drawn large (_INIT).
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 32, "sliding_window": 19, "intermediate_size": 32,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "swiglu_limit": 1.5, "pad_token_id": None,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 32.0,
+                            "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 128}}),
 }
 ARCHS = tuple(_ARCHS)
 # _randomize settings that differ by family. Gemma multiplies embeddings by sqrt(hidden_size), so
@@ -92,31 +144,50 @@ ARCHS = tuple(_ARCHS)
 # (Its norms scale by 1 + weight: drawn around 1 like the others', they scale by ~2, which keeps
 # the attention and MLP branches ahead of the embedding: greedy runs of 24 tokens hold 12-23
 # distinct ones.)
-_INIT: dict[str, dict[str, float]] = {"gemma2": {"embed_std": _COMMON["hidden_size"] ** -0.5}}
+_INIT: dict[str, dict[str, Any]] = {gemma: {"embed_std": _COMMON["hidden_size"] ** -0.5}
+                                    for gemma in ("gemma2", "gemma3", "gemma4")}
+# gpt-oss: sink logits around 2 (spread 1), so sinks take a real share of a head's weight; router
+# biases with std 1 route unevenly; its expert matrices are input-major ([experts, in, out]).
+_INIT["gpt_oss"] = {"sink_mean": 2.0, "router_bias_std": 1.0, "input_major_experts": True}
 
 
-def _randomize(model: torch.nn.Module, seed: int, embed_std: float = 1.0) -> None:
+def _randomize(model: torch.nn.Module, seed: int, embed_std: float = 1.0, sink_mean: float = 0.0,
+               router_bias_std: float = 0.1, input_major_experts: bool = False) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.ndim >= 2:  # [out, in], or [experts, out, in]
-                std = embed_std if "embed_tokens" in name else param.shape[-1] ** -0.5
+            if name.endswith("bias"):  # [out], or [experts, out]
+                std = router_bias_std if ".router." in name else 0.1
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
-            elif name.endswith("bias"):
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+            elif param.ndim >= 2:  # [out, in], or [experts, out, in]
+                fan_in = param.shape[-2] if input_major_experts and ".experts." in name else param.shape[-1]
+                std = embed_std if "embed_tokens" in name else fan_in**-0.5
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+            elif name.endswith("sinks"):  # attention sink logits, one per head
+                param.copy_(sink_mean + torch.randn(param.shape, generator=generator))
             else:  # norm weights
                 param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=generator))
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's routing bias, zero in HF's init
+                buffer.copy_(0.2 * torch.randn(buffer.shape, generator=generator))
+            elif name.endswith("layer_scalar"):  # Gemma 4's per-layer output scale: a saved buffer, 1 in HF's init
+                buffer.copy_(1.0 + 0.2 * torch.randn(buffer.shape, generator=generator))
+
+
+def tiny_config(arch: str, **config_overrides: Any) -> transformers.PretrainedConfig:
+    """The HF config of `arch` (one of ARCHS) that make_tiny_hf_model writes."""
+    if arch not in _ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    config_name, _, arch_overrides = _ARCHS[arch]
+    return getattr(transformers, config_name)(**{**_COMMON, **arch_overrides, **config_overrides})
 
 
 def make_tiny_hf_model(arch: str, path: str | Path, *, seed: int = 0, shard: bool = False,
                        **config_overrides: Any) -> Path:
     """Write a tiny float32 checkpoint of `arch` (one of ARCHS) to `path`; returns the path."""
-    if arch not in _ARCHS:
-        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
-    config_name, model_name, arch_overrides = _ARCHS[arch]
-    config = getattr(transformers, config_name)(**{**_COMMON, **arch_overrides, **config_overrides})
+    config = tiny_config(arch, **config_overrides)
     torch.manual_seed(seed)
-    model = getattr(transformers, model_name)(config).float().eval()
+    model = getattr(transformers, _ARCHS[arch][1])(config).float().eval()
     _randomize(model, seed, **_INIT.get(arch, {}))
     path = Path(path)
     save_kwargs: dict[str, Any] = {"safe_serialization": True}

@@ -45,8 +45,10 @@ def _requests(seed: int) -> dict[str, tuple[list[int], SamplingParams]]:
 
 
 @pytest.mark.parametrize(("arch", "overrides"), [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("mistral", {}),
-                                                 ("gemma2", {}), ("phi3", {}), ("granite", {}), ("smollm3", {}),
-                                                 ("glm4", {}),
+                                                 ("gemma2", {}), ("gemma3", {}), ("phi3", {}), ("granite", {}),
+                                                 ("smollm3", {}), ("glm4", {}),
+                                                 # latent attention and grouped experts (latent_sharding.py)
+                                                 ("deepseek_v2", {}), ("deepseek_v3", {}),
                                                  # one KV head: replicated on both ranks
                                                  ("llama", {"num_key_value_heads": 1})])
 def test_two_ranks_match_one_rank_and_hf(tmp_path, arch: str, overrides: dict) -> None:

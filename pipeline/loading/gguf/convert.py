@@ -2,8 +2,9 @@
 
 The directory holds config.json (HF field names), generation_config.json (EOS from the metadata),
 model.safetensors (HF tensor names, dequantized to the engine's dtype), the tokenizer files, so
-the engine loads it exactly like any HF directory, and gguf_blocks.safetensors (the Q4_0/Q4_1
-weights as they are in the file, for `--quantization gguf`: pipeline/loading/gguf/quant_blocks.py). It lives at
+the engine loads it exactly like any HF directory, and gguf_blocks.safetensors (the Q4_0/Q4_1,
+Q5_0, Q8_0 and K-quant weights as they are in the file, for `--quantization gguf`:
+pipeline/loading/gguf/quant_blocks.py). It lives at
 `<cache>/gguf/<file stem>-<dtype>-<key>/`, the key covering the file's bytes, the dtype and the
 versions of this converter and of the libraries that shape its output.
 """
@@ -37,7 +38,7 @@ from pipeline.loading.gguf.tokenizer import has_tokenizer, write_tokenizer
 log = structlog.get_logger(__name__)
 
 # Bump when a change here changes the files a conversion writes, so stale conversions are not reused.
-CONVERTER_VERSION = 3
+CONVERTER_VERSION = 4  # 4: gguf_blocks.safetensors keeps Q5_0, Q8_0 and K-quant rows too
 
 
 def gguf_model_dir(gguf_path: str | Path, dtype: torch.dtype, cache_root: str | Path | None = None) -> Path:

@@ -1,10 +1,13 @@
 """GGUF's quantized blocks kept as they are: written beside the dequantized checkpoint, read back
-as 4-bit values with a scale and zero per group of 32 (pipeline/model/layers/quantized_linear.py).
+as 4-bit values with a scale and zero per group of 32 (Q4_0/Q4_1: pipeline/model/layers/quantized_linear.py)
+or as the raw rows (Q5_0, Q8_0, Q4_K, Q5_K, Q6_K: pipeline/model/layers/gguf_linear.py, whose C
+decoder, csrc/gguf_blocks.h, documents those layouts).
 
 `gguf_blocks.safetensors` in a converted directory holds, under each HF weight name, the raw
-Q4_0/Q4_1 rows of that weight (uint8 [rows, bytes per row], Q/K rows already un-permuted, as in
-the dequantized file), and in its metadata every weight's GGUF type ({"qtypes": {name: "Q4_1",
-...}}), so the loader also knows which float weights came from other quantized types.
+rows of that weight in those types (uint8 [rows, bytes per row], Q/K rows already un-permuted, as in
+the dequantized file: a row's blocks move whole), and in its metadata every weight's GGUF type
+({"qtypes": {name: "Q4_1", ...}}), so the loader also knows which float weights came from other
+quantized types.
 
 Block layouts (ggml), 32 weights each, fp16 d and m:
     Q4_0: d, 16 bytes of nibbles            w = d * (q - 8)
@@ -30,19 +33,20 @@ from pipeline.loading.gguf.architectures import GgufArchitecture
 from pipeline.loading.gguf.tensors import ROPE_FREQS, hf_tensor_name, per_expert, unpermute_qk
 
 BLOCKS_FILE = "gguf_blocks.safetensors"
-KEPT_TYPES = {"Q4_0": 18, "Q4_1": 20}  # block bytes of the types kept as blocks
+KEPT_TYPES = {"Q4_0": 18, "Q4_1": 20}  # block bytes of the 4-bit types, read back decoded (decode_q4)
+RAW_TYPES = frozenset({*KEPT_TYPES, "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})  # all whose rows are kept
 BLOCK = 32
 
 
 def iter_hf_blocks(reader: GGUFReader, arch: GgufArchitecture, num_heads: int,
                    num_kv_heads: int) -> Iterator[tuple[str, str, np.ndarray | None]]:
-    """(HF name, GGUF type name, raw rows or None) for every weight; rows only for KEPT_TYPES."""
+    """(HF name, GGUF type name, raw rows or None) for every weight; rows only for RAW_TYPES."""
     for tensor in reader.tensors:
         if tensor.name == ROPE_FREQS:
             continue
         name = hf_tensor_name(tensor.name, arch)
         qtype = GGMLQuantizationType(tensor.tensor_type).name
-        kept = qtype in KEPT_TYPES
+        kept = qtype in RAW_TYPES
         raw = np.asarray(tensor.data)  # a view of the file mapping: only kept types are copied
         if kept and arch.permuted_qk and ".self_attn.q_proj." in name:
             raw = unpermute_qk(raw, num_heads)
@@ -74,6 +78,10 @@ class GgufBlocks:
                              f"{BLOCKS_FILE} (an HF checkpoint: use quantization 'int8')")
         self._file = safe_open(str(path), framework="pt", device="cpu")
         self.qtypes: dict[str, str] = json.loads(self._file.metadata()["qtypes"])
+
+    def raw(self, name: str) -> torch.Tensor:
+        """Weight `name`'s rows as the file stores them, uint8 [rows, bytes per row]."""
+        return self._file.get_tensor(name)
 
     def decoded(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Weight `name` as (values [rows, K] uint8 0..15, scales, zeros [rows, K / 32] float32),

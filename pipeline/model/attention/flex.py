@@ -16,7 +16,8 @@ the same in every sequence that holds it (prefix-cache blocks are shared only by
 prefixes, forks share their common prefix), so one table `block_positions[physical block]`,
 filled for the blocks the step visits, serves all rows. Sliding window W (HF's rule): the query
 at position p sees keys p - W + 1 .. p; blocks wholly before a tile's first visible key are not
-listed, so the KV manager may have freed them. Gemma 2's soft-capping is a score_mod.
+listed, so the KV manager may have freed them. Gemma 2's soft-capping is a score_mod; gpt-oss's
+attention sinks rescale each row's output by its log-sum-exp (sinks.py), which the kernel returns.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
 from pipeline.host_to_device import to_device
 from pipeline.model.attention.flex_plan import TilePlan, decode_plan, pad_tiles, prefill_plan
+from pipeline.model.attention.sinks import rescale_by_sinks
 from pipeline.step.inputs import StepInputs
 
 # Query rows per prefill tile: also the sparse Q block size and the kernel's BLOCK_M on CUDA.
@@ -216,19 +218,21 @@ class FlexPagedAttention:
     # ---- per layer -----------------------------------------------------------------------------
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                metadata: FlexAttentionMetadata, window: int | None = None) -> torch.Tensor:
+                metadata: FlexAttentionMetadata, window: int | None = None,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """sinks: the layer's attention sink logits [H] (sinks.py), or None."""
         write_kv(k, v, kv_cache, metadata.slot_mapping, metadata.write_rows)
         if not metadata.prepared:
             self._prepare(metadata, kv_cache)
         decode, prefill = metadata.passes[window]
         keys, values = self.cache_as_sequence(kv_cache)
         if decode is not None and metadata.all_decode_rows:
-            return self.decode(q, keys, values, decode.block_mask)
+            return self.decode(q, keys, values, decode.block_mask, sinks)
         out = torch.zeros_like(q)  # rows in no pass (padding) stay zero
         if decode is not None:
-            out[decode.token_rows] = self.decode(q[decode.token_rows], keys, values, decode.block_mask)
+            out[decode.token_rows] = self.decode(q[decode.token_rows], keys, values, decode.block_mask, sinks)
         if prefill is not None:
-            self._prefill(q, keys, values, prefill, out)
+            self._prefill(q, keys, values, prefill, out, sinks)
         return out
 
     def cache_as_sequence(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,33 +241,42 @@ class FlexPagedAttention:
         return flat[0].transpose(1, 2), flat[1].transpose(1, 2)
 
     def decode(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               block_mask: BlockMask) -> torch.Tensor:
+               block_mask: BlockMask, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """q [B, H, D] -> [B, H, D]; query head h = kv * G + g reads KV head kv (HF's repeat_kv)."""
         num_seqs, num_tiles = q.shape[0], block_mask.kv_num_blocks.shape[0]
         queries = q.view(num_seqs, self.num_kv_heads, -1, self.head_dim).to(keys.dtype)
         if num_tiles > num_seqs:  # pad tiles (pad_tiles): their rows are computed, then dropped
             queries = torch.cat([queries, queries.new_zeros(num_tiles - num_seqs, *queries.shape[1:])])
-        out = self._attend(queries, keys, values, block_mask, enable_gqa=False, block_m=_DECODE_BLOCK_M)
+        # Sink of query head kv * G + g sits at row g of KV head kv, like its query.
+        row_sinks = sinks.view(self.num_kv_heads, -1) if sinks is not None else None
+        out = self._attend(queries, keys, values, block_mask, enable_gqa=False, block_m=_DECODE_BLOCK_M,
+                           sinks=row_sinks)
         return out[:num_seqs].reshape(q.shape).to(q.dtype)
 
     def _prefill(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefill: FlexPass,
-                 out: torch.Tensor) -> None:
+                 out: torch.Tensor, sinks: torch.Tensor | None = None) -> None:
         num_tiles = prefill.kv_indices.shape[0]
         queries = q[prefill.token_rows].view(num_tiles, PREFILL_TILE, self.num_heads, self.head_dim)
         # Contiguous: torch 2.13's CPU template fails to compile for a transposed query.
         queries = queries.transpose(1, 2).contiguous().to(keys.dtype)
         result = self._attend(queries, keys, values, prefill.block_mask,
-                              enable_gqa=self.num_heads != self.num_kv_heads, block_m=PREFILL_TILE)
+                              enable_gqa=self.num_heads != self.num_kv_heads, block_m=PREFILL_TILE,
+                              sinks=sinks.view(-1, 1) if sinks is not None else None)
         flat = result.transpose(1, 2).reshape(-1, self.num_heads, self.head_dim)
         out[prefill.out_dst] = flat[prefill.out_src].to(out.dtype)
 
     def _attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_mask: BlockMask,
-                enable_gqa: bool, block_m: int) -> torch.Tensor:
+                enable_gqa: bool, block_m: int, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """sinks: broadcastable to the rows' [heads, query rows] (sinks.py): the log-sum-exp rescales the output."""
         # On CUDA the kernel's KV tile must divide the sparse block (one cache block).
         options = {"BLOCK_M": block_m, "BLOCK_N": self.block_size} if queries.is_cuda else None
         attend = compiled_flex_attention(queries.device.type)
-        return attend(queries, keys, values, score_mod=self.score_mod, block_mask=block_mask, scale=self.scale,
-                      enable_gqa=enable_gqa, kernel_options=options)
+        if sinks is None:
+            return attend(queries, keys, values, score_mod=self.score_mod, block_mask=block_mask, scale=self.scale,
+                          enable_gqa=enable_gqa, kernel_options=options)
+        out, aux = attend(queries, keys, values, score_mod=self.score_mod, block_mask=block_mask, scale=self.scale,
+                          enable_gqa=enable_gqa, kernel_options=options, return_aux=AuxRequest(lse=True))
+        return rescale_by_sinks(out, aux.lse, sinks)
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,

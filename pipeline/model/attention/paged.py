@@ -17,7 +17,8 @@ Sliding window W (HF's rule, see shape.py): the query at position p sees keys
 p - W + 1 .. p. Each sequence's keys are gathered from the first block that holds a key some
 query of the step can see, so blocks before it are never read (the KV manager frees them; their
 block-table entries may be -1). Gemma 2's logit soft-capping (scores -> c * tanh(scores / c))
-is not in SDPA, so soft-capped layers compute attention with explicit matmuls.
+and gpt-oss's attention sinks (sinks.py) are not in SDPA, so such layers compute attention with
+explicit matmuls; the native decode kernel does both itself.
 
 fp8 KV cache (fp8_kv.py): a layer's cache is then an Fp8KVCache; K/V are written quantized
 (x / scale, saturated) and every read dequantizes (the gathers here, the C decode kernel in C).
@@ -46,6 +47,7 @@ from pipeline.model.attention.groups import (
     split_decodes,
     split_prefills,
 )
+from pipeline.model.attention.sinks import sink_softmax
 from pipeline.model.cpu.kernels import DecodeKernel, RopeKVKernel
 from pipeline.step.inputs import StepInputs
 
@@ -208,19 +210,20 @@ class TorchPagedAttention:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: KVCache, metadata: TorchAttentionMetadata, window: int | None = None,
-                kv_written: bool = False) -> torch.Tensor:
-        """kv_written: the caller already wrote this step's k, v into kv_cache (rope_kv_kernel)."""
+                kv_written: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """kv_written: the caller already wrote this step's k, v into kv_cache (rope_kv_kernel).
+        sinks: the layer's attention sink logits [H] (sinks.py), or None."""
         if not kv_written:
             self._write_kv(k, v, kv_cache, metadata)
         view = metadata.views[window]
         decodes = view.decodes
         if len(decodes) == 1 and decodes[0].all_rows:
-            return self._decode(q, kv_cache, decodes[0])
+            return self._decode(q, kv_cache, decodes[0], sinks)
         out = torch.zeros_like(q)  # rows in no group (graph padding) stay zero
         for decode in decodes:
-            out[decode.token_rows] = self._decode(q[decode.token_rows], kv_cache, decode)
+            out[decode.token_rows] = self._decode(q[decode.token_rows], kv_cache, decode, sinks)
         for group in view.prefills:
-            self._prefill(q, k, v, kv_cache, group, out)
+            self._prefill(q, k, v, kv_cache, group, out, sinks)
         return out
 
     def rope_and_write_kv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
@@ -287,19 +290,23 @@ class TorchPagedAttention:
             buffer = self._workspace[index] = torch.empty(numel, dtype=dtype, device=device)
         return buffer[:numel].view(shape)
 
-    def _decode(self, q: torch.Tensor, kv_cache: KVCache, group: DecodeGroup) -> torch.Tensor:
+    def _decode(self, q: torch.Tensor, kv_cache: KVCache, group: DecodeGroup,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
         if group.block_tables is not None:
-            return self._kernel_decode(q, kv_cache, group)
+            return self._kernel_decode(q, kv_cache, group, sinks)
         num_seqs = q.shape[0]
         keys, values = self._gather(kv_cache, group.block_ids, num_seqs, q.dtype)
         # Query heads h = kv * G + g share KV head kv (as HF's repeat_kv), so the G heads of a
         # group become G query rows against one KV head: K/V are read once per group, ~1.3x faster
         # on CPU than enable_gqa. [B, H, D] -> [B, H_kv, G, D]; the mask broadcasts over rows.
         queries = q.reshape(num_seqs, self.num_kv_heads, -1, self.head_dim)
-        out = self._attend(queries, keys, values, group.mask)
+        # Sink of query head kv * G + g sits at row g of KV head kv, like its query.
+        row_sinks = sinks.view(1, self.num_kv_heads, -1, 1) if sinks is not None else None
+        out = self._attend(queries, keys, values, group.mask, sinks=row_sinks)
         return out.reshape(q.shape)
 
-    def _kernel_decode(self, q: torch.Tensor, kv_cache: KVCache, group: DecodeGroup) -> torch.Tensor:
+    def _kernel_decode(self, q: torch.Tensor, kv_cache: KVCache, group: DecodeGroup,
+                       sinks: torch.Tensor | None) -> torch.Tensor:
         assert self.decode_kernel is not None and group.block_tables is not None and group.seq_lens is not None
         scales: dict[str, float | int] = {}
         if isinstance(kv_cache, Fp8KVCache):
@@ -307,10 +314,10 @@ class TorchPagedAttention:
                       "v_scale": float(kv_cache.v_scale)}
             kv_cache = kv_cache.data
         return self.decode_kernel(q, kv_cache, group.block_tables, group.seq_lens, group.max_seq_len, self.scale,
-                                  window=group.window, softcap=self.logit_softcap or 0.0, **scales)
+                                  window=group.window, softcap=self.logit_softcap or 0.0, sinks=sinks, **scales)
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
-                 group: PrefillGroup, out: torch.Tensor) -> None:
+                 group: PrefillGroup, out: torch.Tensor, sinks: torch.Tensor | None = None) -> None:
         num_seqs, max_q = group.query_rows.shape
         rows = slice(group.first_row, group.first_row + max_q) if group.first_row is not None else None
         queries = (q[rows].unsqueeze(0) if rows else q[group.query_rows]).transpose(1, 2)  # [P, H, Q, D]
@@ -320,7 +327,8 @@ class TorchPagedAttention:
             keys, values = keys.transpose(1, 2), values.transpose(1, 2)
         else:
             keys, values = self._gather(kv_cache, group.block_ids, num_seqs, q.dtype)
-        result = self._attend(queries, keys, values, group.mask, grouped_heads=True)  # [P, H, Q, D]
+        head_sinks = sinks.view(1, -1, 1, 1) if sinks is not None else None
+        result = self._attend(queries, keys, values, group.mask, grouped_heads=True, sinks=head_sinks)  # [P, H, Q, D]
         flat = result.transpose(1, 2).reshape(num_seqs * max_q, *q.shape[1:])
         if rows:
             out[rows] = flat.to(out.dtype)
@@ -328,10 +336,11 @@ class TorchPagedAttention:
             out[group.out_dst] = flat[group.out_src].to(out.dtype)
 
     def _attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
-                grouped_heads: bool = False) -> torch.Tensor:
+                grouped_heads: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of queries [B, Hq, Q, D] over keys/values [B, H_kv, L, D]; mask None = causal.
-        grouped_heads: query head h reads KV head h // (Hq / H_kv) (otherwise Hq == H_kv)."""
-        if self.logit_softcap is None:
+        grouped_heads: query head h reads KV head h // (Hq / H_kv) (otherwise Hq == H_kv).
+        sinks: sink logits broadcastable to [B, Hq, Q, 1] (sinks.py)."""
+        if self.logit_softcap is None and sinks is None:
             return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
                                                   scale=self.scale, enable_gqa=grouped_heads)
         if grouped_heads and queries.shape[1] != keys.shape[1]:
@@ -339,9 +348,12 @@ class TorchPagedAttention:
             keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
         # HF's eager order: (q k^T) * scale, / cap, tanh, * cap, mask, softmax in float32.
         scores = torch.matmul(queries, keys.transpose(-1, -2)) * self.scale
-        scores = torch.tanh(scores / self.logit_softcap) * self.logit_softcap
+        if self.logit_softcap is not None:
+            scores = torch.tanh(scores / self.logit_softcap) * self.logit_softcap
         if mask is None:
             mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
         scores = scores.masked_fill(~mask, float("-inf"))
+        if sinks is not None:
+            return torch.matmul(sink_softmax(scores, sinks).to(queries.dtype), values)
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype)
         return torch.matmul(weights, values)

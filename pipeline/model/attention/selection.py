@@ -2,7 +2,8 @@
 
 auto: FlexAttention on CUDA (paged: each query reads only its own blocks, and CUDA graphs replay
 it with static block-mask buffers); on CPU the portable torch backend with the native decode
-kernel, measured faster there than FlexAttention compiled for CPU (README, "GPU").
+kernel, measured faster there than FlexAttention compiled for CPU (README, "GPU"). Multi-head latent
+attention (DeepSeek's latent cache) has its own torch backend (latent.py), CPU only so far.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import torch
 
 from pipeline.model.attention.flex import FlexPagedAttention
+from pipeline.model.attention.latent import LatentPagedAttention
 from pipeline.model.attention.paged import TorchPagedAttention
 from pipeline.model.attention.shape import AttentionShape
 from pipeline.model.cpu.kernels import load_decode_kernel, load_rope_kv_kernel
 
-AttentionImpl = TorchPagedAttention | FlexPagedAttention
+AttentionImpl = TorchPagedAttention | FlexPagedAttention | LatentPagedAttention
 
 
 def resolve_backend_name(name: str, device: torch.device) -> str:
@@ -25,8 +27,14 @@ def resolve_backend_name(name: str, device: torch.device) -> str:
 
 def make_backend(name: str, shape: AttentionShape, block_size: int, device: torch.device,
                  dtype: torch.dtype) -> AttentionImpl:
+    if shape.latent_dim is not None:
+        return _latent_backend(name, shape, block_size, device)
     args = (shape.num_heads, shape.num_kv_heads, shape.head_dim, block_size)
     if resolve_backend_name(name, device) == "flex":
+        if shape.attention_sinks and device.type != "cuda":
+            # Sinks rescale by the kernel's log-sum-exp, which torch.compile's CPU flex kernel does not return.
+            raise ValueError("attention sinks (gpt-oss) are not supported by FlexAttention on the CPU: "
+                             "use attention_backend 'torch' or 'auto'")
         return FlexPagedAttention(*args, scale=shape.scale, windows=shape.windows, logit_softcap=shape.logit_softcap)
     backend = TorchPagedAttention(*args, scale=shape.scale, windows=shape.windows, logit_softcap=shape.logit_softcap)
     if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
@@ -35,3 +43,16 @@ def make_backend(name: str, shape: AttentionShape, block_size: int, device: torc
         backend.decode_kernel = load_decode_kernel()
         backend.rope_kv_kernel = load_rope_kv_kernel()
     return backend
+
+
+def _latent_backend(name: str, shape: AttentionShape, block_size: int, device: torch.device) -> LatentPagedAttention:
+    """Multi-head latent attention (DeepSeek-V2/V3): the torch latent backend, on the CPU only for now."""
+    if device.type != "cpu":
+        raise ValueError("multi-head latent attention (DeepSeek-V2/V3) runs on the CPU only for now: FlexAttention "
+                         f"and the CUDA graphs have no latent-cache path yet (device is {device})")
+    if name not in ("auto", "torch"):
+        raise ValueError(f"multi-head latent attention (DeepSeek-V2/V3) needs attention_backend 'auto' or 'torch', "
+                         f"got {name!r}")
+    assert shape.latent_dim is not None
+    return LatentPagedAttention(shape.num_heads, shape.head_dim, shape.latent_dim, block_size, shape.scale,
+                                windows=shape.windows)

@@ -19,6 +19,11 @@ class AttentionShape:
     scale: float  # multiplies q . k
     layer_windows: tuple[int | None, ...]  # per layer; None = full attention
     logit_softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) (Gemma 2)
+    attention_sinks: bool = False  # layers pass learned sink logits to the backend (gpt-oss, sinks.py)
+    # (FlexAttention serves them on CUDA only: selection.py)
+    # Multi-head latent attention (DeepSeek-V2/V3, attention/latent.py): the cache holds one row of
+    # head_dim values per token (num_kv_heads 1) whose first latent_dim values are the value; no V half.
+    latent_dim: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.layer_windows) != self.num_layers:
@@ -27,6 +32,16 @@ class AttentionShape:
             raise ValueError(f"sliding windows must be >= 1, got {self.layer_windows}")
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.latent_dim is not None and (self.num_kv_heads != 1 or not 0 < self.latent_dim <= self.head_dim):
+            raise ValueError(f"a latent cache has one KV head and 0 < latent_dim <= head_dim, got {self.num_kv_heads} "
+                             f"heads, latent_dim {self.latent_dim}, head_dim {self.head_dim}")
+
+    def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """One layer's KV cache: [2 (K, V), blocks, block_size, kv heads, head_dim], or for a latent
+        cache [blocks, block_size, 1, head_dim] (the value is a prefix of the key row)."""
+        if self.latent_dim is not None:
+            return (num_blocks, block_size, 1, self.head_dim)
+        return (2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
 
     @property
     def windows(self) -> frozenset[int | None]:

@@ -93,11 +93,7 @@ def grouped_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torc
     then per-pair outputs go back to pair order and the k of each token are summed.
     """
     num_tokens, top_k = expert_ids.shape
-    num_experts = gate_up_proj.shape[0]
-    flat_ids = expert_ids.reshape(-1)
-    sorted_ids, order = torch.sort(flat_ids, stable=True)
-    # End of each expert's block: how many sorted ids are below e + 1 (no host sync, unlike bincount).
-    offsets = torch.searchsorted(sorted_ids, torch.arange(1, num_experts + 1, device=x.device)).to(torch.int32)
+    order, offsets = sort_by_expert(expert_ids, gate_up_proj.shape[0])
     rows = x[order // top_k]
     gate, up = expert_matmul(rows, gate_up_proj, offsets).chunk(2, dim=-1)
     out_sorted = expert_matmul(F.silu(gate) * up, down_proj, offsets)
@@ -105,6 +101,15 @@ def grouped_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torc
     weighted_sorted = out_sorted * weights.reshape(-1)[order].unsqueeze(-1)
     weighted = torch.empty_like(weighted_sorted).index_copy_(0, order, weighted_sorted)  # back to pair order
     return weighted.view(num_tokens, top_k, -1).sum(dim=1).to(x.dtype)
+
+
+def sort_by_expert(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """expert_ids [T, k] -> (order [T*k]: the flattened pairs sorted by expert, stable; offsets [E] int32:
+    the end of each expert's block of sorted pairs)."""
+    sorted_ids, order = torch.sort(expert_ids.reshape(-1), stable=True)
+    # End of each expert's block: how many sorted ids are below e + 1 (no host sync, unlike bincount).
+    bounds = torch.arange(1, num_experts + 1, device=expert_ids.device)
+    return order, torch.searchsorted(sorted_ids, bounds).to(torch.int32)
 
 
 def expert_matmul(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
-"""Rotary position embedding: settings from either HF config form, inverse frequencies (default and
-llama3 scaling), and the rotation in two layouts (rotate-half, and GLM's interleaved pairs over the
-leading part of a head); cos/sin computed in float32 and cast to the activation dtype, as HF
-transformers does.
+"""Rotary position embedding: settings from either HF config form, inverse frequencies (default, linear,
+llama3 and YaRN scaling: layers/yarn.py), and the rotation in two layouts (rotate-half, and GLM's
+interleaved pairs over the leading part of a head); cos/sin computed in float32 and cast to the
+activation dtype, as HF transformers does.
 """
 
 from __future__ import annotations
@@ -13,17 +13,25 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.model.layers.yarn import yarn_attention_factor, yarn_inv_freq
+
 
 @dataclass(frozen=True, slots=True)
 class RopeParams:
     """Rotary embedding settings, normalised from either HF config form (see loader)."""
 
     theta: float = 10000.0
-    rope_type: str = "default"  # "default" or "llama3"
+    rope_type: str = "default"  # "default", "linear" (inv_freq / factor: Gemma 3's global layers) or "llama3"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # YaRN (layers/yarn.py): the ramp's rotation bounds, whether its ends are rounded to whole dims,
+    # and the factor cos and sin are multiplied by (1.0 for every other type).
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 1.0
 
 
 def parse_rope(config: dict[str, Any]) -> RopeParams:
@@ -33,8 +41,12 @@ def parse_rope(config: dict[str, Any]) -> RopeParams:
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     if rope_type == "default":
         return RopeParams(theta=theta)
+    if rope_type == "linear":
+        return RopeParams(theta=theta, rope_type="linear", factor=float(params["factor"]))
+    if rope_type == "yarn":
+        return _parse_yarn(params, config, theta)
     if rope_type != "llama3":
-        raise ValueError(f"rope type must be 'default' or 'llama3', got {rope_type!r}")
+        raise ValueError(f"rope type must be 'default', 'linear', 'llama3' or 'yarn', got {rope_type!r}")
     original = params.get("original_max_position_embeddings", config.get("max_position_embeddings", 8192))
     return RopeParams(theta=theta, rope_type="llama3", factor=float(params["factor"]),
                       low_freq_factor=float(params["low_freq_factor"]),
@@ -42,14 +54,31 @@ def parse_rope(config: dict[str, Any]) -> RopeParams:
                       original_max_position_embeddings=int(original))
 
 
+def _parse_yarn(params: dict[str, Any], config: dict[str, Any], theta: float) -> RopeParams:
+    # HF's defaults: factor from the context growth, beta_fast 32, beta_slow 1, truncated ramp ends.
+    original = int(params.get("original_max_position_embeddings") or config["max_position_embeddings"])
+    factor = float(params.get("factor") or config["max_position_embeddings"] / original)
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = yarn_attention_factor(factor, params.get("mscale"), params.get("mscale_all_dim"))
+    return RopeParams(theta=theta, rope_type="yarn", factor=factor, original_max_position_embeddings=original,
+                      beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
+                      truncate=bool(params.get("truncate", True)), attention_factor=float(attention_factor))
+
+
 def rope_inv_freq(head_dim: int, params: RopeParams) -> torch.Tensor:
-    """Inverse frequencies [head_dim // 2] (float32), with llama3 scaling when asked."""
+    """Inverse frequencies [head_dim // 2] (float32), with linear, llama3 or YaRN scaling when asked."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / (params.theta**exponents)
     if params.rope_type == "default":
         return inv_freq
+    if params.rope_type == "linear":
+        return inv_freq / params.factor  # HF divides in place, after the default frequencies
+    if params.rope_type == "yarn":
+        return yarn_inv_freq(head_dim, params.theta, params.factor, params.original_max_position_embeddings,
+                             params.beta_fast, params.beta_slow, params.truncate)
     if params.rope_type != "llama3":
-        raise ValueError(f"rope_type must be 'default' or 'llama3', got {params.rope_type!r}")
+        raise ValueError(f"rope_type must be 'default', 'linear', 'llama3' or 'yarn', got {params.rope_type!r}")
     return _llama3_scale(inv_freq, params)
 
 
@@ -85,6 +114,8 @@ class RotaryEmbedding(nn.Module):
         positions = torch.arange(self.max_positions, device=device, dtype=torch.int64).float()
         freqs = positions[:, None] * inv_freq[None, :]  # [P, D/2]
         self.cos_sin = torch.stack([freqs.cos(), freqs.sin()])  # [2, P, D/2] float32
+        if self.params.attention_factor != 1.0:  # YaRN: HF scales cos and sin in float32, before the cast
+            self.cos_sin = self.cos_sin * self.params.attention_factor
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for each token: [T, 1, D/2], shared by every layer of one step."""

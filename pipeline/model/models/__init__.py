@@ -7,7 +7,10 @@ Every family module provides
   `load_weights(named_tensors)`, `tie_weights()` and `build_buffers(device)`.
 `config` is the checkpoint's config.json as a dict. A vision-language family also provides
 `text_config(config)`, its language model's config, and its model `encode_images(pixel_values)` and
-an `images` argument to `forward` (pipeline/model/models/llava.py).
+an `images` argument to `forward` (pipeline/model/models/llava.py); a family that serves such
+checkpoints text only provides `text_config` alone (gemma3.py). An encoder family (bert.py) instead
+sets `ENCODER = True` and provides `build_encoder(config)`, whose model takes a padded batch
+(`forward(input_ids, attention_mask)`) and `load_weights(named_tensors)`: it serves embeddings only.
 
 May import: pipeline.model.attention, pipeline.model.layers.
 """
@@ -19,20 +22,33 @@ from types import ModuleType
 
 # HF architecture name -> module under pipeline.model.models
 _FAMILIES: dict[str, str] = {
+    "BertModel": "bert",
+    "DeepseekV2ForCausalLM": "deepseek",
+    "DeepseekV3ForCausalLM": "deepseek",
     "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # served text only
+    "Gemma4ForCausalLM": "gemma4",
+    "Gemma4ForConditionalGeneration": "gemma4_text_only",
     "Glm4ForCausalLM": "glm4",
+    "GptOssForCausalLM": "gpt_oss",
     "GraniteForCausalLM": "granite",
     "LlamaForCausalLM": "llama",
+    "LlamaModel": "llama",  # base models: embedders (--runner pooling)
     "LlavaForConditionalGeneration": "llava",
     "MistralForCausalLM": "llama",
+    "MistralModel": "llama",
     "MixtralForCausalLM": "mixtral",
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
     "Qwen2ForCausalLM": "llama",
+    "Qwen2Model": "llama",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3ForCausalLM": "llama",
+    "Qwen3Model": "llama",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "SmolLM3ForCausalLM": "smollm3",
+    "XLMRobertaModel": "bert",
 }
 
 SUPPORTED_ARCHITECTURES = tuple(_FAMILIES)
@@ -44,3 +60,8 @@ def family_of(architecture: str) -> ModuleType:
         raise ValueError(f"architecture {architecture!r} is not supported; supported architectures: "
                          f"{', '.join(SUPPORTED_ARCHITECTURES)}")
     return importlib.import_module(f"pipeline.model.models.{_FAMILIES[architecture]}")
+
+
+def is_encoder(architecture: str) -> bool:
+    """An encoder family (bert.py: `ENCODER = True`) embeds whole prompts, with no KV cache or decode."""
+    return bool(getattr(family_of(architecture), "ENCODER", False))

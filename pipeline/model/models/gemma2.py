@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -65,12 +65,17 @@ def with_gemma2_defaults(config: dict[str, Any]) -> dict[str, Any]:
 def gemma2_config(config: dict[str, Any], max_positions: int) -> Gemma2Config:
     """Gemma2Config from an HF config.json dict; ValueError for what this module does not serve
     (an activation other than GELU-tanh, bidirectional attention)."""
-    config = with_gemma2_defaults(config)
+    return gemma_config(with_gemma2_defaults(config), max_positions, "Gemma 2")
+
+
+def gemma_config(config: dict[str, Any], max_positions: int, family: str) -> Gemma2Config:
+    """Gemma2Config from a config.json whose family defaults are filled in (Gemma 2, Gemma 3);
+    ValueError for what neither serves."""
     if config["hidden_activation"] not in _GELU_TANH_NAMES:
-        raise ValueError(f"hidden_activation must be one of {_GELU_TANH_NAMES} for Gemma 2, "
+        raise ValueError(f"hidden_activation must be one of {_GELU_TANH_NAMES} for {family}, "
                          f"got {config['hidden_activation']!r}")
     if config.get("use_bidirectional_attention"):
-        raise ValueError("use_bidirectional_attention must be false: only causal Gemma 2 is served")
+        raise ValueError(f"use_bidirectional_attention must be false: only causal {family} is served")
     base = decoder_config(config, max_positions)
     shared = {field.name: getattr(base, field.name) for field in fields(base)}
     return Gemma2Config(
@@ -97,11 +102,13 @@ def build_model(config: dict[str, Any], backend: AttentionBackend, max_positions
 
 
 class Gemma2DecoderLayer(nn.Module):
+    attention_class: ClassVar[type[Attention]] = Attention  # Gemma 3 passes its q/k-normed attention
+
     def __init__(self, config: Gemma2Config, backend: AttentionBackend, window: int | None) -> None:
         super().__init__()
         size, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = GemmaRMSNorm(size, eps)
-        self.self_attn = Attention(config, backend, window)  # scale and soft-cap live in the backend
+        self.self_attn = self.attention_class(config, backend, window)  # scale and soft-cap live in the backend
         self.post_attention_layernorm = GemmaRMSNorm(size, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(size, eps)
         self.mlp = GatedMLP(size, config.intermediate_size, bias=config.mlp_bias,

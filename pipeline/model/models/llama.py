@@ -1,6 +1,6 @@
 """Decoder-only transformer for the Llama family: Llama (incl. llama3 rope), Mistral, Qwen2, Qwen3;
-Phi-3, Mixtral, Gemma 2, OLMo 2, Granite, SmolLM3, GLM-4, Qwen3-MoE and Qwen2-MoE (each in its own
-module) build on it.
+Phi-3, Mixtral, Gemma 2, Gemma 3, OLMo 2, Granite, SmolLM3, GLM-4, Qwen3-MoE, Qwen2-MoE and gpt-oss (each in
+its own module) build on it.
 
 The families differ only in flags: qkv bias (Qwen2), per-head q/k RMSNorm (Qwen3), an explicit
 head_dim (Qwen3), tied embeddings, sliding-window layers (Mistral; Qwen2 with use_sliding_window),
@@ -61,7 +61,7 @@ def decoder_config(config: dict[str, Any], max_positions: int) -> DecoderConfig:
     architecture = config["architectures"][0]
     num_heads = config["num_attention_heads"]
     attention_bias = bool(config.get("attention_bias", False))
-    is_qwen2 = architecture == "Qwen2ForCausalLM"
+    is_qwen2 = architecture in ("Qwen2ForCausalLM", "Qwen2Model")
     return DecoderConfig(
         vocab_size=config["vocab_size"],
         hidden_size=config["hidden_size"],
@@ -76,7 +76,7 @@ def decoder_config(config: dict[str, Any], max_positions: int) -> DecoderConfig:
         qkv_bias=True if is_qwen2 else attention_bias,
         o_bias=False if is_qwen2 else attention_bias,
         mlp_bias=bool(config.get("mlp_bias", False)),
-        qk_norm=architecture == "Qwen3ForCausalLM",
+        qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3Model"),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         layer_windows=layer_windows(config, config["num_hidden_layers"]),
     )
@@ -115,7 +115,7 @@ class Attention(nn.Module):
         if self.q_norm is None and self._rope_and_write_kv(qkv, cos, sin, kv_cache, metadata):
             q = qkv[:, :self.q_size].view(num_tokens, self.num_heads, self.head_dim)
             k = qkv[:, self.q_size:self.q_size + self.kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
-            out = self.backend.forward(q, k, v, kv_cache, metadata, window=self.window, kv_written=True)
+            out = self.attend(q, k, v, kv_cache, metadata, kv_written=True)
             return self.o_proj(out.reshape(num_tokens, self.q_size))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = qkv[:, :self.q_size + self.kv_size].split([self.q_size, self.kv_size], dim=-1)
@@ -126,9 +126,13 @@ class Attention(nn.Module):
             qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(
                 num_tokens, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        out = self.backend.forward(q, k, v, kv_cache, metadata, window=self.window)
+        out = self.attend(q, k, v, kv_cache, metadata)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, metadata: object,
+               **options: Any) -> torch.Tensor:
+        """The backend's attention over this layer's window (gpt-oss adds its sinks to the options)."""
+        return self.backend.forward(q, k, v, kv_cache, metadata, window=self.window, **options)
 
     def _rope_and_write_kv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                            metadata: object) -> bool:
@@ -244,7 +248,7 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue  # old checkpoints store the rope table; it is recomputed
-            param_name, index = self.locate(name)
+            param_name, index = self.locate(_with_model_prefix(name))
             if param_name not in params:
                 raise ValueError(f"unexpected weight in checkpoint: {name}")
             target = params[param_name].data[index]
@@ -282,3 +286,11 @@ class LlamaForCausalLM(nn.Module):
         if fused == "qkv_proj":
             return [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
         return [c.intermediate_size, c.intermediate_size]
+
+
+_BASE_MODEL_PARTS = ("layers.", "embed_tokens.", "norm.")
+
+
+def _with_model_prefix(name: str) -> str:
+    """A base model's checkpoint (Qwen3Model, MistralModel: an embedder's) names its parts without `model.`."""
+    return f"model.{name}" if name.startswith(_BASE_MODEL_PARTS) else name

@@ -11,6 +11,7 @@ Each rank keeps (Megatron's layout, as vLLM uses it):
 - lm_head: its vocabulary rows; the logits are all-gathered (the driver samples).
 Worked example, 8 query heads, 2 KV heads, 4 ranks: rank 3 holds query heads 6, 7 and KV head 1
 (KV heads replicated on ranks 0-1 and 2-3); with 4 KV heads it would hold KV head 3.
+DeepSeek's latent attention and grouped experts split their own way (latent_sharding.py).
 
 The model is loaded whole and then cut down (`shard_model`), so loading briefly needs the full
 weights per rank; the attention backend and KV cache of a rank are sized by `local_heads`.
@@ -27,7 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.model.attention.shape import AttentionShape
+from pipeline.model.layers.grouped_moe import GroupedMoE
 from pipeline.model.layers.mlp import GatedMLP
+from pipeline.model.parallel.latent_sharding import ParallelGroupedMoE, shard_latent_attention
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,8 @@ def check_tensor_parallel(config: dict[str, Any], shape: AttentionShape, world: 
     if "vision_config" in config:
         raise ValueError("tensor parallelism does not support vision-language models yet "
                          "(run them with tensor_parallel_size 1)")
+    if shape.latent_dim is not None:  # DeepSeek-V2/V3 (latent_sharding.py): experts split by columns
+        _split(int(config.get("moe_intermediate_size") or 0), 0, world, "moe_intermediate_size")
     if config.get("num_local_experts") or config.get("num_experts"):  # Mixtral, Qwen3-MoE; Qwen2-MoE
         raise ValueError("tensor parallelism does not support mixture-of-experts models yet "
                          "(run them with tensor_parallel_size 1)")
@@ -143,6 +148,10 @@ def _vocab_rows(weight: torch.Tensor, rank: int, world: int) -> tuple[torch.Tens
 
 def _shard_attention(attention: nn.Module, heads: LocalHeads, head_dim: int, total_heads: int,
                      total_kv_heads: int) -> None:
+    if not hasattr(attention, "qkv_proj"):
+        # Separate q/k/v projections whose head sizes vary by layer (Gemma 4): not split by heads yet.
+        raise ValueError(f"tensor parallelism does not support {type(attention).__name__} layers yet; "
+                         "run the model with tensor_parallel_size 1")
     q_norm = getattr(attention, "q_norm", None)
     if q_norm is not None and q_norm.weight.shape[0] != head_dim:
         # A norm over the whole q projection (OLMo 2) needs every head's values: not split by heads.
@@ -186,8 +195,15 @@ def shard_model(model: nn.Module, shape: AttentionShape, rank: int, world: int) 
     heads = local_heads(shape, rank, world)
     decoder = model.model
     for layer in decoder.layers:
-        _shard_attention(layer.self_attn, heads, shape.head_dim, shape.num_heads, shape.num_kv_heads)
-        _shard_mlp(layer.mlp, rank, world)
+        if shape.latent_dim is not None:  # DeepSeek's multi-head latent attention (latent_sharding.py)
+            columns = shard_latent_attention(layer.self_attn, heads.q_start, heads.num_heads)
+            layer.self_attn.o_proj = RowParallelLinear(layer.self_attn.o_proj, columns)
+        else:
+            _shard_attention(layer.self_attn, heads, shape.head_dim, shape.num_heads, shape.num_kv_heads)
+        if isinstance(layer.mlp, GroupedMoE):
+            layer.mlp = ParallelGroupedMoE(layer.mlp, rank, world)
+        else:
+            _shard_mlp(layer.mlp, rank, world)
     vocab_size = decoder.embed_tokens.weight.shape[0]
     embed_rows, start = _vocab_rows(decoder.embed_tokens.weight.data, rank, world)
     head_rows, _ = _vocab_rows(model.lm_head.weight.data, rank, world)

@@ -23,8 +23,8 @@ from tests.support.hf_models import make_tiny_hf_model
 
 ATOL = 1e-4
 NUM_BLOCKS = 256
-MODELS = ["llama", "llama3", "qwen2", "qwen3", "phi3", "mixtral", "gemma2", "olmo2", "granite", "smollm3", "glm4",
-          "qwen3_moe", "qwen2_moe", "llama-sharded"]
+MODELS = ["llama", "llama3", "qwen2", "qwen3", "phi3", "mixtral", "gemma2", "gemma3", "gemma4", "olmo2", "granite",
+          "smollm3", "glm4", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama-sharded"]
 
 
 @dataclass
@@ -171,8 +171,10 @@ def test_decode_through_graph_runner_buffers_matches_hf(ref: Reference) -> None:
     seqs = Seqs(runner.block_size, seed=2)
     lengths = [4, 11, 6]
     run_and_check(runner, seqs, ref, [(seqs.add(n), n) for n in lengths])
-    # A scratch slot past the real blocks: give the runner one extra block for it.
-    runner.kv_caches = [torch.cat([c, torch.zeros_like(c[:, :1])], dim=1) for c in runner.kv_caches]
+    # A scratch slot past the real blocks: give the runner one extra block for it (blocks are axis 1 of
+    # a [2, blocks, ...] K/V cache, axis 0 of a latent one).
+    axis = 0 if runner.info.attention.latent_dim is not None else 1
+    runner.kv_caches = [torch.cat([c, torch.zeros_like(c.narrow(axis, 0, 1))], dim=axis) for c in runner.kv_caches]
     graphs = CUDAGraphRunner(runner.model, runner.backend, runner.kv_caches, max_num_seqs=8,
                              max_blocks_per_seq=32, scratch_slot=NUM_BLOCKS * 4, device=runner.device,
                              capture=False)

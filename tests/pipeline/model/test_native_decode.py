@@ -13,6 +13,7 @@ import torch
 from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.model.cpu.kernels import load_decoder_layers
+from pipeline.model.layers.gguf_linear import dequantize_min_rows as gguf_dequantize_min_rows
 from pipeline.model.layers.quantized_linear import dequantize_min_rows
 from pipeline.model.native_decode import ANY_ROWS, NativeDecoder
 from pipeline.request.sampling_params import SamplingParams
@@ -90,7 +91,7 @@ def test_native_layers_equal_per_op_path(tmp_path: Path, arch: str, dtype: str, 
 
 
 def test_gguf_4bit_native_equals_per_op(tmp_path: Path) -> None:
-    """GGUF Q4_0 weights kept 4-bit, and Q8_0 ones as int8."""
+    """GGUF Q4_0 weights kept 4-bit, and Q8_0 ones as their blocks (gguf_linear.py)."""
     requests = _requests(9)
     hf_dir = make_tiny_hf_model("llama", tmp_path / "hf", seed=3)
     for qtype in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0):
@@ -100,14 +101,16 @@ def test_gguf_4bit_native_equals_per_op(tmp_path: Path) -> None:
         assert _outputs(native_engine, requests) == _per_op_outputs(path, "bfloat16", "gguf", requests)
         assert max(served) == 9 and min(served) == 1
         # From dequantize_min_rows rows on, quantized layers multiply by their dequantized weight, per op.
-        bits = 4 if qtype == gguf.GGMLQuantizationType.Q4_0 else 8
-        assert decoder.max_rows == min(ANY_ROWS, dequantize_min_rows(torch.bfloat16, bits) - 1)
+        if qtype == gguf.GGMLQuantizationType.Q4_0:
+            assert decoder.max_rows == min(ANY_ROWS, dequantize_min_rows(torch.bfloat16, 4) - 1)
+        else:
+            assert decoder.max_rows == min(ANY_ROWS, gguf_dequantize_min_rows(torch.bfloat16) - 1)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma2", "mixtral", "olmo2", "granite", "smollm3", "glm4",
-                                  "qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma2", "gemma3", "gemma4", "mixtral", "olmo2", "granite", "smollm3",
+                                  "glm4", "qwen3_moe", "qwen2_moe", "gpt_oss"])
 def test_other_layer_forms_keep_per_op_path(tmp_path: Path, arch: str) -> None:
-    """q/k norms (Qwen3), Gemma 2's layers, mixture-of-experts MLPs, and the families whose layers
+    """q/k norms (Qwen3), Gemma 2's, 3's and 4's layers, mixture-of-experts MLPs, and the families whose layers
     differ from Llama's (post-norms, multipliers, layers without rope, GLM's rope): no native decoder."""
     engine = _engine(make_tiny_hf_model(arch, tmp_path / arch), "bfloat16")
     model = getattr(engine.runner.model, "language_model", engine.runner.model)

@@ -3,7 +3,7 @@
  *     hidden += down_proj(silu(gate) * up),  [gate | up] = gate_up_proj(post_norm(hidden))
  *
  * Each stage is the kernel the per-op path calls (rms_norm.c, int4_linear.c, int8_linear.c,
- * few_rows_linear.c, rope_kv_write.c, paged_decode_attention.c) on the same inputs in the same
+ * gguf_linear.c, few_rows_linear.c, rope_kv_write.c, paged_decode_attention.c) on the same inputs in the same
  * order, and the residual adds round as torch's do (the float sum, rounded to bfloat16 to nearest
  * even), so the hidden states are bit for bit those of the per-op path. What goes is the Python
  * between the kernels: a SmolLM2 step made ~240 kernel calls through ctypes, each with its module
@@ -19,12 +19,13 @@
 
 #include "bf16.h"
 
-enum { LINEAR_INT4 = 0, LINEAR_INT8 = 1, LINEAR_FLOAT = 2 };
+enum { LINEAR_INT4 = 0, LINEAR_INT8 = 1, LINEAR_FLOAT = 2, LINEAR_GGUF = 3 };
 
 typedef struct {
     int64_t kind;        /* LINEAR_* */
     int64_t weight_bf16; /* LINEAR_FLOAT: bfloat16 weight (else float32) */
-    const void *values;  /* int4: column blocks (int4_linear.c); int8: values; float: the weight */
+    const void *values;  /* int4: column blocks (int4_linear.c); int8: values; float: the weight;
+                          * gguf: the segments (gguf_linear.c) */
     const void *scales;  /* int4: block scales and offsets; int8: per-row scales; float: unused */
     const float *bias;   /* [out_features] float32 or NULL */
     int64_t out_features, in_features;
@@ -60,6 +61,8 @@ int quantized_linear_int4(void *y, const void *x, const uint8_t *column_blocks, 
 int quantized_linear_int8(void *y, const void *x, const int8_t *values, const float *scales, const float *bias,
                           int64_t rows, int64_t out_features, int64_t in_features, int io_bf16, int gated,
                           int num_threads);
+int gguf_linear(void *y, const void *x, const void *segments, const float *bias, int64_t rows, int64_t in_features,
+                int io_bf16, int gated, int num_threads);
 int few_rows_linear(void *y, const void *x, const void *weight, const float *bias, int64_t rows,
                     int64_t out_features, int64_t in_features, int bf16, int io_bf16, int gated, int num_threads);
 int panel_linear(void *y, const void *x, const float *panels, const float *bias, int64_t rows,
@@ -73,7 +76,8 @@ int paged_decode_attention(void *out, const void *q, const void *key_cache, cons
                            const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                            int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                            int64_t block_size, float scale, int64_t max_seq_len, int64_t window, float softcap,
-                           int kv_format, float k_scale, float v_scale, int io_bf16, int num_threads);
+                           const float *sinks, int kv_format, float k_scale, float v_scale, int io_bf16,
+                           int num_threads);
 
 /* y = x W^T + b; gated: x is [rows, 2 in_features], [gate | up], and the input silu(gate) * up.
  * Returns the kernel's code: 0, 1 (shape it does not take), 2 (out of memory). */
@@ -86,6 +90,8 @@ static int linear(const Linear *l, void *y, const void *x, int gated, const Step
     case LINEAR_INT8:
         return quantized_linear_int8(y, x, l->values, l->scales, l->bias, s->rows, l->out_features, l->in_features,
                                      io_bf16, gated, threads);
+    case LINEAR_GGUF:
+        return gguf_linear(y, x, l->values, l->bias, s->rows, l->in_features, io_bf16, gated, threads);
     case LINEAR_FLOAT:
         if (l->panels && l->weight_bf16)
             return panel_linear_bf16(y, x, (const uint16_t *)l->panels, l->bias, s->rows, l->out_features,
@@ -135,8 +141,8 @@ static int run_layer(void *hidden, const Layer *l, const Step *s, const Scratch 
     }
     if (paged_decode_attention(b->attention, q, l->key_cache, l->value_cache, s->block_tables,
                                s->block_table_stride, s->seq_lens, rows, s->num_heads, s->num_kv_heads, s->head_dim,
-                               s->block_size, s->scale, s->max_seq_len, l->window, s->softcap, io_bf16 ? 3 : 0, 1.0f,
-                               1.0f, io_bf16, threads))
+                               s->block_size, s->scale, s->max_seq_len, l->window, s->softcap, NULL, io_bf16 ? 3 : 0,
+                               1.0f, 1.0f, io_bf16, threads))
         return 2;
     if ((failed = linear(&l->o, b->delta, b->attention, 0, s))) return failed;
     add_residual(hidden, b->delta, rows * s->hidden_size, io_bf16);

@@ -25,7 +25,9 @@
  * Sliding window (window > 0): a sequence of len tokens attends to its last min(len, window)
  * tokens only (HF: keys with position > query position - window); blocks before them are never
  * read, so their block-table entries may be anything. Soft-capping (softcap > 0, Gemma 2):
- * scores become softcap * tanh(scores / softcap) before the softmax.
+ * scores become softcap * tanh(scores / softcap) before the softmax. Attention sinks (sinks != NULL,
+ * gpt-oss: one float32 logit per query head): the sink joins the max and the softmax denominator but has
+ * no value, so a head's weights sum to less than 1.
  *
  * kv_format: 0 = float32, 3 = bfloat16 (read in place), 1 = fp8 e4m3, 2 = fp8 e5m2. An fp8 cache
  * holds one byte per element, and value = decoded byte * k_scale (or v_scale); each token's K (or V)
@@ -157,8 +159,9 @@ static inline vec exp_nonpositive(vec x) {
 }
 
 /* Softmax over the first len entries of each row, in place; the padding up to stride (a multiple
- * of VL) becomes weight 0. The padding repeats the last token's score, so it leaves the max alone. */
-static void softmax_rows(float *scores, int64_t num_rows, int64_t len, int64_t stride) {
+ * of VL) becomes weight 0. The padding repeats the last token's score, so it leaves the max alone.
+ * sinks (NULL: none): row h's sink logit, in the max and the denominator only. */
+static void softmax_rows(float *scores, int64_t num_rows, int64_t len, int64_t stride, const float *sinks) {
     for (int64_t h = 0; h < num_rows; ++h) {
         float *s = scores + h * stride;
         vec max = load(s);
@@ -166,12 +169,13 @@ static void softmax_rows(float *scores, int64_t num_rows, int64_t len, int64_t s
             const vec x = load(s + t);
             max = blend(x > max, x, max);
         }
-        const float m = max_lanes(max);
+        float m = max_lanes(max);
+        if (sinks != NULL && sinks[h] > m) m = sinks[h];
         for (int64_t t = 0; t < stride; t += VL) store(s + t, exp_nonpositive(load(s + t) - m));
         for (int64_t t = len; t < stride; ++t) s[t] = 0.0f;
         vec sum = {0};
         for (int64_t t = 0; t < stride; t += VL) sum += load(s + t);
-        const float inv = 1.0f / sum_lanes(sum);
+        const float inv = 1.0f / (sum_lanes(sum) + (sinks != NULL ? expf(sinks[h] - m) : 0.0f));
         for (int64_t t = 0; t < stride; t += VL) store(s + t, load(s + t) * inv);
     }
 }
@@ -367,7 +371,7 @@ static inline __attribute__((always_inline)) void weighted_sum_in_blocks(
 static inline __attribute__((always_inline)) void attend_sequence(
         float *restrict out, const float *restrict q, const RowSource *keys, const RowSource *values,
         const int64_t *restrict offsets, int64_t len, int64_t stride, int64_t num_heads, int64_t num_kv_heads,
-        int64_t kv_first, int64_t kv_end, const int64_t head_dim, float scale, float softcap,
+        int64_t kv_first, int64_t kv_end, const int64_t head_dim, float scale, float softcap, const float *sinks,
         float *restrict scores, float *restrict widened, const int kv_format) {
     const int64_t group = num_heads / num_kv_heads, h_first = kv_first * group, h_end = kv_end * group;
     const int bf16 = kv_format == KV_BF16, in_place = kv_format == KV_F32 || kv_format == KV_BF16;
@@ -387,7 +391,7 @@ static inline __attribute__((always_inline)) void attend_sequence(
     if (softcap > 0.0f) softcap_rows(own_scores, h_end - h_first, len, stride, softcap);
     for (int64_t h = h_first; h < h_end; ++h) /* pad to the vector width with the last score (max unchanged) */
         for (int64_t t = len; t < stride; ++t) scores[h * stride + t] = scores[h * stride + len - 1];
-    softmax_rows(own_scores, h_end - h_first, len, stride);
+    softmax_rows(own_scores, h_end - h_first, len, stride, sinks == NULL ? NULL : sinks + h_first);
     if (in_place) {
         weighted_sum_in_blocks(out, scores, values->cache, offsets, len, stride, group, kv_first, kv_end, head_dim,
                                widened, bf16);
@@ -408,10 +412,10 @@ static inline __attribute__((always_inline)) void attend_sequence(
 static void attend_dispatch(float *out, const float *q, const RowSource *keys, const RowSource *values,
                             const int64_t *offsets, int64_t len, int64_t stride, int64_t num_heads,
                             int64_t num_kv_heads, int64_t kv_first, int64_t kv_end, int64_t head_dim, float scale,
-                            float softcap, float *scores, float *widened, int kv_format) {
+                            float softcap, const float *sinks, float *scores, float *widened, int kv_format) {
 #define ATTEND(HEAD_DIM, FORMAT)                                                                       \
     attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, kv_first, kv_end, \
-                    HEAD_DIM, scale, softcap, scores, widened, FORMAT)
+                    HEAD_DIM, scale, softcap, sinks, scores, widened, FORMAT)
     if (kv_format == KV_E4M3) ATTEND(head_dim, KV_E4M3);
     else if (kv_format == KV_E5M2) ATTEND(head_dim, KV_E5M2);
     else if (kv_format == KV_BF16) {
@@ -445,6 +449,7 @@ typedef struct {
     int64_t block_table_stride, num_heads, num_kv_heads, head_dim, block_size, max_stride, window;
     float scale, softcap, k_scale, v_scale;
     int kv_format, io_bf16, failed;
+    const float *sinks; /* [num_heads] float32, or NULL */
 } Call;
 
 /* Units begin .. end - 1, unit i = KV head i % num_kv_heads of sequence i / num_kv_heads, with
@@ -488,7 +493,7 @@ static void attend_units(void *context, int64_t begin, int64_t end) {
                 out = q_out + width;
             }
             attend_dispatch(out, q, &keys, &values, offsets, len, stride, c->num_heads, c->num_kv_heads, kv_first,
-                            kv_end, c->head_dim, c->scale, c->softcap, scores, widened, c->kv_format);
+                            kv_end, c->head_dim, c->scale, c->softcap, c->sinks, scores, widened, c->kv_format);
             if (c->io_bf16)
                 for (int64_t i = first_element; i < end_element; ++i)
                     ((uint16_t *)c->out)[seq * width + i] = float_to_bf16(out[i]);
@@ -505,12 +510,13 @@ int paged_decode_attention(void *out, const void *q, const void *key_cache, cons
                            const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                            int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                            int64_t block_size, float scale, int64_t max_seq_len, int64_t window, float softcap,
-                           int kv_format, float k_scale, float v_scale, int io_bf16, int num_threads) {
+                           const float *sinks, int kv_format, float k_scale, float v_scale, int io_bf16,
+                           int num_threads) {
     const int64_t row = num_kv_heads * head_dim;
     const int64_t max_stride = ((max_seq_len > 0 ? max_seq_len : 1) + VL - 1) / VL * VL;
     Call call = {out, q, key_cache, value_cache, block_tables, seq_lens, block_table_stride, num_heads,
                  num_kv_heads, head_dim, block_size, max_stride, window, scale, softcap, k_scale, v_scale,
-                 kv_format, io_bf16, 0};
+                 kv_format, io_bf16, 0, sinks};
     const int64_t work = kv_bytes_read(seq_lens, num_seqs, window, row, kv_format) * (num_heads / num_kv_heads);
     const int64_t units = num_seqs * num_kv_heads;
     const int threads = threads_for(work, units < num_threads ? (int)units : num_threads);

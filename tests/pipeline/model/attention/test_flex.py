@@ -143,7 +143,7 @@ def _flex_runner(path: Path, block_size: int) -> ModelRunner:
 
 @slow
 @needs_cxx
-@pytest.mark.parametrize("arch", ["gemma2", "qwen3", "mistral"])
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "gemma4", "qwen3", "mistral"])
 def test_flex_runner_logits_match_hf(arch: str, tmp_path: Path) -> None:
     """Chunked prefill over cached context, decodes, a mixed step, then decodes through the
     CUDA-graph buffers (replayed on CUDA, called eagerly on CPU)."""
