@@ -8,6 +8,10 @@
   answer is all content.
 - `think`, for a generic `<think>` template: reasoning only when the answer opens with `<think>` (after
   whitespace), up to `</think>`; any other answer is all content.
+- `gpt_oss`: OpenAI's harmony messages (harmony.py): `analysis` is reasoning, `final` (and a
+  `commentary` preamble) content, a call to a function stays in the content for `--tool-call-parser
+  openai`; an answer that is not harmony is all content. Its markers are special tokens, which the
+  detokenizer drops by default (`skip_special_tokens`), so its requests ask for them (`decode_params`).
 
 A structured-output constraint (or tool_choice `required` / a named function) covers the whole output:
 the grammar cannot wait for the reasoning to end. Such an answer has reasoning only where it opens with
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Opening = Literal["prompt", "marker", "never"]
+Syntax = Literal["think", "harmony"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,13 +39,26 @@ class ReasoningFormat:
     start: str = "<think>"
     end: str = "</think>"
     off_switch: str | None = None  # a template kwarg whose value `false` switches thinking off
+    # "think": a start and an end marker (the fields above); "harmony": gpt-oss's channels (harmony.py),
+    # which reads `opening` "never" as all content and any other as "marker"
+    syntax: Syntax = "think"
 
 
 FORMATS: dict[str, ReasoningFormat] = {
     "deepseek_r1": ReasoningFormat("deepseek_r1"),
     "qwen3": ReasoningFormat("qwen3", off_switch="enable_thinking"),
     "think": ReasoningFormat("think", opening="marker"),
+    "gpt_oss": ReasoningFormat("gpt_oss", opening="marker", syntax="harmony"),  # start, end: unused
 }
+
+
+def decode_params(name: str | None) -> dict[str, Any]:
+    """Sampling params a request under the server's parser needs so the parser sees its markers:
+    harmony's are special tokens, which the default `skip_special_tokens` would drop from the text
+    (vLLM reads gpt-oss answers from their token ids instead; the gateway has only the text)."""
+    if name is not None and FORMATS[name].syntax == "harmony":
+        return {"skip_special_tokens": False, "spaces_between_special_tokens": False}
+    return {}
 
 
 def format_for_request(name: str | None, template_kwargs: Mapping[str, Any] | None,

@@ -6,15 +6,19 @@ Each piece goes out as soon as nothing that may follow can change where it belon
 may still open with the start marker (whitespace, `<thi`) it is held, and so is a tail of the reasoning
 that may still grow into the end marker (`</th`). A marker cut across pieces is therefore found
 whole, and a whole answer is split by the same machine fed once (`split_whole`), so the streamed
-pieces always reassemble to the whole answer's split.
+pieces always reassemble to the whole answer's split. gpt-oss's harmony messages go through the same
+interface to their own machine (harmony.py), held back by the same rule.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
 
 from actors.http.reasoning.formats import ReasoningFormat
+from actors.http.reasoning.harmony import HarmonySplitter
+from actors.http.reasoning.split import Split
+
+__all__ = ["ReasoningSplitter", "Split", "split_whole"]
 
 
 class _Phase(Enum):
@@ -23,28 +27,25 @@ class _Phase(Enum):
     CONTENT = "content"
 
 
-@dataclass(slots=True)
-class Split:
-    reasoning: str = ""
-    content: str = ""
-
-    def __add__(self, other: Split) -> Split:
-        return Split(self.reasoning + other.reasoning, self.content + other.content)
-
-
 class ReasoningSplitter:
     def __init__(self, fmt: ReasoningFormat) -> None:
         self.fmt = fmt
         self._phase = _Phase.CONTENT if fmt.opening == "never" else _Phase.OPENING
         self._held = ""  # text received and not yet given out
+        # gpt_oss: channels of harmony messages, not a pair of markers (harmony.py)
+        self._harmony = HarmonySplitter(fmt.opening != "never") if fmt.syntax == "harmony" else None
 
     def feed(self, text: str) -> Split:
         """The parts of the text so far that are sure now."""
+        if self._harmony is not None:
+            return self._harmony.feed(text)
         return self._advance(self._held + text, final=False)
 
     def finish(self) -> Split:
         """The rest, at the answer's end: a held tail belongs where the answer was (no end marker:
         the reasoning was cut short, and it is all reasoning)."""
+        if self._harmony is not None:
+            return self._harmony.finish()
         return self._advance(self._held, final=True)
 
     def _advance(self, text: str, final: bool) -> Split:

@@ -141,4 +141,4 @@ def test_serve_takes_the_reasoning_flags() -> None:
         with pytest.raises(ValueError, match=says):
             options_from_args(parser.parse_args(["serve", "--default-chat-template-kwargs", bad]))
     with pytest.raises(SystemExit):  # argparse: not one of the parsers
-        parser.parse_args(["serve", "--reasoning-parser", "gpt_oss"])
+        parser.parse_args(["serve", "--reasoning-parser", "granite"])

@@ -27,7 +27,8 @@ from queue_adapters.codec import WireChoice, WireReply, WireRequest, WireUsage
 
 CALL = {"hermes": '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>',
         "llama3_json": '<|python_tag|>{"name": "weather", "parameters": {"city": "Oslo"}}',
-        "mistral": '[TOOL_CALLS][{"name": "weather", "arguments": {"city": "Oslo"}}]'}
+        "mistral": '[TOOL_CALLS][{"name": "weather", "arguments": {"city": "Oslo"}}]',
+        "openai": '<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{"city": "Oslo"}'}
 TEXTS = {parser: [call, "  " + call, "Sure thing. " + call, "No call here, only words.", "  \n",
                   call[: len(call) // 2], call[:5] + " and more", "<" + call]
          for parser, call in CALL.items()}
@@ -39,6 +40,8 @@ MISTRAL_TWO = ('[TOOL_CALLS][{"name": "weather", "arguments": {"city": "Oslo"}},
                '{"name": "clock", "arguments": {"zone": "CET"}}] Done.')
 TEXTS["hermes"] += [HERMES_TWO, HERMES_TWO + "<tool_call>{oops}</tool_call> <tool_call>" + "[" * 2000 + "</tool_call>",
                     CALL["hermes"] + " <tool_call>" + CALL["hermes"]]
+TEXTS["openai"] += [CALL["openai"] + "<|call|>", "Hm.<|start|>assistant" + CALL["openai"] + "<|call|><|start|>assistant"
+                    + CALL["openai"], CALL["openai"] + " ok"]
 TEXTS["mistral"] += [MISTRAL_TWO, CALL["mistral"] + ' {"answer": 42}', CALL["mistral"] + " [",
                      "Hm. " + CALL["mistral"] + " ok"]
 DEEP = "[" * 5000  # past the JSON decoder's recursion limit: a 500 if it escaped
