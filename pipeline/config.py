@@ -18,6 +18,8 @@ LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's flag values (d
 
 
 ATTENTION_BACKENDS = ("auto", "torch", "flex")
+RUNNERS = ("auto", "generate", "pooling")  # vLLM's --runner; auto: pooling for encoder families
+SCHEDULING_POLICIES = ("priority", "fcfs")
 
 
 def parse_size(text: str | int) -> int:
@@ -66,9 +68,17 @@ class ModelConfig:
     # Request defaults from a generation_config.json: auto = the model's, vllm = none, or a directory
     # holding one (pipeline/loading/generation_config.py).
     generation_config: str = "auto"
+    # generate: completions and chat; pooling: embeddings (pipeline/embedding_engine.py), with the
+    # model directory's pooling unless these two say otherwise (pipeline/loading/pooling_config.py).
+    runner: str = "auto"
+    pooling_type: str | None = None  # MEAN, CLS or LAST
+    normalize: bool | None = None
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _require(self.runner in RUNNERS, f"runner must be one of {RUNNERS}, got {self.runner!r}")
+        _require(self.pooling_type is None or self.pooling_type.upper() in ("MEAN", "CLS", "LAST"),
+                 f"pooling_type must be MEAN, CLS or LAST, got {self.pooling_type!r}")
         _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
                  f"device must be auto, cpu or cuda[:N], got {self.device!r}")
         _require(self.max_model_len is None or self.max_model_len >= 1,
@@ -125,8 +135,16 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 128
     enable_chunked_prefill: bool = True
+    # pipeline/scheduling/waiting_queue.py: "priority" serves lower `priority` first (equal ones in
+    # arrival order, so with every request at 0 it is first come first served); "fcfs" ignores it.
+    scheduling_policy: str = "priority"
+    priority_aging_steps: int = 256  # a waiting sequence's priority improves by 1 per this many steps
 
     def __post_init__(self) -> None:
+        _require(self.scheduling_policy in SCHEDULING_POLICIES,
+                 f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
+        _require(self.priority_aging_steps >= 1,
+                 f"priority_aging_steps must be >= 1, got {self.priority_aging_steps}")
         _require(self.max_num_batched_tokens >= 1,
                  f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         _require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")

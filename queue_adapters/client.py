@@ -38,6 +38,7 @@ from queue_adapters.codec import (
     decode_request,
     encode,
 )
+from queue_adapters.priority_lanes import request_key
 from queue_adapters.redis_streams import DATA_FIELD, stream_entries
 
 log = structlog.get_logger(__name__)
@@ -84,8 +85,9 @@ class ReplyOrder:
 def assemble(request_id: str, replies: list[WireReply]) -> dict[str, Any]:
     """Concatenate in-order reply entries into the final result of a request."""
     choices: dict[int, dict[str, Any]] = {}
-    usage = error = prompt_logprobs = prompt_token_ids = None
+    usage = error = prompt_logprobs = prompt_token_ids = embedding = None
     for reply in replies:
+        embedding = reply.embedding if reply.embedding is not None else embedding
         if reply.prompt_logprobs is not None:
             prompt_logprobs, prompt_token_ids = reply.prompt_logprobs, reply.prompt_token_ids
         for delta in reply.choices:
@@ -100,7 +102,8 @@ def assemble(request_id: str, replies: list[WireReply]) -> dict[str, Any]:
         usage = msgspec.structs.asdict(reply.usage) if reply.usage is not None else usage
         error = msgspec.structs.asdict(reply.error) if reply.error is not None else error
     return {"id": request_id, "choices": [choices[index] for index in sorted(choices)], "usage": usage,
-            "error": error, "prompt_logprobs": prompt_logprobs, "prompt_token_ids": prompt_token_ids}
+            "error": error, "prompt_logprobs": prompt_logprobs, "prompt_token_ids": prompt_token_ids,
+            "embedding": embedding}
 
 
 class AqueductClient:
@@ -124,12 +127,13 @@ class AqueductClient:
         return reply_to or f"{self.prefix}:out:{request_id}"
 
     async def submit(self, request: dict[str, Any] | WireRequest, *, params_checked: bool = False) -> str:
-        """Validate (raising CodecError naming the field), XADD to `{prefix}:requests`; returns the id.
-        `params_checked`: see codec.decode_request."""
+        """Validate (raising CodecError naming the field), XADD to its priority's lane (`{prefix}:requests`
+        at priority 0, queue_adapters/priority_lanes.py); returns the id. `params_checked`: see
+        codec.decode_request."""
         raw = encode(request)
         # The worker's exact check, so a bad request fails here, not later.
         checked = decode_request(raw, params_checked=params_checked)
-        await self.redis.xadd(f"{self.prefix}:requests", {DATA_FIELD: raw})
+        await self.redis.xadd(request_key(self.prefix, checked.priority), {DATA_FIELD: raw})
         self._remember(checked)
         return checked.id
 
@@ -142,8 +146,9 @@ class AqueductClient:
         checked = [decode_request(raw, params_checked=params_checked) for raw in raws]
         for start in range(0, len(raws), _PIPELINE_CHUNK):
             async with self.redis.pipeline(transaction=False) as pipe:
-                for raw in raws[start:start + _PIPELINE_CHUNK]:
-                    pipe.xadd(f"{self.prefix}:requests", {DATA_FIELD: raw})
+                for raw, request in zip(raws[start:start + _PIPELINE_CHUNK], checked[start:start + _PIPELINE_CHUNK],
+                                        strict=True):
+                    pipe.xadd(request_key(self.prefix, request.priority), {DATA_FIELD: raw})
                 await pipe.execute()
         for request in checked:
             self._remember(request)

@@ -31,6 +31,10 @@ MAX_KEY_LENGTH = 512  # reply_to is a Redis key; long enough for any prefix, sho
 RequestId = Annotated[str, Meta(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)]
 StreamKey = Annotated[str, Meta(min_length=1, max_length=MAX_KEY_LENGTH)]
 NonNegativeInt = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1  # vLLM takes any int; 32 bits are plenty
+MAX_TENANT_LENGTH = 128
+TENANT_PATTERN = r"^[^\x00-\x1f\x7f]+$"  # printable: it is a metrics label and a log field
+MIN_TENANT_WEIGHT, MAX_TENANT_WEIGHT = 0.001, 1000.0  # a share's cost / weight stays a plain float
 FinishReason = Literal["stop", "length", "abort", "timeout", "error"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "timeout", "error")
 PROMPT_FIELDS: tuple[str, ...] = ("prompt", "prompt_token_ids", "messages")
@@ -61,6 +65,16 @@ class WireRequest(_Wire, omit_defaults=True):
     images: list[bytes] | None = None  # encoded images (PNG, JPEG, ...), one per <image> placeholder
     tools: Annotated[list[Any], Meta(min_length=1, max_length=MAX_TOOLS)] | None = None  # for the chat template
     chat_template_kwargs: dict[str, Any] | None = None  # extra template variables (enable_thinking, ...)
+    # Lower is more urgent (vLLM's meaning): the lane it is queued on and the worker's scheduling order.
+    priority: Annotated[int, Meta(ge=PRIORITY_MIN, le=PRIORITY_MAX)] = 0
+    # Who sent it (the gateway sets the API key's tenant; none: the default tenant) and its weight: equal
+    # priorities share a worker's admissions between tenants in proportion to their weights.
+    tenant: Annotated[str, Meta(min_length=1, max_length=MAX_TENANT_LENGTH, pattern=TENANT_PATTERN)] | None = None
+    tenant_weight: Annotated[float, Meta(ge=MIN_TENANT_WEIGHT, le=MAX_TENANT_WEIGHT)] = 1.0
+    # An embedding request (a worker started with --runner pooling): the prompt's pooled vector, its
+    # first `dimensions` entries when given (docs/http-api.md#embeddings); nothing is generated.
+    embed: bool = False
+    dimensions: Annotated[int, Meta(ge=1, le=INT64_MAX)] | None = None
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams.from_dict(self.params)
@@ -100,6 +114,7 @@ class WireReply(_Wire):
     # Once, when the request asked for them: one entry per prompt token (nil for the first).
     prompt_logprobs: list[Any] | None = None
     prompt_token_ids: list[NonNegativeInt] | None = None  # with prompt_logprobs: the prompt as tokenized
+    embedding: bytes | None = None  # an embedding request's vector: little-endian float32
 
     @property
     def is_error(self) -> bool:

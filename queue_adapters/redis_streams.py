@@ -178,6 +178,16 @@ class RedisStreamConsumer(Generic[T]):
             if deadline is not None and time.monotonic() >= deadline:
                 return []
 
+    async def read_now(self, max_count: int) -> list[Delivery[T | Malformed]]:
+        """Up to `max_count` new entries, without blocking ([] after a transient failure)."""
+        if not self._group_ready:
+            await self.ensure_group()
+        return [self.new_delivery(entry_id, fields) for entry_id, fields in await self._read(max_count, None)]
+
+    def new_delivery(self, entry_id: bytes | str, fields: dict[bytes, bytes] | None) -> Delivery[T | Malformed]:
+        """The delivery of an entry read from this stream for the first time (by a read over several)."""
+        return self._delivery(entry_id, fields, attempt=1)
+
     def _block_ms_until(self, deadline: float | None) -> int | None:
         if deadline is None:
             return self.block_ms
@@ -186,22 +196,30 @@ class RedisStreamConsumer(Generic[T]):
 
     async def _read(self, max_count: int, block_ms: int | None) -> list[tuple[Any, dict[bytes, bytes] | None]]:
         """One XREADGROUP; [] after a transient failure (having slept the backoff delay)."""
+        response = await self.read_group({self.stream_key: self}, max_count, block_ms)
+        return stream_entries(response)
+
+    async def read_group(self, streams: dict[str, RedisStreamConsumer[Any]], count: int, block_ms: int | None) -> Any:
+        """One XREADGROUP over `streams` (key -> that stream's consumer, of this group and name), on this
+        reader: the raw response, or None after a transient failure (having slept the backoff delay)
+        or after recreating a missing group."""
         try:
-            response = await self._reader.xreadgroup(self.group, self.consumer_name, {self.stream_key: ">"},
-                                                     count=max_count, block=block_ms)
+            response = await self._reader.xreadgroup(self.group, self.consumer_name, dict.fromkeys(streams, ">"),
+                                                     count=count, block=block_ms)
         except _TRANSIENT_ERRORS as error:
             _reraise_if_cancelled()
             await self._sleep_before_retry(error)
-            return []
+            return None
         except ResponseError as error:
             if not str(error).startswith("NOGROUP"):
                 raise
-            # The stream or group was deleted under us (a trim or a cleanup): recreate and go on.
+            # A stream or group was deleted under us (a trim or a cleanup): recreate and go on.
             self._log.warning("consumer group missing, recreating", error=str(error))
-            await self.ensure_group()
-            return []
+            for consumer in streams.values():
+                await consumer.ensure_group()
+            return None
         self.backoff.reset()
-        return stream_entries(response)
+        return response
 
     async def _sleep_before_retry(self, error: Exception) -> None:
         delay_s = self.backoff.next_delay_s()
@@ -287,14 +305,19 @@ class RedisStreamConsumer(Generic[T]):
 
 def stream_entries(response: Any) -> list[tuple[Any, dict[bytes, bytes] | None]]:
     """The (entry id, fields) pairs of an XREAD/XREADGROUP response, from a RESP2 list or a RESP3 map."""
+    return [entry for entries in entries_per_stream(response).values() for entry in entries]
+
+
+def entries_per_stream(response: Any) -> dict[str, list[tuple[Any, dict[bytes, bytes] | None]]]:
+    """Stream key -> its (entry id, fields) pairs, of an XREAD/XREADGROUP response over several streams."""
     if not response:
-        return []
-    per_stream = response.values() if isinstance(response, dict) else (entries for _, entries in response)
-    found = []
-    for entries in per_stream:
+        return {}
+    pairs = response.items() if isinstance(response, dict) else response
+    found = {}
+    for key, entries in pairs:
         # Some redis-py versions wrap a RESP3 stream's entry list in a one-item list.
         wrapped = len(entries) == 1 and isinstance(entries[0], list)
-        found.extend(entries[0] if wrapped else entries)
+        found[_text(key)] = entries[0] if wrapped else entries
     return found
 
 

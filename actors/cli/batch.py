@@ -77,7 +77,8 @@ def _parse_line(text: bytes, number: int, seen: set[str], tool_parser: str | Non
         # As vLLM: the body's `model` names a LoRA adapter; the base model's name means none.
         model = item["body"].get("model")
         lora = model if isinstance(model, str) and model else None
-        request = WireRequest(id=f"batch-line-{number}", params=params, lora=lora, **body.prompt_fields)
+        request = WireRequest(id=f"batch-line-{number}", params=params, lora=lora, priority=body.priority,
+                              **body.prompt_fields)
         return BatchLine(custom_id, request, body=body)
     except (ValueError, CodecError) as error:  # UntrustedValueError is a ValueError
         log.warning("rejected batch line", line=number, custom_id=custom_id, error=str(error))

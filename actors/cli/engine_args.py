@@ -13,6 +13,8 @@ from pipeline.config import (
     KV_CACHE_DTYPES,
     LOGPROBS_MODES,
     QUANTIZATIONS,
+    RUNNERS,
+    SCHEDULING_POLICIES,
     CacheConfig,
     EngineConfig,
     LoRAConfig,
@@ -23,6 +25,7 @@ from pipeline.config import (
     parse_size,
 )
 from pipeline.loading.model_source import default_cli_model
+from pipeline.loading.pooling_config import POOLING_TYPES
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +63,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="share of GPU memory for weights + activations + KV cache")
     group.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     group.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step")
+    group.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="priority",
+                       help="priority: requests with a lower `priority` first (they may preempt less urgent ones; "
+                            "equal priorities first come first served); fcfs: arrival order, priority ignored")
+    group.add_argument("--priority-aging-steps", type=int, default=256,
+                       help="priority policy: a waiting request's priority improves by 1 per this many steps")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                        help="reuse the KV blocks of shared prompt prefixes (on by default)")
     group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
@@ -106,8 +114,24 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--special-tokens-in-messages", action="store_true",
                        help="read special-token text inside chat messages (e.g. <|im_start|>) as special tokens; "
                             "by default it stays text, so a client cannot forge role markers (trusted clients only)")
+    add_pooling_args(parser)
     add_lora_args(parser)
     add_speculative_args(parser)
+
+
+def add_pooling_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("embeddings (docs/http-api.md#embeddings)")
+    group.add_argument("--runner", choices=RUNNERS, default="auto",
+                       help="generate: completions and chat; pooling: /v1/embeddings (a decoder's last token or "
+                            "mean, or a BERT-style encoder); auto = pooling for a model with no language-model "
+                            "head (BertModel, XLMRobertaModel, Qwen3Model, ...), else generate")
+    group.add_argument("--pooling-type", type=str.upper, choices=POOLING_TYPES, default=None,
+                       help="with --runner pooling: how a prompt's hidden states become one vector (default: the "
+                            "model directory's sentence-transformers Pooling module, else CLS for encoders and "
+                            "LAST for decoders)")
+    group.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                       help="with --runner pooling: L2-normalise embeddings (default: when the model directory "
+                            "has a sentence-transformers Normalize module, or has no modules.json)")
 
 
 def add_speculative_args(parser: argparse.ArgumentParser) -> None:
@@ -218,7 +242,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                           max_image_bytes=parse_size(args.max_image_bytes),
                           max_image_pixels=args.max_image_pixels, attention_backend=args.attention_backend,
                           tensor_parallel_size=args.tensor_parallel_size,
-                          special_tokens_in_messages=args.special_tokens_in_messages),
+                          special_tokens_in_messages=args.special_tokens_in_messages,
+                          runner=getattr(args, "runner", "auto"), pooling_type=getattr(args, "pooling_type", None),
+                          normalize=getattr(args, "normalize", None)),
         cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           kv_cache_memory=parse_size(args.kv_cache_memory),
                           gpu_memory_utilization=args.gpu_memory_utilization,
@@ -226,7 +252,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                           kv_cache_dtype="fp8_e4m3" if args.kv_cache_dtype == "fp8" else args.kv_cache_dtype,
                           calculate_kv_scales=args.calculate_kv_scales),
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
-                                  max_num_seqs=args.max_num_seqs),
+                                  max_num_seqs=args.max_num_seqs, scheduling_policy=args.scheduling_policy,
+                                  priority_aging_steps=args.priority_aging_steps),
         lora=lora_config_from_args(args),
         speculative=speculative_config_from_args(args),
         limits=RequestLimits(max_stop_strings=args.max_stop_strings, max_dry_breakers=args.max_dry_breakers,

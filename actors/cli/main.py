@@ -29,6 +29,9 @@ def _batch(args: argparse.Namespace) -> int:
 
             device = device_thread()
             engine = load_engine(engine_config_from_args(args), device)
+            if getattr(engine, "pooling", False):
+                raise ValueError("batch files hold generation requests; a pooling model (--runner pooling) serves "
+                                 "embeddings over HTTP only (aqueduct serve)")
         else:
             from actors.kit.device import load_model_tokenizer
     from tqdm import tqdm

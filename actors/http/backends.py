@@ -27,7 +27,8 @@ from actors.worker.control import apply_lora, lora_path_refusal
 from actors.worker.metrics import WorkerMetrics
 from actors.worker.recovery.liveness import heartbeat_key
 from actors.worker.replies import MemoryReplySink
-from actors.worker.run import StatsReporter, build_graph
+from actors.worker.run import build_graph, stats_reporters
+from pipeline.embedding_engine import EmbeddingEngine
 from pipeline.engine import LLMEngine
 from queue_adapters.client import AqueductClient, ControlAnswers, ReplyOrder
 from queue_adapters.codec import (
@@ -51,6 +52,7 @@ WORKER_DIED = "worker_died"  # the error code of requests whose engine died unde
 
 class Backend(Protocol):
     model_name: str
+    pooling: bool  # started with --runner pooling: /v1/embeddings, not completions or chat
     tokenizer: Any
     max_model_len: int | None
     worker_metrics: WorkerMetrics | None  # the engine's own metrics when it runs in this process
@@ -96,8 +98,9 @@ class RemoteBackend:
 
     def __init__(self, redis_url: str, prefix: str, model_name: str, tokenizer: Any,
                  max_model_len: int | None = None, max_pending: int = 256,
-                 adapters: list[str] | None = None) -> None:
+                 adapters: list[str] | None = None, pooling: bool = False) -> None:
         self.redis_url, self.prefix = redis_url, prefix
+        self.pooling = pooling  # as the workers were started (--runner pooling)
         self.adapters = list(adapters or [])  # as the workers were started with (--lora-modules)
         self.adapter_paths: dict[str, str] = {}  # those loaded through this gateway
         self.model_name, self.tokenizer, self.max_model_len = model_name, tokenizer, max_model_len
@@ -202,9 +205,10 @@ class EmbeddedBackend:
     waiting for replies and every new one gets a `worker_died` error entry, and `on_death` is called
     (`aqueduct serve` then exits non-zero, for its supervisor to restart it)."""
 
-    def __init__(self, engine: LLMEngine, device: ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, engine: LLMEngine | EmbeddingEngine, device: ThreadPoolExecutor | None = None) -> None:
         self.engine = engine
         self.device = device
+        self.pooling = isinstance(engine, EmbeddingEngine)  # --runner pooling: embeddings, not generation
         self.model_name, self.tokenizer = engine.model_name, engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.sink = MemoryReplySink()
@@ -242,8 +246,8 @@ class EmbeddedBackend:
         graph = build_graph(self.engine, self.inbox.consumer(), self.sink, EMBEDDED_PREFIX, self._no_dead_letters,
                             max_in_flight=max_in_flight, metrics=self.worker_metrics, device=self.device)
         self.to_scheduler, self.device = graph.to_scheduler, graph.device
-        stats = StatsReporter(self.engine, self.worker_metrics, interval_s=10.0)
-        runtime = ActorRuntime([*graph.actors, stats], graph.intake, graph.admission.wait_idle, drain_timeout_s=5.0,
+        stats = stats_reporters(self.engine, self.worker_metrics, interval_s=10.0)
+        runtime = ActorRuntime([*graph.actors, *stats], graph.intake, graph.admission.wait_idle, drain_timeout_s=5.0,
                                on_crash=self._graph_died)
         runtime.stop_when(self._stop)
         self._running = asyncio.create_task(runtime.run(), name="embedded-graph")

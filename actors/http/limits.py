@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
+from actors.http.api_keys import ApiKeys
 from actors.http.errors import ApiError, invalid, parse_json_body
 
 T = TypeVar("T")
@@ -20,14 +21,21 @@ T = TypeVar("T")
 OFF_LOOP_BYTES = 65_536
 
 
-def check_api_key(request: Request, api_key: str | None) -> None:
+def check_api_key(request: Request, api_key: str | ApiKeys | None) -> None:
+    """`api_key`: --api-key's one key, or --api-keys' file (actors/http/api_keys.py)."""
     if api_key is None:
         return
     given = request.headers.get("authorization", "")
     scheme, _, token = given.partition(" ")
-    # Constant-time comparison: the key must not leak through response timing.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+    if scheme.lower() != "bearer" or not key_matches(token.strip(), api_key):
         raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", code="invalid_api_key")
+
+
+def key_matches(given: str, api_key: str | ApiKeys) -> bool:
+    """Constant-time for the one key, by digest for a key file: a key must not leak through response timing."""
+    if isinstance(api_key, ApiKeys):
+        return api_key.tenant_of(given) is not None
+    return hmac.compare_digest(given.encode(), api_key.encode())
 
 
 async def read_body_limited(request: Request, max_bytes: int) -> bytes:
@@ -51,7 +59,7 @@ async def read_json_body(request: Request, max_bytes: int) -> tuple[Any, int]:
     return await off_loop_if_large(len(raw), parse_json_body, raw), len(raw)
 
 
-async def read_json_object(request: Request, api_key: str | None, max_bytes: int) -> dict[str, Any]:
+async def read_json_object(request: Request, api_key: str | ApiKeys | None, max_bytes: int) -> dict[str, Any]:
     """A small route's body: the API key checked, then the body parsed, which must be a JSON object."""
     check_api_key(request, api_key)
     body, _ = await read_json_body(request, max_bytes)

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from actors.http.api_keys import ApiKeys
+
 
 @dataclass(frozen=True, slots=True)
 class GatewayOptions:
-    api_key: str | None = None
+    api_key: str | ApiKeys | None = None  # --api-key's one key, or --api-keys' tenants (api_keys.py)
     max_pending: int = 256  # requests in flight through this gateway; more get 429
     worker_timeout_s: float = 60.0  # no reply entry within this: 503 (no worker is answering)
     request_timeout_s: float | None = None  # becomes the wire deadline_ms

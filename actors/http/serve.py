@@ -30,7 +30,7 @@ def build_backend(args: argparse.Namespace, engine_config: Any, max_pending: int
         tokenizer, model_name = load_model_tokenizer(engine_config.model)
         adapters = [item.partition("=")[0] for item in getattr(args, "lora_modules", None) or []]
         return RemoteBackend(args.redis_url, args.prefix, model_name, tokenizer, args.max_model_len, max_pending,
-                             adapters)
+                             adapters, pooling=engine_config.model.runner == "pooling")
     from actors.kit.device import device_thread, load_engine
 
     device = device_thread()

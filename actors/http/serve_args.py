@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from actors.http.api_keys import ApiKeys, load_api_keys
 from actors.http.options import GatewayOptions
 from actors.http.reasoning import FORMATS
 from actors.http.tool_parsers import PARSERS
@@ -34,6 +35,9 @@ def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., s
     parser.add_argument("--prefix", default=env_default("AQUEDUCT_PREFIX", "aqueduct"), help="deployment key prefix")
     parser.add_argument("--api-key", default=env_default("AQUEDUCT_API_KEY"),
                         help="require Authorization: Bearer KEY (env AQUEDUCT_API_KEY)")
+    parser.add_argument("--api-keys", default=env_default("AQUEDUCT_API_KEYS"), metavar="FILE",
+                        help="require one of the keys in FILE, lines `key,tenant[,weight]`: each key's requests "
+                             "are its tenant's, for fair share (env AQUEDUCT_API_KEYS; not with --api-key)")
     parser.add_argument("--max-pending", type=int, default=256, help="requests in flight before answering 429")
     parser.add_argument("--worker-timeout", type=float, default=60.0,
                         help="seconds to wait for a worker's first reply before answering 503")
@@ -77,8 +81,8 @@ def add_tool_args(parser: argparse.ArgumentParser) -> None:
 def add_reasoning_args(parser: argparse.ArgumentParser) -> None:
     """vLLM's reasoning flags (docs/http-api.md#reasoning)."""
     parser.add_argument("--reasoning-parser", choices=sorted(FORMATS), default=None,
-                        help="split chat answers' reasoning (<think>...</think>) from their content into "
-                             "`reasoning` and `reasoning_content`, in the model's format")
+                        help="split chat answers' reasoning (<think>...</think>, gpt-oss's analysis channel) from "
+                             "their content into `reasoning` and `reasoning_content`, in the model's format")
     parser.add_argument("--default-chat-template-kwargs", default=None, metavar="JSON",
                         help='the chat template\'s variables for every chat request, e.g. \'{"enable_thinking": '
                              "false}'; a request's chat_template_kwargs override them")
@@ -94,17 +98,32 @@ def template_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any] | None
 
 def tool_parser_from_args(args: argparse.Namespace) -> str | None:
     """The parser `tool_choice: "auto"` reads calls with (None: auto is refused); ValueError when
-    --enable-auto-tool-choice comes without --tool-call-parser."""
+    --enable-auto-tool-choice comes without --tool-call-parser, or with `openai` but without
+    --reasoning-parser gpt_oss."""
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser "
                          f"({', '.join(sorted(PARSERS))})")
+    harmony_calls = args.enable_auto_tool_choice and args.tool_call_parser == "openai"
+    if harmony_calls and getattr(args, "reasoning_parser", None) != "gpt_oss":  # `aqueduct batch` has none
+        raise ValueError("--tool-call-parser openai requires --reasoning-parser gpt_oss (harmony's markers are "
+                         "special tokens, which only gpt_oss's requests keep in the text)")
     return args.tool_call_parser if args.enable_auto_tool_choice else None
+
+
+def api_key_from_args(args: argparse.Namespace) -> str | ApiKeys | None:
+    """--api-key's one key or --api-keys' file (never both: which key would name the tenant?)."""
+    if not getattr(args, "api_keys", None):
+        return args.api_key or None
+    if args.api_key:
+        raise ValueError("--api-key and --api-keys do not go together (AQUEDUCT_API_KEY sets the first): "
+                         "put that key in the file, with its tenant")
+    return load_api_keys(args.api_keys)
 
 
 def options_from_args(args: argparse.Namespace) -> GatewayOptions:
     """ValueError for flags that do not go together."""
     tool_call_parser = tool_parser_from_args(args)
-    return GatewayOptions(api_key=args.api_key or None, max_pending=args.max_pending,
+    return GatewayOptions(api_key=api_key_from_args(args), max_pending=args.max_pending,
                           worker_timeout_s=args.worker_timeout, request_timeout_s=args.request_timeout,
                           max_request_bytes=args.max_request_bytes, metrics_open=args.metrics_open,
                           served_model_names=tuple(args.served_model_name or ()),

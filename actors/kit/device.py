@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pipeline.config import EngineConfig, ModelConfig
+from pipeline.embedding_engine import EmbeddingEngine, wants_pooling
 from pipeline.engine import LLMEngine
 from pipeline.speculative.on_executor import ProposerOnExecutor
 
@@ -21,9 +22,19 @@ def device_thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="aqueduct-device")
 
 
-def load_engine(config: EngineConfig, device: ThreadPoolExecutor) -> LLMEngine:
-    """Build the engine (load the model, allocate the KV cache) on `device`; waits for it."""
-    return device.submit(LLMEngine, config).result()
+def load_engine(config: EngineConfig, device: ThreadPoolExecutor) -> LLMEngine | EmbeddingEngine:
+    """Build the engine (load the model, allocate the KV cache) on `device`; waits for it. The pooling
+    runner's (embeddings) for --runner pooling or a model with no language-model head."""
+    return device.submit(build_engine, config).result()
+
+
+def build_engine(config: EngineConfig) -> LLMEngine | EmbeddingEngine:
+    from pipeline.loading.model_source import resolve_model
+    from pipeline.model.loader import resolve_device, resolve_dtype
+
+    model_dir = resolve_model(config.model.model, resolve_dtype(config.model.dtype,
+                                                                resolve_device(config.model.device))).path
+    return EmbeddingEngine(config) if wants_pooling(config, model_dir) else LLMEngine(config)
 
 
 def draft_on_device(engine: LLMEngine, device: ThreadPoolExecutor) -> None:

@@ -1,7 +1,8 @@
 """The streams between a worker's actors: memory by default, Redis Streams where configured.
 
 Only inboxes whose messages are plain data can move onto Redis (docs/design.md §2): the scheduler's
-(Admit, StepResult, StopStringFinish, Cancel), tensor prep's (StepPlan) and output's step events.
+(Admit, StepResult, StopStringFinish, Cancel; a pooling worker's Embed), tensor prep's (StepPlan) and
+output's step events (a pooling worker's Embedded).
 GPU and sampling inboxes carry arrays/tensors, and output's routes carry ack handles: memory only.
 """
 

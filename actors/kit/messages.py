@@ -28,17 +28,21 @@ class Admit:
     lora_name: str | None = None  # the LoRA adapter, by name and by this worker's registry id
     lora_id: int | None = None
     images: list[ImageInput] = field(default_factory=list)  # preprocessed, at their placeholder positions
+    priority: int = 0  # the scheduling order (pipeline/scheduling/waiting_queue.py)
+    tenant: str | None = None  # fair share between tenants (pipeline/scheduling/fair_share.py)
+    tenant_weight: float = 1.0
 
     @classmethod
     def of(cls, request: Request, deadline_ms: int | None, resume: ResumeState | None = None) -> Admit:
         return cls(request.request_id, request.prompt_token_ids, request.params, request.seed,
                    sorted(request.eos_token_ids), deadline_ms, resume, request.lora_name, request.lora_id,
-                   list(request.images))
+                   list(request.images), request.priority, request.tenant, request.tenant_weight)
 
     def to_request(self) -> Request:
         request = Request(request_id=self.request_id, prompt_token_ids=self.prompt_token_ids, params=self.params,
                           seed=self.seed, eos_token_ids=frozenset(self.eos_token_ids), lora_name=self.lora_name,
-                          lora_id=self.lora_id, images=tuple(self.images))
+                          lora_id=self.lora_id, images=tuple(self.images), priority=self.priority,
+                          tenant=self.tenant, tenant_weight=self.tenant_weight)
         if self.resume is not None:
             request.resume_from(self.resume)
         return request
@@ -110,3 +114,21 @@ class StepEvents:
 
     def all(self) -> list[TokenEvent | PromptLogprobsEvent]:
         return [*self.prompt_logprobs, *self.tokens]
+
+
+@dataclass(slots=True)
+class Embed:
+    """Intake -> Embed actor: an embedding request, checked (--runner pooling)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    dimensions: int | None = None
+
+
+@dataclass(slots=True)
+class Embedded:
+    """Embed actor -> Output: a request's vector (little-endian float32 bytes)."""
+
+    request_id: str
+    embedding: bytes
+    num_prompt_tokens: int

@@ -21,7 +21,7 @@ from actors.worker.recovery.resume import is_answered, resume_state
 from actors.worker.reply_routes import default_reply_to
 from actors.worker.screening import Screened, raw_of, screen
 from pipeline.intake.request_builder import RequestBuilder
-from pipeline.request.request import Request
+from pipeline.request.request import Request, ResumeState
 from pipeline.request.structured_output import ALIASES as STRUCTURED_OUTPUT_FIELDS
 from queue_adapters.base import Consumer, Delivery, Producer
 from queue_adapters.codec import Malformed, WireReply, WireRequest, encode
@@ -194,7 +194,11 @@ class IntakeActor:
         # Output learns the route before the scheduler can produce the first token event.
         await self.to_output.send(OpenReply(message.id, request.prompt_token_ids, request.params, reply_to, delivery,
                                             time.perf_counter(), resume))
-        await self.to_scheduler.send(Admit.of(request, message.deadline_ms, resume))
+        await self.to_scheduler.send(self._admit_message(request, message, resume))
+
+    def _admit_message(self, request: Request, message: WireRequest, resume: ResumeState | None) -> Any:
+        """What the next actor gets for an admitted request (the pooling graph's intake sends an Embed)."""
+        return Admit.of(request, message.deadline_ms, resume)
 
     async def _refuse(self, message: WireRequest, delivery: Delivery[Any], reply_to: str, next_seq: int,
                       error: Exception) -> None:
@@ -241,10 +245,13 @@ def _asks_for_dry(params: dict[str, Any]) -> bool:
 
 def build_request(builder: RequestBuilder, message: WireRequest) -> Request:
     """A wire request as an engine Request; ValueError names what is wrong with it."""
+    if message.embed or message.dimensions is not None:
+        raise ValueError("embed: this worker generates text; embeddings need a worker started with --runner pooling")
     limits = getattr(builder.image_processor, "limits", None)
     message = resolve_image_urls(message, limits.max_bytes if limits is not None else None)
     return builder.build(message.id, builder.sampling_params(message.params), prompt=message.prompt, lora=message.lora,
                          prompt_token_ids=message.prompt_token_ids,
                          messages=[m.as_dict() for m in message.messages] if message.messages is not None else None,
                          images=message.images, tools=message.tools,
-                         chat_template_kwargs=message.chat_template_kwargs)
+                         chat_template_kwargs=message.chat_template_kwargs, priority=message.priority,
+                         tenant=message.tenant, tenant_weight=message.tenant_weight)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from actors.worker.tenant_metrics import TenantMetrics
+
 # generate_latest() writes the classic text format 0.0.4; newer prometheus_client versions point
 # CONTENT_TYPE_LATEST at 1.0.0, so name the version that matches the bytes we actually send.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -46,6 +48,7 @@ class WorkerMetrics:
         self._create_gauges()
         self._create_counters()
         self._create_histograms()
+        self.tenants = TenantMetrics(self.registry)  # bounded labels: tenant_metrics.py
 
     def _create_gauges(self) -> None:
         self.requests_waiting = self._gauge("requests_waiting", "Requests queued, not yet scheduled.")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.kit.base import Actor
-from actors.kit.messages import Cancel, ErrorReply, OpenReply, RequestFailed, StepEvents
+from actors.kit.messages import Cancel, Embedded, ErrorReply, OpenReply, RequestFailed, StepEvents
 from actors.worker.admission import Admission
 from actors.worker.replies import ReplySink, to_wire
 from actors.worker.reply_routes import default_reply_to
@@ -119,6 +119,9 @@ class OutputActor(Actor):
                     await self.to_scheduler.send(Cancel(request_id, FinishReason.ERROR))
                 await asyncio.sleep(0)
             await self._write(deltas)  # one sink write (one Redis round trip) per step
+        elif isinstance(message, Embedded):
+            delta = self.outputs.embedding_delta(message.request_id, message.embedding, message.num_prompt_tokens)
+            await self._write([delta])
         elif isinstance(message, ErrorReply):
             await self._write_error(message)
         elif isinstance(message, RequestFailed):

@@ -31,6 +31,7 @@ def to_wire(delta: RequestDelta) -> WireReply:
         prompt_logprobs=([None if e is None else _logprobs([e])[0] for e in delta.prompt_logprobs]
                          if delta.prompt_logprobs is not None else None),
         prompt_token_ids=delta.prompt_token_ids,
+        embedding=delta.embedding,
     )
 
 

@@ -32,6 +32,7 @@ from actors.kit.edges import Edges
 from actors.kit.runtime import ActorRuntime, Runnable, exit_after
 from actors.worker.admission import Admission
 from actors.worker.control import ControlActor
+from actors.worker.embedding import EmbedActor, EmbedIntake
 from actors.worker.intake import DeadLetter, IntakeActor, ReplyReader
 from actors.worker.metrics import WorkerMetrics
 from actors.worker.output import OutputActor
@@ -42,9 +43,12 @@ from actors.worker.recovery.resume import read_reply_stream
 from actors.worker.replies import RedisReplySink, ReplySink
 from actors.worker.scheduler import SchedulerActor
 from actors.worker.stages import GPUActor, SamplingActor, TensorPrepActor
+from actors.worker.tenant_metrics import requests_by_tenant
+from pipeline.embedding_engine import EmbeddingEngine
 from pipeline.engine import LLMEngine
 from queue_adapters.base import Consumer, Producer
 from queue_adapters.codec import Malformed, WireReply, WireRequest, decode_request
+from queue_adapters.priority_lanes import LANES, LanedConsumer, lane_key
 from queue_adapters.redis_streams import RedisStreamConsumer, dead_letter, retry_transient
 from queue_adapters.wire_limits import WireLimits
 
@@ -86,8 +90,8 @@ class Graph:
     device: ThreadPoolExecutor  # the device thread (LoRA loads run there)
 
 
-def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], sink: ReplySink, prefix: str,
-                dead_letter_fn: DeadLetter, max_in_flight: int, metrics: WorkerMetrics | None = None,
+def build_graph(engine: LLMEngine | EmbeddingEngine, requests: Consumer[WireRequest | Malformed], sink: ReplySink,
+                prefix: str, dead_letter_fn: DeadLetter, max_in_flight: int, metrics: WorkerMetrics | None = None,
                 edges: Edges | None = None, reply_reader: ReplyReader | None = None, max_attempts: int = 3,
                 ownership: Ownership | None = None, max_queue_wait_ms: int | None = None,
                 device: ThreadPoolExecutor | None = None, reply_to_pattern: str | None = None) -> Graph:
@@ -95,6 +99,9 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
 
     `device`: the thread the engine was built on (actors/kit/device.py); a new one when None."""
     edges = edges or Edges()
+    if isinstance(engine, EmbeddingEngine):
+        return _pooling_graph(engine, requests, sink, prefix, dead_letter_fn, max_in_flight, metrics, edges,
+                              reply_reader, max_attempts, ownership, device, reply_to_pattern)
     (to_scheduler, scheduler_inbox), (to_prep, prep_inbox), (to_gpu, gpu_inbox), (to_sampling, sampling_inbox), \
         (to_events, events_inbox), (to_routes, routes_inbox) = (edges.make(name) for name in (
             "scheduler", "tensor_prep", "gpu", "sampling", "output_events", "output_routes"))
@@ -115,13 +122,39 @@ def build_graph(engine: LLMEngine, requests: Consumer[WireRequest | Malformed], 
     return Graph(actors, intake, admission, to_scheduler, device)
 
 
-async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Event | None = None,
+def _pooling_graph(engine: EmbeddingEngine, requests: Consumer[WireRequest | Malformed], sink: ReplySink,
+                   prefix: str, dead_letter_fn: DeadLetter, max_in_flight: int, metrics: WorkerMetrics | None,
+                   edges: Edges, reply_reader: ReplyReader | None, max_attempts: int, ownership: Ownership | None,
+                   device: ThreadPoolExecutor | None, reply_to_pattern: str | None) -> Graph:
+    """--runner pooling: Intake -> Embed -> Output (actors/worker/embedding.py)."""
+    (to_embed, embed_inbox), (to_events, events_inbox), (to_routes, routes_inbox) = (
+        edges.make(name) for name in ("scheduler", "output_events", "output_routes"))
+    admission = Admission(max_in_flight)
+    device = device or device_thread()
+    actors: list[Runnable] = [
+        EmbedActor(engine, device, embed_inbox, to_events, engine.config.scheduler.max_num_seqs),
+        OutputActor(engine.outputs, sink, events_inbox, routes_inbox, to_embed, admission, metrics, prefix,
+                    dead_letter_fn),
+    ]
+    intake = EmbedIntake(engine, requests, None, prefix, admission, to_routes, to_embed, dead_letter_fn,
+                         reply_reader, max_attempts, ownership, reply_to_pattern=reply_to_pattern)
+    arm_test_crash(actors)
+    return Graph(actors, intake, admission, to_embed, device)
+
+
+def stats_reporters(engine: LLMEngine | EmbeddingEngine, metrics: WorkerMetrics, interval_s: float) -> list[Runnable]:
+    """The stats line and queue gauges of a generation engine (a pooling engine keeps no queues)."""
+    return [] if isinstance(engine, EmbeddingEngine) else [StatsReporter(engine, metrics, interval_s)]
+
+
+async def run_worker(engine: LLMEngine | EmbeddingEngine, options: WorkerOptions, stop: asyncio.Event | None = None,
                      device: ThreadPoolExecutor | None = None) -> int:
     """Serve until SIGTERM/SIGINT (or until `stop` is set, when given: embedding and tests)."""
     redis = aioredis.from_url(options.redis_url)
     decode = functools.partial(decode_request, limits=wire_limits(engine))
-    consumer = RedisStreamConsumer(options.redis_url, f"{options.prefix}:requests", REQUESTS_GROUP,
-                                   options.consumer_name, decode, client=redis)
+    lanes = [RedisStreamConsumer(options.redis_url, lane_key(options.prefix, lane), REQUESTS_GROUP,
+                                 options.consumer_name, decode, client=redis) for lane in LANES]
+    consumer = LanedConsumer(lanes)
     await consumer.ensure_group()
     metrics = WorkerMetrics()
 
@@ -146,11 +179,12 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
                         dead_letter_fn, max_in_flight, metrics, edges, reply_reader, options.max_attempts, ownership,
                         options.max_queue_wait_ms, device, options.reply_to_pattern)
     await edges.start()
-    actors = [*graph.actors, StatsReporter(engine, metrics, options.stats_interval_s),
+    actors = [*graph.actors, *stats_reporters(engine, metrics, options.stats_interval_s),
               ControlActor(redis, options.prefix, graph.to_scheduler, loras=engine.lora_registry, device=graph.device,
                            worker_name=options.consumer_name, lora_root=options.lora_root),
               Heartbeat(redis, options.prefix, name, options.claim_idle_ms),
-              Claimer(redis, consumer, graph.intake.admit, graph.admission, options.prefix, options.claim_idle_ms)]
+              *(Claimer(redis, lane, graph.intake.admit, graph.admission, options.prefix, options.claim_idle_ms)
+                for lane in lanes)]
     runtime = ActorRuntime(actors, graph.intake, graph.admission.wait_idle, options.drain_timeout_s,
                            on_crash=_crash_exit(options.crash_exit_s))
     if stop is None:
@@ -174,10 +208,10 @@ async def run_worker(engine: LLMEngine, options: WorkerOptions, stop: asyncio.Ev
         await redis.aclose()
 
 
-def wire_limits(engine: LLMEngine) -> WireLimits:
+def wire_limits(engine: LLMEngine | EmbeddingEngine) -> WireLimits:
     """The sizes a request entry may have on this worker, checked before it is decoded."""
-    limits, builder = engine.config.limits, engine.builder
-    return WireLimits.of(max_prompt_chars=builder.max_model_len * limits.max_prompt_chars_per_token,
+    limits = engine.config.limits
+    return WireLimits.of(max_prompt_chars=engine.max_model_len * limits.max_prompt_chars_per_token,
                          max_image_bytes=engine.config.model.max_image_bytes, max_stop_strings=limits.max_stop_strings,
                          max_logit_bias=limits.max_logit_bias, max_token_bans=limits.max_token_bans)
 
@@ -224,6 +258,9 @@ class StatsReporter:
             await asyncio.sleep(1.0)
             self.metrics.set_queue_state(len(scheduler.waiting), len(scheduler.running), pool.num_used_blocks,
                                          pool.num_blocks)
+            tenants = self.metrics.tenants
+            tenants.set_queues(requests_by_tenant(scheduler.waiting), requests_by_tenant(scheduler.running))
+            tenants.add_tokens(scheduler.take_tenant_tokens())
             lora_token_counts = scheduler.adapters.token_counts if scheduler.adapters is not None else {}
             for adapter, count in list(lora_token_counts.items()):
                 self.metrics.record_lora_tokens(adapter, count - lora_tokens_seen.get(adapter, 0))

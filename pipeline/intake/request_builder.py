@@ -61,7 +61,8 @@ class RequestBuilder:
               prompt_token_ids: Sequence[int] | None = None,
               messages: list[dict[str, Any]] | None = None, images: Sequence[bytes] | None = None,
               lora: str | None = None, tools: list[dict[str, Any]] | None = None,
-              chat_template_kwargs: dict[str, Any] | None = None) -> Request:
+              chat_template_kwargs: dict[str, Any] | None = None, priority: int = 0,
+              tenant: str | None = None, tenant_weight: float = 1.0) -> Request:
         """`tools` (OpenAI's, with `messages` only) are rendered by the chat template, as transformers'
         apply_chat_template(tools=...) does; `chat_template_kwargs` are the template's extra variables."""
         if self.breakers is not None and params.dry_multiplier > 0:
@@ -107,7 +108,7 @@ class RequestBuilder:
         return Request(request_id=request_id, prompt_token_ids=ids, params=params,
                        seed=self._seed(params, request_id), eos_token_ids=self.eos_token_ids,
                        prompt=prompt, images=tuple(image_inputs), lora_name=lora if lora_id is not None else None,
-                       lora_id=lora_id)
+                       lora_id=lora_id, priority=priority, tenant=tenant, tenant_weight=tenant_weight)
 
     def _seed(self, params: SamplingParams, request_id: str) -> int:
         if params.seed is not None or self.seed is None:

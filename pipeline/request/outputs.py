@@ -42,6 +42,7 @@ class RequestDelta:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     prompt_token_ids: list[int] | None = None  # with prompt_logprobs: the prompt as tokenized
     num_prompt_tokens: int | None = None  # on the first delta (seq 0): usage so far for streams that ask
+    embedding: bytes | None = None  # an embedding request's vector (little-endian float32), on its one delta
 
     @property
     def finished(self) -> bool:

@@ -17,6 +17,7 @@ from pipeline.request.image_input import ImageInput
 from pipeline.request.sampling_params import SamplingParams
 
 _seq_counter = itertools.count()
+_request_counter = itertools.count()
 
 
 class SequenceStatus(enum.Enum):
@@ -49,6 +50,7 @@ class Sequence:
     num_sent_tokens: int = 0  # tokens tensor prep has been told about (the rest go in the next plan)
     # The last token is a placeholder for one a step in flight is sampling (pipeline/scheduling/lookahead.py).
     has_placeholder: bool = False
+    waiting_since_step: int = 0  # the scheduler step it last joined the waiting queue (priority aging)
     # Draft tokens a step in flight is verifying after the last token (pipeline/speculative/speculator.py);
     # not part of token_ids until accepted.
     draft_token_ids: list[int] = field(default_factory=list)
@@ -110,6 +112,13 @@ class Request:
     lora_name: str | None = None  # the adapter the client named; None = the base model
     lora_id: int | None = None  # that adapter's id in the LoRARegistry (unique per load)
     images: tuple[ImageInput, ...] = ()  # vision-language models: images at placeholder positions of the prompt
+    priority: int = 0  # lower is more urgent (vLLM's meaning); used by the priority scheduling policy
+    arrival_order: int = field(default_factory=lambda: next(_request_counter))  # ties between priorities
+    # Fair share between tenants of equal priority (pipeline/scheduling/fair_share.py): who sent it (None:
+    # the default tenant), its share's weight, and its virtual start, set when it first waits.
+    tenant: str | None = None
+    tenant_weight: float = 1.0
+    virtual_start: float | None = None
     sequences: list[Sequence] = field(default_factory=list)  # under beam search: the running beams
     beam_search: BeamSearch | None = None  # set by the scheduler for use_beam_search requests
     beam_results: list[Hypothesis] | None = None  # the n best hypotheses, once beam search ended

@@ -5,11 +5,16 @@ Each sequence has `num_computed_tokens`; a step hands sequences tokens under a t
 waiting ones in FCFS order. A long prompt simply gets a chunk of the budget per step while
 decodes keep running beside it. When KV blocks run out, the newest running sequence is
 preempted: its blocks are freed and it is recomputed later (its prefix may still be cached).
+
+Under the priority policy (waiting_queue.py) the same rule runs in order of urgency: running and
+waiting sequences are merged by priority, so a waiting sequence of a more urgent priority than a
+running one is admitted before that one gets budget, and takes the place (seq slot or KV blocks)
+of the least urgent running sequence when there is no other (admission.py); preemption picks the least urgent
+(by priority, then tenant fair share, then arrival). Fair share (fair_share.py) only orders admission.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 from pipeline.config import SchedulerConfig
@@ -17,14 +22,16 @@ from pipeline.grammar.compiler import GrammarCompiler
 from pipeline.request.outputs import PromptLogprobsEvent, StopStringFinish, TokenEvent, TokenLogprob
 from pipeline.request.request import FinishReason, Request, Sequence, SequenceStatus
 from pipeline.scheduling.adapter_gate import AdapterGate
+from pipeline.scheduling.admission import WaitingAdmission
 from pipeline.scheduling.beam_scheduling import BeamStep, new_beam_search, on_beam_candidates
 from pipeline.scheduling.failures import FailedRequests, RequestFailure
 from pipeline.scheduling.grammar_masks import token_bitmasks
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
 from pipeline.scheduling.lookahead import add_placeholders, drop_placeholder, fill_placeholder
 from pipeline.scheduling.stop_checks import check_stop
+from pipeline.scheduling.waiting_queue import WaitingQueue, urgency
 from pipeline.speculative.speculator import Speculator
-from pipeline.step.plan import NewSequence, RunningSequence, StepPlan
+from pipeline.step.plan import RunningSequence, StepPlan
 from pipeline.step.result import StepResult
 
 
@@ -37,7 +44,7 @@ class SchedulerFeatures:
     speculator: Speculator | None = None  # speculative decoding
 
 
-class Scheduler:
+class Scheduler(WaitingAdmission):
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
                  features: SchedulerFeatures = SchedulerFeatures()) -> None:
         self.config = config
@@ -52,12 +59,16 @@ class Scheduler:
         if blocks_per_seq is None or blocks_per_seq > kv_cache.pool.num_blocks:
             max_model_len = min(max_model_len, kv_cache.pool.num_blocks * kv_cache.block_size)
         self.max_model_len = max_model_len
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueue(config.scheduling_policy, config.priority_aging_steps)
+        self.by_priority = self.waiting.by_priority
         self.running: list[Sequence] = []
         self.sequences: dict[int, Sequence] = {}
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         self.num_generated_tokens = 0
+        # Output tokens per tenant since the last take_tenant_tokens() (the worker's per-tenant metric):
+        # bounded by the tenants that generated in between, not by every tenant ever seen.
+        self.tenant_tokens: dict[str | None, int] = {}
         self._removed_seq_ids: list[int] = []
         self._next_step_id = 0
 
@@ -75,7 +86,7 @@ class Scheduler:
         for seq in request.sequences:
             if not seq.is_finished:  # a resumed request may have finished choices
                 self.sequences[seq.seq_id] = seq
-                self.waiting.append(seq)
+                self.waiting.add(seq, self._next_step_id)
 
     def finish_sequence(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None) -> None:
         if seq.is_finished:
@@ -112,7 +123,7 @@ class Scheduler:
         """New beams of a beam search: first in line, as they continue a running request."""
         for seq in reversed(forks):
             self.sequences[seq.seq_id] = seq
-            self.waiting.appendleft(seq)
+            self.waiting.put_back(seq, self._next_step_id)
 
     def finish_by_stop_string(self, finish: StopStringFinish) -> None:
         request = self.requests.get(finish.request_id)
@@ -130,6 +141,9 @@ class Scheduler:
         self._next_step_id += 1
         self._removed_seq_ids = []
         budget = self.config.max_num_batched_tokens
+        self.waiting.settle(plan.step_id)
+        if self.by_priority:
+            self.running.sort(key=urgency)  # stable; preemption takes running[-1], the least urgent
         budget, preempted = self._schedule_running(plan, budget)
         if not preempted:
             self._schedule_waiting(plan, budget)
@@ -169,6 +183,11 @@ class Scheduler:
         if self.speculator is not None and self.speculator.active(len(self.running)):
             self.speculator.prefetch(self.running, budget, self.max_model_len)
         while index < len(self.running) and budget > 0:
+            if self.by_priority and not preempted:
+                budget, num_admitted = self._admit_more_urgent(plan, budget, index)
+                index += num_admitted
+                if index >= len(self.running) or budget <= 0:
+                    break
             seq = self.running[index]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if num_new == 0:  # a beam waiting for its siblings' candidates (only beam search parks)
@@ -209,38 +228,6 @@ class Scheduler:
             return draft
         return []
 
-    def _schedule_waiting(self, plan: StepPlan, budget: int) -> None:
-        skipped: list[Sequence] = []  # their adapter has no slot now: later ones may still start
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            if seq.has_placeholder:  # preempted while a step samples its next token: wait for it
-                break
-            if not self._adapter_servable(seq):
-                continue
-            if not self._adapter_can_run(seq):
-                skipped.append(self.waiting.popleft())
-                continue
-            cached_block_ids = self.kv_cache.find_cached_prefix(seq)
-            num_cached = len(cached_block_ids) * self.kv_cache.block_size
-            num_new = seq.num_tokens - num_cached
-            if num_new > budget and not self.config.enable_chunked_prefill:
-                break
-            num_new = min(num_new, budget)
-            if not self.kv_cache.allocate(seq, num_new, cached_block_ids):
-                break
-            self.waiting.popleft()
-            if seq.num_preemptions == 0:
-                seq.num_cached_tokens = num_cached
-            seq.num_computed_tokens = num_cached
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            if self.adapters is not None:
-                self.adapters.acquire(seq)
-            plan.new_sequences.append(self._describe_new(seq))
-            self._commit(seq, num_new, plan)
-            budget -= num_new
-        self.waiting.extendleft(reversed(skipped))
-
     # ---- LoRA adapters -------------------------------------------------------------------------
 
     def _adapter_servable(self, seq: Sequence) -> bool:
@@ -278,28 +265,9 @@ class Scheduler:
         self.num_preemptions += 1
         plan.removed_seq_ids.append(seq.seq_id)
         if to_front:
-            self.waiting.appendleft(seq)
+            self.waiting.put_back(seq, self._next_step_id)
         else:
-            self.waiting.append(seq)
-
-    @staticmethod
-    def _describe_new(seq: Sequence) -> NewSequence:
-        params = seq.params
-        eos = () if params.ignore_eos else tuple(sorted(seq.request.eos_token_ids))
-        return NewSequence(
-            seq_id=seq.seq_id,
-            token_ids=list(seq.token_ids),
-            num_prompt_tokens=seq.num_prompt_tokens,
-            block_ids=list(seq.block_ids),
-            num_computed_tokens=seq.num_computed_tokens,
-            params=params,
-            seed=seq.request.seed,
-            choice_index=seq.choice_index,
-            stop_token_ids=tuple(dict.fromkeys(eos + tuple(params.stop_token_ids))),
-            mirostat_mu=seq.mirostat_mu,
-            lora_slot=-1 if seq.lora_slot is None else seq.lora_slot,
-            images=seq.request.images,
-        )
+            self.waiting.add(seq, self._next_step_id)
 
     # ---- results -----------------------------------------------------------------------------
 
@@ -315,7 +283,7 @@ class Scheduler:
             if seq is None:
                 continue  # ended (aborted, stop string) while the step was running
             if seq.request.beam_search is not None and rows[0][1] is not None:
-                events.extend(self._apply_beam_step(on_beam_candidates(seq, rows[0][1])))
+                events.extend(self._apply_beam_step(seq.request, on_beam_candidates(seq, rows[0][1])))
                 continue
             if seq.params.max_tokens == 0:
                 events.append(self._scored_only(seq))
@@ -361,8 +329,9 @@ class Scheduler:
         return TokenEvent(seq.request.request_id, seq.choice_index, None, finish_reason=str(FinishReason.LENGTH),
                           num_cached_tokens=seq.num_cached_tokens)
 
-    def _apply_beam_step(self, step: BeamStep) -> list[TokenEvent]:
+    def _apply_beam_step(self, request: Request, step: BeamStep) -> list[TokenEvent]:
         self.num_generated_tokens += step.num_generated_tokens
+        self._count_tenant_tokens(request, step.num_generated_tokens)
         for beam in step.finished:
             self.finish_sequence(beam, FinishReason.STOP)
         self.add_forks(step.forks)
@@ -375,9 +344,18 @@ class Scheduler:
         else:
             seq.token_ids.append(token_id)
         self.num_generated_tokens += 1
+        self._count_tenant_tokens(seq.request, 1)
         if self.adapters is not None:
             self.adapters.count_token(seq)
         stop = check_stop(seq, token_id, self.max_model_len)
         if stop is not None:
             seq.grammar_complete = seq.grammar_complete or stop.grammar_complete
             self.finish_sequence(seq, stop.reason, stop.stop_reason)
+
+    def _count_tenant_tokens(self, request: Request, count: int) -> None:
+        self.tenant_tokens[request.tenant] = self.tenant_tokens.get(request.tenant, 0) + count
+
+    def take_tenant_tokens(self) -> dict[str | None, int]:
+        """Output tokens per tenant (None: the default tenant) since the last call."""
+        counts, self.tenant_tokens = self.tenant_tokens, {}
+        return counts

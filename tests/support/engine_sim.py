@@ -12,17 +12,20 @@ from pipeline.step.plan import StepPlan
 
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_num_batched_tokens: int = 32,
-                   max_num_seqs: int = 8, max_model_len: int = 256, prefix_caching: bool = True) -> Scheduler:
+                   max_num_seqs: int = 8, max_model_len: int = 256, prefix_caching: bool = True,
+                   **policy: object) -> Scheduler:
+    """`policy`: scheduling_policy, priority_aging_steps (SchedulerConfig's defaults otherwise)."""
     kv = KVCacheManager(num_blocks, block_size, prefix_caching)
-    config = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+    config = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                             **policy)  # type: ignore[arg-type]
     return Scheduler(config, kv, max_model_len)
 
 
 def make_request(request_id: str, prompt_len: int, max_tokens: int = 8, first_token: int = 1,
-                 **params: object) -> Request:
+                 priority: int = 0, **params: object) -> Request:
     prompt = [(first_token + i) % 97 + 3 for i in range(prompt_len)]
     sampling = SamplingParams(**{"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0, **params})
-    return Request(request_id=request_id, prompt_token_ids=prompt, params=sampling, seed=0)
+    return Request(request_id=request_id, prompt_token_ids=prompt, params=sampling, seed=0, priority=priority)
 
 
 def fake_token(seq_id: int, position: int) -> int:

@@ -3,17 +3,16 @@
 
 from __future__ import annotations
 
-import hmac
-
 from starlette.requests import Request
 
+from actors.http.api_keys import ApiKeys
 from actors.http.errors import ApiError
-from actors.http.limits import check_api_key
+from actors.http.limits import check_api_key, key_matches
 
 _WRONG_KEY = "missing or wrong API key (x-api-key: KEY, or Authorization: Bearer KEY)"
 
 
-def check_anthropic_key(request: Request, api_key: str | None) -> None:
+def check_anthropic_key(request: Request, api_key: str | ApiKeys | None) -> None:
     if api_key is None:
         return
     given = request.headers.get("x-api-key")
@@ -23,7 +22,7 @@ def check_anthropic_key(request: Request, api_key: str | None) -> None:
         except ApiError as error:
             raise ApiError(401, _WRONG_KEY, code=error.code) from None
         return
-    if not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+    if not key_matches(given.strip(), api_key):
         raise ApiError(401, _WRONG_KEY, code="invalid_api_key")
 
 

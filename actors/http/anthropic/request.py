@@ -28,7 +28,7 @@ from actors.http.anthropic.tools import tool_answer, wire_tools
 from actors.http.errors import invalid
 from actors.http.generation.body_fields import body_adapter, bool_field
 from actors.http.generation.request import GatewayRequest
-from actors.http.reasoning import ReasoningFormat, format_for_request
+from actors.http.reasoning import ReasoningFormat, decode_params, format_for_request
 from actors.http.tool_parsers.plan import ToolPlan
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.request.structured_output import ALIASES
@@ -80,7 +80,7 @@ def parse_messages_body(body: Any, model_names: tuple[str, ...], adapters: list[
     try:
         conversation = parse_prompt(body, default_template_kwargs, reasoning_parser)
         answer = tool_answer(body.get("tool_choice"), conversation.tools, tool_parser)
-        params = _sampling(body, answer.constraint)
+        params = {**_sampling(body, answer.constraint), **decode_params(reasoning_parser)}
         check_budget(body.get("thinking"), params["max_tokens"])
         wire = WireRequest(id=response_id, params=params, deadline_ms=deadline_ms, lora=lora,
                            messages=conversation.messages, images=conversation.images or None,

@@ -33,3 +33,4 @@ def body_adapter(body: Any, model_names: tuple[str, ...], adapters: list[str]) -
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
     return served_adapter(body.get("model"), model_names, adapters)
+

@@ -32,6 +32,7 @@ from actors.http.generation.request import GatewayRequest, ignored_fields_header
 from actors.http.limits import PendingLimit
 from actors.http.options import GatewayOptions
 from actors.http.request_ids import MemoryRequestIds, request_fingerprint
+from actors.http.tenants import request_tenant, stamp_tenant
 from queue_adapters.client import assemble
 from queue_adapters.codec import CodecError, WireReply
 
@@ -108,6 +109,7 @@ class Generation:
 
     async def _handle(self, request: Request, parse: Parse[RequestT], shape: ResponseShape[RequestT]) -> Response:
         gateway_request = await parse(request)
+        stamp_tenant(gateway_request.wires, request_tenant(request, self.options.api_key, gateway_request.user))
         self.pending.acquire()
         self.metrics.in_flight.inc()
         handed_over = False

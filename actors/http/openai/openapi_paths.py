@@ -11,11 +11,13 @@ actors/http/sampling_schema.py's. Hand-written: the message and content-part sha
 from __future__ import annotations
 
 from actors.http.openai.completion_request import MAX_PROMPTS
+from actors.http.openai.embedding_request import ENCODING_FORMATS, MAX_INPUTS
 from actors.http.openai.parse import _REQUEST_ID
 from actors.http.openai.template_kwargs import REASONING_EFFORTS
 from actors.http.sampling_schema import INT64, TOKEN_ID, Schema, sampling_properties
 from pipeline.request.chat_template_kwargs import MAX_KWARGS
 from pipeline.request.tools import MAX_ARGUMENTS_CHARS, MAX_NAME_CHARS, MAX_TOOL_CALLS, MAX_TOOLS, MAX_TOOLS_CHARS
+from queue_adapters.codec import PRIORITY_MAX, PRIORITY_MIN
 
 _BASE64_DATA_URI = r"^data:[^,]*;base64,(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
@@ -25,10 +27,15 @@ def _gateway_fields() -> dict[str, Schema]:
     return {
         "model": {"type": ["string", "null"],
                   "description": "the served model (GET /v1/models) or a loaded LoRA adapter; another name is a 404"},
-        "user": {"description": "accepted and not used (any JSON value)"},
+        "user": {"description": "a string splits a shared API key's fair share between end users (the tenant "
+                                "becomes {tenant}/{user}, docs/deployment.md#tenants-and-fair-share); any other "
+                                "JSON value is accepted and not used"},
         "metadata": {"description": "accepted and not used (any JSON value)"},
         "store": {"description": "accepted and not used (any JSON value)"},
         "service_tier": {"description": "accepted and not used (any JSON value)"},
+        "priority": {"type": ["integer", "null"], "minimum": PRIORITY_MIN, "maximum": PRIORITY_MAX, "default": 0,
+                     "description": "vLLM's: lower is more urgent; queued on a more urgent lane and scheduled "
+                                    "first under --scheduling-policy priority (docs/deployment.md#priorities)"},
         "stream": {"type": ["boolean", "null"], "default": False, "description": "server-sent events"},
         "stream_options": {
             "type": ["object", "null"],
@@ -176,6 +183,29 @@ def tokenize_body() -> Schema:
                      "properties": {"messages": {"type": "array", "minItems": 1, "items": _message()}}}}
 
 
+def embeddings_body() -> Schema:
+    """/v1/embeddings: unknown fields are a 400; the model's limits (vocabulary, context length, width for
+    `dimensions`) are a 400 naming them."""
+    token_ids = {"type": "array", "items": TOKEN_ID, "minItems": 1}
+    text = {"type": "string", "minLength": 1}
+    return {"type": "object", "required": ["input"], "additionalProperties": False, "properties": {
+        "input": {"anyOf": [text, token_ids, {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS,
+                                              "items": {"anyOf": [text, token_ids]}}],
+                  "description": "a text or token ids, or a list of up to "
+                                 f"{MAX_INPUTS} of them: one embedding each, in order"},
+        "model": {"type": ["string", "null"], "description": "the served model (GET /v1/models)"},
+        "encoding_format": {"enum": [*ENCODING_FORMATS, None], "default": "float",
+                            "description": "float: a list of numbers; base64: the little-endian float32 bytes"},
+        "dimensions": {"type": ["integer", "null"], "minimum": 1, "maximum": INT64["maximum"],
+                       "description": "keep the first N entries (Matryoshka), renormalised when the model "
+                                      "normalises; more than the model's width is a 400"},
+        "user": {"type": ["string", "null"], "description": "accepted and not used"}}}
+
+
+_EMBEDDINGS_RESPONSE: Schema = {"type": "object", "required": ["object", "data", "model", "usage"],
+                                "properties": {"data": {"type": "array"}, "usage": {"type": "object"}}}
+
+
 def detokenize_body() -> Schema:
     return {"type": "object", "required": ["tokens"],
             "properties": {"tokens": {"type": "array", "items": TOKEN_ID,
@@ -225,6 +255,8 @@ def openai_paths() -> dict[str, Schema]:
                                                generation=True)},
         "/v1/chat/completions": {"post": _operation("Answer a chat", chat_body(), _GENERATION_RESPONSE,
                                                     generation=True)},
+        "/v1/embeddings": {"post": _operation("Embed texts or token ids (a server started with --runner pooling; "
+                                              "others answer 400)", embeddings_body(), _EMBEDDINGS_RESPONSE)},
         "/tokenize": {"post": _operation("Tokenize a prompt or chat", tokenize_body(), tokens)},
         "/detokenize": {"post": _operation("Decode token ids", detokenize_body(), text)},
     }

@@ -16,11 +16,12 @@ from typing import Any
 
 from actors.http.errors import invalid
 from actors.http.generation.body_fields import served_adapter
+from actors.http.generation.priority import PriorityError, pop_priority
 from actors.http.generation.request import GatewayRequest
 from actors.http.openai.chat_request import parse_chat_request
 from actors.http.openai.completion_request import Prompt, parse_completion_body, prompt_field
 from actors.http.openai.unknown_fields import take_unknown_fields
-from actors.http.reasoning import ReasoningFormat, format_for_request
+from actors.http.reasoning import ReasoningFormat, decode_params, format_for_request
 from actors.http.tool_parsers.plan import ToolPlan
 from queue_adapters.codec import MAX_ID_LENGTH, CodecError, WireRequest, check_request
 
@@ -49,21 +50,28 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
     lora = served_adapter(body.get("model"), aliases or (model_name,), adapters or [])
+    body = dict(body)
+    try:
+        priority = pop_priority(body)
+    except PriorityError as error:
+        raise invalid(str(error), error.field) from error
     body, ignored = take_unknown_fields(body, strict_fields, chat)
     stream = _pop_bool(body, "stream")
     include_usage, continuous_usage = _pop_stream_options(body, stream)
     response_id = _wire_id(request_id, chat)
     deadline_ms = int((time.time() + timeout_s) * 1000) if timeout_s else None
+    user = body.get("user")  # any JSON value is accepted, as OpenAI's; only a string names a user
     options = {"response_id": response_id, "include_usage": include_usage, "continuous_usage": continuous_usage,
-               "ignored_fields": ignored}
+               "ignored_fields": ignored, "user": user if isinstance(user, str) else None}
     try:
         if chat:
             parsed = parse_chat_request(body, tool_parser, template_kwargs)
             # A chat answer runs to the end of its turn unless the client caps it (OpenAI's default).
             parsed.params.setdefault("max_tokens", None)
+            parsed.params.update(decode_params(reasoning_parser))  # gpt_oss: its markers in the text
             wire = WireRequest(id=response_id, params=parsed.params, deadline_ms=deadline_ms, lora=lora,
                                messages=parsed.messages, images=parsed.images or None, tools=parsed.tools,
-                               chat_template_kwargs=parsed.template_kwargs)
+                               chat_template_kwargs=parsed.template_kwargs, priority=priority)
             check_request(wire, params_checked=True)  # what a worker's codec would refuse is a 400 here
             reasoning = format_for_request(reasoning_parser, parsed.template_kwargs, parsed.constrained)
             return OpenAIRequest([wire], chat, stream, tool_plan=parsed.tool_plan, reasoning=reasoning, **options)
@@ -73,7 +81,8 @@ def parse_body(body: Any, chat: bool, model_name: str, request_id: str | None,
     ids = prompt_ids(response_id, len(completion.prompts))
     try:
         wires = [WireRequest(id=wire_id, params=dict(completion.params), deadline_ms=deadline_ms, lora=lora,
-                             **prompt_field(prompt)) for wire_id, prompt in zip(ids, completion.prompts, strict=True)]
+                             priority=priority, **prompt_field(prompt))
+                 for wire_id, prompt in zip(ids, completion.prompts, strict=True)]
         for wire in wires:
             check_request(wire, params_checked=True)
     except (CodecError, ValueError, TypeError) as error:

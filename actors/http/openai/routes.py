@@ -1,5 +1,6 @@
 """The OpenAI routes: /v1/completions and /v1/chat/completions (through actors/http/generation/ with
-parse.py's parser and shapes.py's answers), /v1/models, vLLM's /tokenize and /detokenize, and vLLM's
+parse.py's parser and shapes.py's answers), /v1/embeddings (embeddings.py), /v1/models,
+vLLM's /tokenize and /detokenize, and vLLM's
 runtime LoRA routes (lora_routes.py)."""
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from actors.http.backends import Backend
-from actors.http.errors import ApiError
+from actors.http.errors import ApiError, invalid
 from actors.http.generation.flow import Generation
 from actors.http.generation.request import bounded_names
 from actors.http.limits import check_api_key, off_loop_if_large, read_json_body, read_json_object
+from actors.http.openai.embeddings import add_embedding_route
 from actors.http.openai.lora_routes import add_lora_routes
 from actors.http.openai.parse import OpenAIRequest, parse_body
 from actors.http.openai.shapes import OpenAIShape
@@ -30,6 +32,7 @@ log = structlog.get_logger(__name__)
 
 def add_openai_routes(app: FastAPI, generation: Generation, backend: Backend, options: GatewayOptions) -> None:
     _add_generation_routes(app, generation, backend, options)
+    add_embedding_route(app, generation, backend, options)
     started = int(time.time())
 
     @app.get("/v1/models")
@@ -50,6 +53,9 @@ def _add_generation_routes(app: FastAPI, generation: Generation, backend: Backen
 
     async def parse(request: Request, chat: bool) -> OpenAIRequest:
         check_api_key(request, options.api_key)
+        if getattr(backend, "pooling", False):
+            endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+            raise invalid(f"{endpoint} is not served by a pooling model (--runner pooling): use /v1/embeddings")
         body, size = await read_json_body(request, options.max_request_bytes)
         parsed = await off_loop_if_large(size, functools.partial(
             parse_body, body, chat, backend.model_name, request.headers.get("x-request-id"),

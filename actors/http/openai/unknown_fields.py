@@ -34,7 +34,7 @@ _OPENAI_BOOKKEEPING = frozenset({"prompt_cache_key", "safety_identifier"})
 # silently ignored (a vLLM client relying on them would get different output without knowing).
 _VLLM_NOT_IMPLEMENTED = frozenset({
     "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "documents",
-    "mm_processor_kwargs", "allowed_token_ids", "bad_words", "return_tokens_as_token_ids", "priority",
+    "mm_processor_kwargs", "allowed_token_ids", "bad_words", "return_tokens_as_token_ids",
     "guided_decoding_backend", "add_special_tokens", "logits_processors", "vllm_xargs", "kv_transfer_params",
     "cache_salt", "return_token_ids", "reasoning_parser"})
 _NOT_IMPLEMENTED = _OPENAI_NOT_IMPLEMENTED | _VLLM_NOT_IMPLEMENTED
@@ -42,7 +42,7 @@ _NOT_IMPLEMENTED = _OPENAI_NOT_IMPLEMENTED | _VLLM_NOT_IMPLEMENTED
 _CHAT_ONLY = frozenset({"reasoning_effort", "chat_template_kwargs"})
 # Values of those that ask for nothing (vLLM's defaults; clients send them for unset fields).
 _ASKS_NOTHING: dict[str, tuple[Any, ...]] = {
-    "priority": (0,), "return_tokens_as_token_ids": (False,), "return_token_ids": (False,), "bad_words": ([],),
+    "return_tokens_as_token_ids": (False,), "return_token_ids": (False,), "bad_words": ([],),
     "add_generation_prompt": (True,), "continue_final_message": (False,), "chat_template_kwargs": ({},),
     "documents": ([],), "mm_processor_kwargs": ({},), "logits_processors": ([],)}
 # add_special_tokens' default depends on the endpoint: the chat template writes its own BOS.

@@ -15,6 +15,7 @@ from actors.http.responses.listing import _MAX_LIMIT
 from actors.http.responses.sampling import _EFFORTS, _KNOWN, _NOT_IN_A_RESPONSE, _SAMPLING_FIELDS
 from pipeline.request.chat_template_kwargs import MAX_KWARGS
 from pipeline.request.tools import MAX_NAME_CHARS
+from queue_adapters.codec import PRIORITY_MAX, PRIORITY_MIN
 
 Schema = dict[str, Any]
 
@@ -52,6 +53,8 @@ _OWN: dict[str, Schema] = {
     "chat_template_kwargs": {"type": ["object", "null"], "maxProperties": MAX_KWARGS,
                              "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}$"}},
     "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
+    "priority": {"type": ["integer", "null"], "minimum": PRIORITY_MIN, "maximum": PRIORITY_MAX,
+                 "description": "vLLM's: lower is more urgent (docs/deployment.md#priorities)"},
     "user": _STRING,
     **{name: {"description": "accepted and not used"} for name in ("service_tier", "prompt_cache_key",
                                                                     "safety_identifier")},

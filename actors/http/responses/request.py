@@ -22,9 +22,10 @@ from typing import Any
 
 from actors.http.errors import invalid
 from actors.http.generation.body_fields import body_adapter, bool_field
+from actors.http.generation.priority import pop_priority
 from actors.http.generation.request import GatewayRequest
 from actors.http.options import GatewayOptions
-from actors.http.reasoning import ReasoningFormat, format_for_request
+from actors.http.reasoning import ReasoningFormat, decode_params, format_for_request
 from actors.http.responses.conversation import chat_messages
 from actors.http.responses.input_items import input_items, new_id
 from actors.http.responses.records import Record, check_conversation
@@ -73,10 +74,12 @@ def parse_responses_body(body: Any, previous: Record | None, caller: Caller,
     if caller.request_id is not None and not _REQUEST_ID.match(caller.request_id):
         raise invalid("X-Request-Id must be 1-128 characters of [A-Za-z0-9._:-]", "X-Request-Id")
     body, ignored = check_body_fields(body, options.strict_fields)
+    body = dict(body)
     stream, store = bool_field(body, "stream", False), bool_field(body, "store", True)
     response_id = new_id("resp")
     deadline_ms = int((time.time() + options.request_timeout_s) * 1000) if options.request_timeout_s else None
     try:
+        priority = pop_priority(body)
         items = input_items(body.get("input"))
         context = [*(previous.continued() if previous is not None else []), *items]
         context_bytes = check_conversation(context)
@@ -84,9 +87,10 @@ def parse_responses_body(body: Any, previous: Record | None, caller: Caller,
         tools = tool_answer(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"),
                             options.tool_call_parser)
         params, constrained = wire_params(body, tools.constraint)
+        params.update(decode_params(options.reasoning_parser))  # gpt_oss: its markers in the text
         wire = WireRequest(id=caller.request_id or response_id, params=params, deadline_ms=deadline_ms, lora=lora,
                            messages=chat_messages(_instructions(body), context), tools=tools.tools,
-                           chat_template_kwargs=kwargs)
+                           chat_template_kwargs=kwargs, priority=priority)
         check_request(wire, params_checked=True)  # what a worker's codec would refuse is a 400 here
     except (ValueError, CodecError, TypeError) as error:
         raise invalid(str(error), getattr(error, "field", None)) from error

@@ -14,7 +14,7 @@ from pipeline.request.untrusted import UntrustedValueError
 _OWN_FIELDS = frozenset({"model", "input", "instructions", "previous_response_id", "store", "max_output_tokens",
                          "temperature", "top_p", "tools", "tool_choice", "parallel_tool_calls", "text", "stream",
                          "stream_options", "metadata", "user", "service_tier", "reasoning", "prompt_cache_key",
-                         "safety_identifier", "chat_template_kwargs"})
+                         "safety_identifier", "chat_template_kwargs", "priority"})
 # OpenAI fields this server does not implement, and the values that ask for nothing.
 _NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {"background": (False,), "truncation": ("disabled",),
                                                 "include": ([],), "top_logprobs": (0,), "max_tool_calls": (),

@@ -16,7 +16,7 @@ from actors.http.sampling_schema import sampling_properties
 from pipeline.request.param_checks import FLOAT32_MAX, INT64_MAX, INT64_MIN
 from pipeline.request.sampling_params import LIST_LIMITS, SamplingParams
 
-GATEWAY_FIELDS = {"model", "user", "stream", "stream_options", "metadata", "store", "service_tier"}
+GATEWAY_FIELDS = {"model", "user", "stream", "stream_options", "metadata", "store", "service_tier", "priority"}
 SAMPLING_FIELDS = {field.name for field in fields(SamplingParams)}
 # Values that make a field's cross-field rules hold, so a verdict is about the field alone.
 CONTEXT: dict[str, dict[str, Any]] = {
@@ -89,11 +89,12 @@ def test_the_document_is_openapi_3_1_with_the_openai_anthropic_and_responses_rou
     assert document["openapi"].startswith("3.1")
     paths = {name: path for name, path in document["paths"].items() if not name.startswith("/api/")}
     # the KoboldAI routes (/api/...): tests/actors/http/kobold/test_fields.py; the runtime LoRA routes are left out
-    assert sorted(paths) == ["/detokenize", "/tokenize", "/v1/chat/completions", "/v1/completions", "/v1/messages",
-                             "/v1/messages/count_tokens", "/v1/responses", "/v1/responses/{response_id}",
-                             "/v1/responses/{response_id}/cancel", "/v1/responses/{response_id}/input_items"]
-    for name in ["/detokenize", "/tokenize", "/v1/chat/completions", "/v1/completions", "/v1/messages",
-                 "/v1/messages/count_tokens", "/v1/responses"]:
+    assert sorted(paths) == ["/detokenize", "/tokenize", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                             "/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
+                             "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel",
+                             "/v1/responses/{response_id}/input_items"]
+    for name in ["/detokenize", "/tokenize", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                 "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"]:
         assert {"200", "400", "401", "404", "413", "429", "503"} <= set(paths[name]["post"]["responses"])
     assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
 
@@ -106,6 +107,10 @@ def test_the_document_is_openapi_3_1_with_the_openai_anthropic_and_responses_rou
     ("/v1/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "n": True}, False),
     ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": "x"}, True),
     ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "Hi"}], "bogus": 1}, False),
+    ("/v1/embeddings", {"input": ["Hi", [1, 2]], "encoding_format": "base64", "dimensions": 8}, True),
+    ("/v1/embeddings", {"input": [""]}, False),
+    ("/v1/embeddings", {"input": "Hi", "dimensions": 0}, False),
+    ("/v1/embeddings", {"input": "Hi", "stream": True}, False),
     ("/v1/responses", {"input": "Hi", "max_output_tokens": 4}, True),
     ("/v1/responses", {"input": []}, False),
     ("/v1/responses", {"input": "Hi", "background": 0}, False),

@@ -230,7 +230,9 @@ async def test_same_id_on_two_workers_and_after_completion_generates_once(model_
 async def test_requests_that_wait_too_long_end_with_an_error_and_the_queue_stays_bounded(model_dir, prefix):
     async with running_workers(model_dir, prefix, max_num_seqs=1, max_in_flight=3, max_queue_wait_ms=300) as (
             redis, _):
-        await push(redis, prefix, {"id": "long", "prompt_token_ids": [3, 4],
+        # Urgent, so aging (a priority level per 256 steps) cannot give its one seat to the queued
+        # requests before its 400 tokens are done: they wait, and time out.
+        await push(redis, prefix, {"id": "long", "prompt_token_ids": [3, 4], "priority": -2,
                                    "params": {"max_tokens": 400, "ignore_eos": True}})
         for i in range(6):
             await push(redis, prefix, {"id": f"queued-{i}", "prompt_token_ids": [5, 6],

@@ -151,3 +151,18 @@ def test_continuous_usage_counts_match_the_engine_s_final_usage(embedded: tuple[
         assert chunk.usage.prompt_tokens == final.prompt_tokens
         assert chunk.usage.completion_tokens == per_choice[choice.index]
     assert sum(per_choice.values()) == final.completion_tokens == 12
+
+
+async def test_priority_travels_on_the_wire_and_bad_values_are_400s() -> None:
+    backend = ScriptedBackend()
+    async with _client(backend) as client:
+        for path, body in (("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)):
+            for priority in (-3, 0, 10, None):
+                response = await client.post(path, json={**body, "priority": priority})
+                assert response.status_code == 200, response.text
+                assert backend.submitted[-1].priority == (priority or 0)
+            two_prompts = await client.post("/v1/completions", json={**COMPLETION, "prompt": ["a", "b"], "priority": 4})
+            assert two_prompts.status_code == 200 and [r.priority for r in backend.submitted[-2:]] == [4, 4]
+            for bad in (True, 1.5, "1", 2**31, -(2**31) - 1):
+                refused = await client.post(path, json={**body, "priority": bad})
+                assert refused.status_code == 400 and refused.json()["error"]["param"] == "priority", bad

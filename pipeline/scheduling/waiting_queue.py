@@ -1,0 +1,109 @@
+"""The waiting queue: sequences not running, in the order the scheduling policy admits them.
+
+- `fcfs`: arrival order; a preempted sequence goes back to the front (it was admitted before the
+  rest). Request priorities are ignored.
+- `priority` (vLLM's meaning: lower is more urgent, default 0): the most urgent first; equal
+  priorities in weighted fair share between tenants (fair_share.py: by virtual start, then arrival),
+  which with one tenant (none named) is arrival order, as fcfs. Starvation is bounded by aging: a
+  sequence's priority improves by one for every `aging_steps` scheduler steps it has waited, so
+  priority 10 waits at most ~10 x aging_steps steps behind a stream of priority 0 arrivals.
+
+The order is settled once per step (`settle`, O(n log n)) rather than searched per admission:
+a step admits up to max_num_seqs sequences from a queue of hundreds.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Iterator
+
+from pipeline.request.request import Sequence
+from pipeline.scheduling.fair_share import FairShare
+
+POLICIES = ("fcfs", "priority")
+
+
+def aged_priority(seq: Sequence, step: int = 0, aging_steps: int = 0) -> int:
+    """The request's priority less one per `aging_steps` steps waited (a running sequence: step 0)."""
+    aged = (step - seq.waiting_since_step) // aging_steps if aging_steps and step > seq.waiting_since_step else 0
+    return seq.request.priority - aged
+
+
+def urgency(seq: Sequence, step: int = 0, aging_steps: int = 0) -> tuple[int, float, int]:
+    """Sort key, smallest first: (priority less aging, the tenant's virtual start, the request's
+    arrival). The beams and choices of one request tie, so none of them ever takes another's place.
+    Only the first part may make one sequence take another's seat (Scheduler._admit_more_urgent): fair
+    share orders admission, it never preempts, or two tenants' requests would evict each other in turn."""
+    start = seq.request.virtual_start
+    return aged_priority(seq, step, aging_steps), 0.0 if start is None else start, seq.request.arrival_order
+
+
+class WaitingQueue:
+    def __init__(self, policy: str = "fcfs", aging_steps: int = 0) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {POLICIES}, got {policy!r}")
+        self.by_priority = policy == "priority"
+        self.aging_steps = aging_steps
+        self.fair_share = FairShare()
+        self._items: deque[Sequence] = deque()
+        self._step = 0
+
+    def settle(self, step: int) -> None:
+        """Put the queue in admission order for this step (priority: by urgency, aged to `step`)."""
+        self._step = step
+        if not self.by_priority:
+            return
+        self.fair_share.forget_idle(bool(self._items))
+        if len(self._items) > 1:
+            self._items = deque(sorted(self._items, key=self.key))
+
+    def key(self, seq: Sequence) -> tuple[int, float, int]:
+        return urgency(seq, self._step, self.aging_steps)
+
+    def aged_priority(self, seq: Sequence) -> int:
+        return aged_priority(seq, self._step, self.aging_steps)
+
+    def add(self, seq: Sequence, step: int) -> None:
+        """A new arrival (in order at the next `settle`)."""
+        seq.waiting_since_step = step
+        if self.by_priority:
+            self.fair_share.tag(seq.request)
+        self._items.append(seq)
+
+    def put_back(self, seq: Sequence, step: int) -> None:
+        """A preempted sequence or a new beam: first under fcfs, at its place by urgency otherwise."""
+        seq.waiting_since_step = step
+        if not self.by_priority:
+            self._items.appendleft(seq)
+            return
+        keys = [self.key(item) for item in self._items]
+        self._items.insert(bisect.bisect_left(keys, self.key(seq)), seq)
+
+    def return_skipped(self, skipped: list[Sequence]) -> None:
+        """Sequences taken from the head but not admitted this step: back to the head, in order."""
+        self._items.extendleft(reversed(skipped))
+
+    def head(self) -> Sequence:
+        return self._items[0]
+
+    def pop_head(self) -> Sequence:
+        seq = self._items.popleft()
+        if self.by_priority:
+            self.fair_share.admitted(seq.request)
+        return seq
+
+    def remove(self, seq: Sequence) -> None:
+        self._items.remove(seq)
+
+    def __contains__(self, seq: object) -> bool:
+        return seq in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self._items)

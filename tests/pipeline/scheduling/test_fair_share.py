@@ -1,0 +1,128 @@
+"""Fair share between tenants under the priority policy: equal priorities are admitted by weighted
+start-time fair queueing, never by preempting each other; fcfs ignores tenants."""
+
+from pipeline.scheduling.fair_share import FairShare, request_cost
+from tests.support.engine_sim import make_request, make_scheduler, run_step
+
+
+def _tenant_request(request_id, tenant, weight=1.0, priority=0, first_token=1, max_tokens=2):
+    request = make_request(request_id, prompt_len=4, max_tokens=max_tokens, first_token=first_token, priority=priority)
+    request.tenant, request.tenant_weight = tenant, weight
+    return request
+
+
+def _admission_order(scheduler):
+    """Request ids in the order they first got a step."""
+    order, step = [], 0
+    while scheduler.has_unfinished:
+        plan = run_step(scheduler)
+        for seq_id in plan.num_scheduled_tokens:
+            request_id = scheduler.sequences[seq_id].request.request_id if seq_id in scheduler.sequences else None
+            if request_id is not None and request_id not in order:
+                order.append(request_id)
+        step += 1
+        assert step < 10_000
+    return order
+
+
+def _flood_then_few(policy="priority", weight_a=1.0, weight_b=1.0, num_a=150, num_b=10, **config):
+    scheduler = make_scheduler(num_blocks=256, max_num_batched_tokens=16, max_num_seqs=2,
+                               scheduling_policy=policy, **config)
+    for index in range(num_a):
+        scheduler.add_request(_tenant_request(f"a{index}", "alice", weight_a, first_token=index))
+    for index in range(num_b):
+        scheduler.add_request(_tenant_request(f"b{index}", "bob", weight_b, first_token=index + 200))
+    return scheduler
+
+
+def _admitted_before_last_b(order):
+    last_b = max(index for index, request_id in enumerate(order) if request_id.startswith("b"))
+    return sum(1 for request_id in order[:last_b] if request_id.startswith("a"))
+
+
+def test_a_flooding_tenant_does_not_delay_another_beyond_its_share():
+    order = _admission_order(_flood_then_few())
+    # Equal weights: bob's 10 interleave with alice's 150, one for one.
+    assert order[:6] == ["a0", "b0", "a1", "b1", "a2", "b2"]
+    assert _admitted_before_last_b(order) <= 10
+
+
+def test_a_tenant_arriving_behind_a_flood_starts_at_the_current_virtual_time():
+    scheduler = _flood_then_few(num_b=0)
+    for _ in range(40):  # alice alone for a while: she owes nothing for it
+        run_step(scheduler)
+    for index in range(10):
+        scheduler.add_request(_tenant_request(f"b{index}", "bob", first_token=index + 200))
+    waiting_a = {seq.request.request_id for seq in scheduler.waiting if seq.request.tenant == "alice"}
+    order = [request_id for request_id in _admission_order(scheduler)
+             if request_id.startswith("b") or request_id in waiting_a]
+    assert _admitted_before_last_b(order) <= 11
+
+
+def test_weights_three_to_one_admit_about_three_to_one():
+    order = _admission_order(_flood_then_few(weight_a=3.0, num_b=20))
+    contended = order[:order.index("b19") + 1]  # while both tenants had requests waiting
+    num_a = sum(1 for request_id in contended if request_id.startswith("a"))
+    assert 20 * 3 - 6 <= num_a <= 20 * 3 + 6
+
+
+def test_fcfs_ignores_tenants():
+    order = _admission_order(_flood_then_few(policy="fcfs", num_a=30, num_b=3))
+    assert order == [f"a{i}" for i in range(30)] + ["b0", "b1", "b2"]
+
+
+def test_priority_still_comes_before_fair_share():
+    scheduler = make_scheduler(max_num_batched_tokens=16, max_num_seqs=1, scheduling_policy="priority")
+    for index in range(5):
+        scheduler.add_request(_tenant_request(f"a{index}", "alice", first_token=index))
+    scheduler.add_request(_tenant_request("b_low", "bob", priority=1, first_token=50))
+    order = _admission_order(scheduler)
+    assert order[-1] == "b_low"  # bob's share does not lift a priority-1 request over priority 0
+
+
+def test_fair_share_never_preempts_at_equal_priority():
+    scheduler = make_scheduler(max_num_batched_tokens=64, max_num_seqs=2, scheduling_policy="priority")
+    for index in range(6):
+        scheduler.add_request(_tenant_request(f"a{index}", "alice", first_token=index))
+    run_step(scheduler)
+    for index in range(6):
+        scheduler.add_request(_tenant_request(f"b{index}", "bob", first_token=40 + index))
+    _admission_order(scheduler)
+    assert scheduler.num_preemptions == 0
+
+
+def test_requests_without_a_tenant_share_one_and_keep_arrival_order():
+    scheduler = make_scheduler(max_num_batched_tokens=8, max_num_seqs=1, scheduling_policy="priority")
+    for index in range(5):
+        scheduler.add_request(make_request(f"r{index}", prompt_len=4, max_tokens=2, first_token=index * 7))
+    assert _admission_order(scheduler) == [f"r{i}" for i in range(5)]
+
+
+def test_cost_counts_prompt_and_capped_output_per_choice():
+    assert request_cost(make_request("x", prompt_len=10, max_tokens=6)) == 16
+    assert request_cost(make_request("y", prompt_len=10, max_tokens=6, n=2)) == 22
+    assert request_cost(make_request("z", prompt_len=10, max_tokens=100_000)) == 10 + 1024
+
+
+def test_idle_tenants_are_forgotten():
+    share = FairShare()
+    for index in range(100):
+        share.tag(_tenant_request(f"t{index}", f"tenant{index}"))
+    assert share.num_tenants == 100
+    share.forget_idle(anything_waiting=False)
+    assert share.num_tenants == 0
+    late = _tenant_request("late", "tenant0")
+    share.tag(late)
+    assert late.virtual_start == share.virtual_time  # no debt carried over an idle queue
+
+
+def test_a_request_preempted_by_aging_does_not_take_its_seat_back_at_equal_priority():
+    # One seat. `short` ages past `long` and takes its seat; `long`, back in the queue with an earlier
+    # arrival and virtual start, waits for the seat rather than evicting `short` in turn.
+    scheduler = make_scheduler(max_num_batched_tokens=16, max_num_seqs=1, scheduling_policy="priority",
+                               priority_aging_steps=4)
+    scheduler.add_request(_tenant_request("long", "alice", max_tokens=30))
+    run_step(scheduler)
+    scheduler.add_request(_tenant_request("short", "bob", first_token=60))
+    _admission_order(scheduler)
+    assert scheduler.num_preemptions == 1
