@@ -1,11 +1,12 @@
 """Urgent requests behind queued bulk work: their time to first token, loaded vs idle, per policy.
 
-    python benchmarks/priority_ttft.py --model builtin --workers 1 --bulk 120 --urgent 8
+    python benchmarks/priority_ttft.py --workers 1 --bulk 120 --urgent 8
 
-Starts `aqueduct worker` processes on a fresh Redis prefix (127.0.0.1:6379 by default). First the
-idle figure: the urgent requests (priority 0) alone, sent together. Then, for each setting, the
-bulk requests (greedy, `--bulk-tokens` each, ignore_eos) are queued, and once the workers are
-busy the urgent ones are sent: their p50/max TTFT, and the ratio to idle. Settings:
+Starts `aqueduct worker` processes (the default model, SmolLM2-135M, unless --model) on a fresh
+Redis prefix (127.0.0.1:6379 by default). First the idle figure: the urgent requests (priority 0)
+alone, sent together. Then, for each setting, the bulk requests (greedy, `--bulk-tokens` each,
+ignore_eos) are queued, and once the workers are busy the urgent ones are sent: their p50/max TTFT,
+and the ratio to idle. Settings:
 - `bulk at priority 10, --scheduling-policy priority` (the default): the bulk lane and the scheduler;
 - `bulk at priority 0`: every request on one FIFO stream, the fleet as it was before priorities.
 Workers are restarted between settings, so no prefix cache carries over. Figures depend on the
@@ -30,7 +31,8 @@ from queue_adapters.codec import WireRequest
 
 
 def _start_workers(args: argparse.Namespace, prefix: str, policy: str) -> list[subprocess.Popen]:
-    command = [sys.executable, "-m", "actors.cli", "worker", "--model", args.model, "--redis-url", args.redis_url,
+    model = ["--model", args.model] if args.model else []
+    command = [sys.executable, "-m", "actors.cli", "worker", *model, "--redis-url", args.redis_url,
                "--prefix", prefix, "--scheduling-policy", policy, "--log-level", "WARNING", *args.worker_args]
     threads = max(1, (os.cpu_count() or 1) // args.workers)
     return [subprocess.Popen([*command, "--name", f"bench-{index}", "--cpu-threads", str(threads)])
@@ -98,7 +100,7 @@ async def _setting(args: argparse.Namespace, policy: str, bulk_priority: int | N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="builtin")
+    parser.add_argument("--model", default=None, help="default: the default model; `builtin` is a tiny one")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--bulk", type=int, default=120)
