@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from actors.http.api_keys import ApiKeys
 from actors.http.errors import ApiError, invalid, parse_json_body
+from actors.http.tenancy.api_keys import ApiKeys
 
 T = TypeVar("T")
 
@@ -22,7 +22,7 @@ OFF_LOOP_BYTES = 65_536
 
 
 def check_api_key(request: Request, api_key: str | ApiKeys | None) -> None:
-    """`api_key`: --api-key's one key, or --api-keys' file (actors/http/api_keys.py)."""
+    """`api_key`: --api-key's one key, or --api-keys' file (actors/http/tenancy/api_keys.py)."""
     if api_key is None:
         return
     given = request.headers.get("authorization", "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from actors.http.api_keys import ApiKeys
+from actors.http.tenancy.api_keys import ApiKeys
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,9 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from actors.http.api_keys import ApiKeys, load_api_keys
 from actors.http.options import GatewayOptions
 from actors.http.reasoning import FORMATS
+from actors.http.tenancy.api_keys import ApiKeys, load_api_keys
 from actors.http.tool_parsers import PARSERS
 from pipeline.request.chat_template_kwargs import check_chat_template_kwargs
 from pipeline.request.untrusted import loads_json

@@ -9,7 +9,7 @@ or Anthropic's events (events.py) through shapes.py's `ResponseShape`. errors.py
 Anthropic's error shape and its x-api-key header; token_count.py renders the prompt for count_tokens;
 thinking.py turns `thinking` into the template's `enable_thinking`. The reference is docs/http-api.md.
 
-May import: actors.http.generation, actors.http.api_keys, actors.http.backends, actors.http.errors,
+May import: actors.http.generation, actors.http.tenancy.api_keys, actors.http.backends, actors.http.errors,
 actors.http.limits, actors.http.options, actors.http.reasoning, actors.http.tool_parsers (the plumbing),
 pipeline, queue_adapters.
 Nothing of actors.http.openai or actors.http.kobold, nor the app that mounts these routes.

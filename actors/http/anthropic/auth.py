@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from actors.http.api_keys import ApiKeys
 from actors.http.errors import ApiError
 from actors.http.limits import check_api_key, key_matches
+from actors.http.tenancy.api_keys import ApiKeys
 
 _WRONG_KEY = "missing or wrong API key (x-api-key: KEY, or Authorization: Bearer KEY)"
 

@@ -32,7 +32,7 @@ from actors.http.generation.request import GatewayRequest, ignored_fields_header
 from actors.http.limits import PendingLimit
 from actors.http.options import GatewayOptions
 from actors.http.request_ids import MemoryRequestIds, request_fingerprint
-from actors.http.tenants import request_tenant, stamp_tenant
+from actors.http.tenancy.tenants import request_tenant, stamp_tenant
 from queue_adapters.client import assemble
 from queue_adapters.codec import CodecError, WireReply
 

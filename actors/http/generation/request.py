@@ -22,7 +22,7 @@ class GatewayRequest:
     stream: bool
     response_id: str = ""
     ignored_fields: tuple[str, ...] = ()  # unknown top-level fields taken off (actors/http/openai/unknown_fields.py)
-    user: str | None = None  # OpenAI's `user`: splits a shared key's fair share (actors/http/tenants.py)
+    user: str | None = None  # OpenAI's `user`: splits a shared key's fair share (actors/http/tenancy/tenants.py)
 
     @property
     def wire(self) -> WireRequest:

@@ -15,12 +15,16 @@ from transformers import AutoModelForCausalLM
 from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
-from pipeline.model.cpu.kernels import load_decode_kernel
 from pipeline.model.layers.norms import GemmaRMSNorm
 from pipeline.model.loader import attention_shape, read_config
 from pipeline.model.models.gemma2 import gemma2_config
 from pipeline.model.runner import ModelRunner
 from tests.pipeline.model.test_model_forward import NUM_BLOCKS, Reference, Seqs, make_runner, run_and_check
+from tests.pipeline.model.window_checks import (
+    check_across_the_window,
+    check_chunks_over_cached_context,
+    check_decode_path,
+)
 from tests.support.hf_models import make_tiny_hf_model
 
 WINDOW = 19  # tests/support/hf_models.py's gemma2 sliding_window
@@ -32,48 +36,14 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     return Reference(path, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
 
 
-@pytest.fixture(params=["kernel", "torch"])
-def decode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
-    """Runners made in the test decode with the native kernel, or with AQUEDUCT_CPU_KERNEL=0."""
-    load_decode_kernel.cache_clear()  # it reads the environment once
-    if request.param == "torch":
-        monkeypatch.setenv("AQUEDUCT_CPU_KERNEL", "0")
-    elif load_decode_kernel() is None:
-        pytest.skip("the native decode kernel is unavailable (no C compiler)")
-    yield request.param
-    load_decode_kernel.cache_clear()
-
-
-def _runner(path: Path, block_size: int, decode_path: str) -> ModelRunner:
-    runner = make_runner(path, block_size)
-    assert (runner.backend.decode_kernel is not None) == (decode_path == "kernel")
-    return runner
-
-
 def test_prefill_then_decodes_across_the_window_match_hf(gemma: Reference, decode_path: str) -> None:
-    runner = _runner(gemma.path, 4, decode_path)
-    seqs = Seqs(runner.block_size, seed=3)
-    # Around the window (19): shorter, equal, one past, and far past it; 1 is decode-shaped.
-    lengths = [1, 18, WINDOW, 20, 45, 70]
-    run_and_check(runner, seqs, gemma, [(seqs.add(n), n) for n in lengths])
-    for _ in range(5):  # the 18-token sequence crosses the window while decoding
-        for seq in range(len(lengths)):
-            seqs.append_token(seq)
-        run_and_check(runner, seqs, gemma, [(seq, 1) for seq in range(len(lengths))])
+    runner = check_decode_path(make_runner(gemma.path, 4), decode_path)
+    check_across_the_window(runner, gemma, WINDOW, num_decodes=5)
 
 
 def test_chunked_prefill_then_decodes_match_hf(gemma: Reference, decode_path: str) -> None:
-    runner = _runner(gemma.path, 4, decode_path)
-    seqs = Seqs(runner.block_size, seed=4)
-    long_prompt, short = seqs.add(57), seqs.add(6)
-    run_and_check(runner, seqs, gemma, [(long_prompt, 13), (short, 6)])
-    for chunk in (21, 23):  # chunks longer than the window, each after cached context
-        seqs.append_token(short)
-        run_and_check(runner, seqs, gemma, [(short, 1), (long_prompt, chunk)])
-    for _ in range(4):
-        for seq in (long_prompt, short):
-            seqs.append_token(seq)
-        run_and_check(runner, seqs, gemma, [(long_prompt, 1), (short, 1)])
+    runner = check_decode_path(make_runner(gemma.path, 4), decode_path)
+    check_chunks_over_cached_context(runner, gemma, num_decodes=4)
 
 
 def test_settings_come_from_config_json(gemma: Reference) -> None:

@@ -32,6 +32,11 @@ from pipeline.model.models.gemma3 import gemma3_config
 from pipeline.model.runner import ModelRunner
 from pipeline.request.sampling_params import SamplingParams
 from tests.pipeline.model.test_model_forward import NUM_BLOCKS, Reference, Seqs, make_runner, run_and_check
+from tests.pipeline.model.window_checks import (  # noqa: F401 (a fixture)
+    check_across_the_window,
+    check_chunks_over_cached_context,
+    check_decode_path,
+)
 from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
 from tests.support.hf_models import make_tiny_hf_model
 from tests.support.lora_adapters import make_adapters, peft_model, run_with_adapters
@@ -76,28 +81,11 @@ def multimodal(gemma: Reference, tmp_path_factory: pytest.TempPathFactory) -> Re
 # --- float32 logits through the paged cache ----------------------------------------------------------
 
 def test_prefill_then_decodes_across_the_window_match_hf(gemma: Reference) -> None:
-    runner = make_runner(gemma.path, block_size=4)
-    seqs = Seqs(runner.block_size, seed=3)
-    lengths = [1, 18, WINDOW, 20, 45, 70]  # around the window; 1 is decode-shaped
-    run_and_check(runner, seqs, gemma, [(seqs.add(n), n) for n in lengths])
-    for _ in range(4):  # the 18-token sequence crosses the window while decoding
-        for seq in range(len(lengths)):
-            seqs.append_token(seq)
-        run_and_check(runner, seqs, gemma, [(seq, 1) for seq in range(len(lengths))])
+    check_across_the_window(make_runner(gemma.path, block_size=4), gemma, WINDOW, num_decodes=4)
 
 
 def test_chunked_prefill_then_decodes_match_hf(gemma: Reference) -> None:
-    runner = make_runner(gemma.path, block_size=4)
-    seqs = Seqs(runner.block_size, seed=4)
-    long_prompt, short = seqs.add(57), seqs.add(6)
-    run_and_check(runner, seqs, gemma, [(long_prompt, 13), (short, 6)])
-    for chunk in (21, 23):  # chunks longer than the window, each after cached context
-        seqs.append_token(short)
-        run_and_check(runner, seqs, gemma, [(short, 1), (long_prompt, chunk)])
-    for _ in range(3):
-        for seq in (long_prompt, short):
-            seqs.append_token(seq)
-        run_and_check(runner, seqs, gemma, [(long_prompt, 1), (short, 1)])
+    check_chunks_over_cached_context(make_runner(gemma.path, block_size=4), gemma, num_decodes=3)
 
 
 # --- each distinctive part is caught -----------------------------------------------------------------

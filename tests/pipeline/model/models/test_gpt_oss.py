@@ -25,7 +25,6 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
 from pipeline.model.attention.paged import TorchPagedAttention
-from pipeline.model.cpu.kernels import load_decode_kernel
 from pipeline.model.layers.rope import RopeParams
 from pipeline.model.loader import attention_shape, load_model, read_config
 from pipeline.model.lora import lora_model_shapes
@@ -34,7 +33,12 @@ from pipeline.model.models.gpt_oss import SinkAttention, gpt_oss_config
 from pipeline.model.parallel.sharding import check_tensor_parallel
 from pipeline.model.runner import ModelRunner
 from pipeline.request.sampling_params import SamplingParams
-from tests.pipeline.model.test_model_forward import NUM_BLOCKS, Reference, Seqs, make_runner, run_and_check
+from tests.pipeline.model.test_model_forward import NUM_BLOCKS, Reference, Seqs, make_runner
+from tests.pipeline.model.window_checks import (
+    check_across_the_window,
+    check_chunks_over_cached_context,
+    check_decode_path,
+)
 from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
 from tests.support.hf_models import make_tiny_hf_model
 
@@ -48,40 +52,18 @@ def gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     return Reference(path, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
 
 
-@pytest.fixture(params=["kernel", "torch"])
-def decode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
-    """Runners made in the test decode with the native kernel (its own sinks), or with AQUEDUCT_CPU_KERNEL=0."""
-    load_decode_kernel.cache_clear()  # it reads the environment once
-    if request.param == "torch":
-        monkeypatch.setenv("AQUEDUCT_CPU_KERNEL", "0")
-    elif load_decode_kernel() is None:
-        pytest.skip("the native decode kernel is unavailable (no C compiler)")
-    yield request.param
-    load_decode_kernel.cache_clear()
 
 
 # --- float32 logits through the paged cache ------------------------------------------------------------
 
 def test_prefill_then_decodes_across_the_window_match_hf(gpt_oss: Reference, decode_path: str) -> None:
-    runner = make_runner(gpt_oss.path, block_size=4)
-    assert (runner.backend.decode_kernel is not None) == (decode_path == "kernel")
-    seqs = Seqs(runner.block_size, seed=3)
-    lengths = [1, 18, WINDOW, 20, 45, 70]  # around the window; 1 is decode-shaped
-    run_and_check(runner, seqs, gpt_oss, [(seqs.add(n), n) for n in lengths])
-    for _ in range(4):  # the 18-token sequence crosses the window while decoding
-        for seq in range(len(lengths)):
-            seqs.append_token(seq)
-        run_and_check(runner, seqs, gpt_oss, [(seq, 1) for seq in range(len(lengths))])
+    """With the native kernel, decodes go through its own sink softmax."""
+    runner = check_decode_path(make_runner(gpt_oss.path, block_size=4), decode_path)
+    check_across_the_window(runner, gpt_oss, WINDOW, num_decodes=4)
 
 
 def test_chunked_prefill_and_mixed_steps_match_hf(gpt_oss: Reference) -> None:
-    runner = make_runner(gpt_oss.path, block_size=16)
-    seqs = Seqs(runner.block_size, seed=4)
-    long_prompt, short = seqs.add(57), seqs.add(6)
-    run_and_check(runner, seqs, gpt_oss, [(long_prompt, 13), (short, 6)])
-    for chunk in (21, 23):  # chunks longer than the window, each after cached context, beside a decode
-        seqs.append_token(short)
-        run_and_check(runner, seqs, gpt_oss, [(short, 1), (long_prompt, chunk)], num_padding=2)
+    check_chunks_over_cached_context(make_runner(gpt_oss.path, block_size=16), gpt_oss, num_padding=2)
 
 
 def test_bfloat16_logits_match_hf_bfloat16(gpt_oss: Reference, decode_path: str) -> None:

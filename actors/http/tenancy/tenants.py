@@ -17,7 +17,7 @@ import re
 
 from starlette.requests import Request
 
-from actors.http.api_keys import DEFAULT_TENANT, ApiKeys, Tenant
+from actors.http.tenancy.api_keys import DEFAULT_TENANT, ApiKeys, Tenant
 from queue_adapters.codec import WireRequest
 
 _PLAIN_USER = re.compile(r"^[A-Za-z0-9._@:+=-]{1,63}$")

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from actors.http.api_keys import parse_api_keys
 from actors.http.app import create_app
 from actors.http.options import GatewayOptions
 from actors.http.serve_args import api_key_from_args
+from actors.http.tenancy.api_keys import parse_api_keys
 from queue_adapters.codec import WireChoice, WireReply, WireRequest, WireUsage
 from tests.support.gateway_helpers import SilentBackend
 
