@@ -4,7 +4,6 @@ OpenAI's `user` splits a shared key's share, and every wire request carries the 
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -13,7 +12,7 @@ from actors.http.app import create_app
 from actors.http.options import GatewayOptions
 from actors.http.serve_args import api_key_from_args
 from actors.http.tenancy.api_keys import parse_api_keys
-from queue_adapters.codec import WireChoice, WireReply, WireRequest, WireUsage
+from tests.actors.http.openai.test_request_fields import CHAT, COMPLETION, ScriptedBackend
 from tests.support.gateway_helpers import SilentBackend
 
 KEY_FILE = """
@@ -22,23 +21,6 @@ sk-acme,acme,3
 sk-globex , globex
 
 """
-COMPLETION = {"model": "silent", "prompt": "Hello", "max_tokens": 1}
-CHAT = {"model": "silent", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1}
-
-
-class RecordingBackend(SilentBackend):
-    """Answers every request with one token; keeps the wire requests it got."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.submitted: list[WireRequest] = []
-
-    async def submit(self, request: WireRequest) -> None:
-        self.submitted.append(request)
-
-    async def replies(self, request: WireRequest) -> AsyncIterator[WireReply]:
-        yield WireReply(id=request.id, seq=0, prompt_tokens=2, usage=WireUsage(prompt_tokens=2, completion_tokens=1),
-                        choices=[WireChoice(index=0, token_ids=[5], text="a", finish_reason="length")])
 
 
 def _client(backend: SilentBackend, api_key) -> httpx.AsyncClient:
@@ -52,7 +34,7 @@ def _bearer(key: str) -> dict[str, str]:
 
 
 async def test_the_key_file_maps_each_key_to_its_tenant_and_weight() -> None:
-    backend = RecordingBackend()
+    backend = ScriptedBackend()
     async with _client(backend, parse_api_keys(KEY_FILE)) as client:
         assert (await client.post("/v1/completions", json=COMPLETION, headers=_bearer("sk-acme"))).status_code == 200
         assert (await client.post("/v1/chat/completions", json=CHAT, headers=_bearer("sk-globex"))).status_code == 200
@@ -64,7 +46,7 @@ async def test_the_key_file_maps_each_key_to_its_tenant_and_weight() -> None:
 
 
 async def test_a_file_of_several_keys_ignores_user_so_no_client_splits_its_own_share() -> None:
-    backend = RecordingBackend()
+    backend = ScriptedBackend()
     async with _client(backend, parse_api_keys(KEY_FILE)) as client:
         await client.post("/v1/completions", json={**COMPLETION, "user": "alice"}, headers=_bearer("sk-acme"))
     assert backend.submitted[0].tenant == "acme"
@@ -76,7 +58,7 @@ async def test_a_file_of_several_keys_ignores_user_so_no_client_splits_its_own_s
     (parse_api_keys("sk-one,acme,2"), "acme/alice"),  # a file of one key keeps its weight
 ])
 async def test_user_splits_a_shared_keys_fair_share(api_key, expected) -> None:
-    backend = RecordingBackend()
+    backend = ScriptedBackend()
     async with _client(backend, api_key) as client:
         for body in ({**COMPLETION, "user": "alice"}, {**CHAT, "user": "alice"}, COMPLETION, {**COMPLETION, "user": 7}):
             response = await client.post("/v1/completions" if "prompt" in body else "/v1/chat/completions",
@@ -89,7 +71,7 @@ async def test_user_splits_a_shared_keys_fair_share(api_key, expected) -> None:
 
 
 async def test_a_long_or_unusual_user_is_hashed_into_a_bounded_tenant() -> None:
-    backend = RecordingBackend()
+    backend = ScriptedBackend()
     async with _client(backend, None) as client:
         for user in ("x" * 5000, "bob smith\n", "ünïcode"):
             assert (await client.post("/v1/completions", json={**COMPLETION, "user": user})).status_code == 200
@@ -102,7 +84,7 @@ async def test_a_long_or_unusual_user_is_hashed_into_a_bounded_tenant() -> None:
 async def test_two_tenants_reusing_one_x_request_id_get_a_409_never_the_others_answer() -> None:
     # Wire ids are one namespace for the deployment (reply streams, cancels), so an X-Request-Id names
     # one request: the first tenant's. Another tenant's reuse is refused; the owner's retry attaches.
-    backend = RecordingBackend()
+    backend = ScriptedBackend()
     headers = {"X-Request-Id": "job-1"}
     async with _client(backend, parse_api_keys(KEY_FILE)) as client:
         first = await client.post("/v1/completions", json=COMPLETION, headers={**headers, **_bearer("sk-acme")})
@@ -114,7 +96,7 @@ async def test_two_tenants_reusing_one_x_request_id_get_a_409_never_the_others_a
 
 
 async def test_anthropic_clients_use_a_file_key_in_x_api_key() -> None:
-    backend = RecordingBackend()
+    backend = ScriptedBackend()
     body = {"model": "silent", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
     async with _client(backend, parse_api_keys(KEY_FILE)) as client:
         assert (await client.post("/v1/messages", json=body, headers={"x-api-key": "sk-globex"})).status_code == 200
