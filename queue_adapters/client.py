@@ -38,6 +38,7 @@ from queue_adapters.codec import (
     decode_request,
     encode,
 )
+from queue_adapters.placement import Placement
 from queue_adapters.priority_lanes import request_key
 from queue_adapters.redis_streams import DATA_FIELD, stream_entries
 
@@ -110,11 +111,15 @@ class AqueductClient:
     """Async client over Redis. Use `async with AqueductClient(url) as client:` or call `close`."""
 
     def __init__(self, redis_url: str = "redis://127.0.0.1:6379", prefix: str = "aqueduct", *,
-                 redis: aioredis.Redis | None = None, block_ms: int = 1000) -> None:
+                 redis: aioredis.Redis | None = None, block_ms: int = 1000,
+                 placement: Placement | None = None) -> None:
         self.prefix = prefix
         self.block_ms = block_ms
         self._owns_redis = redis is None
         self.redis = redis if redis is not None else aioredis.Redis.from_url(redis_url)
+        # Offer requests to the worker caching their prompt's prefix (queue_adapters/placement.py);
+        # None: every request goes to its priority's shared lane.
+        self.placement = placement
         self._submitted: dict[str, tuple[str | None, int | None]] = {}  # id -> (reply_to, n)
 
     async def __aenter__(self) -> AqueductClient:
@@ -133,9 +138,21 @@ class AqueductClient:
         raw = encode(request)
         # The worker's exact check, so a bad request fails here, not later.
         checked = decode_request(raw, params_checked=params_checked)
-        await self.redis.xadd(request_key(self.prefix, checked.priority), {DATA_FIELD: raw})
+        await self._send(raw, checked)
         self._remember(checked)
         return checked.id
+
+    async def _send(self, raw: bytes, request: WireRequest) -> None:
+        placement = self.placement
+        keys: list[bytes] = []
+        if placement is not None:
+            # Rendering a chat template and tokenizing take milliseconds: off the event loop.
+            keys = placement.keys_of(request) if request.prompt_token_ids is not None or placement.render is None \
+                else await asyncio.to_thread(placement.keys_of, request)
+        if placement is not None and keys:
+            await placement.submit(raw, request, keys)
+        else:
+            await self.redis.xadd(request_key(self.prefix, request.priority), {DATA_FIELD: raw})
 
     async def submit_many(self, requests: list[dict[str, Any] | WireRequest], *,
                           params_checked: bool = False) -> list[str]:
@@ -144,6 +161,11 @@ class AqueductClient:
         together (and a batch file of any size is not buffered whole)."""
         raws = [encode(request) for request in requests]
         checked = [decode_request(raw, params_checked=params_checked) for raw in raws]
+        if self.placement is not None:  # one directory lookup each: sent one by one
+            for raw, request in zip(raws, checked, strict=True):
+                await self._send(raw, request)
+                self._remember(request)
+            return [request.id for request in checked]
         for start in range(0, len(raws), _PIPELINE_CHUNK):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for raw, request in zip(raws[start:start + _PIPELINE_CHUNK], checked[start:start + _PIPELINE_CHUNK],

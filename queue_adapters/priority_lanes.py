@@ -11,6 +11,11 @@ need its own delivery tracking, while three streams keep everything the request 
 worker the scheduler orders the exact priorities (pipeline/scheduling/waiting_queue.py); the lanes
 only decide which entries a worker takes first.
 
+With prefix placement (queue_adapters/placement.py, stealing.py) a lane is three sources, read in
+this order: the worker's own affinity stream of the lane (offers made to it), other workers' offers
+that waited past the placement wait, then the shared lane. While the worker has nothing to read it
+blocks at most the placement wait, so an offer its worker leaves unread is taken soon after.
+
 A read takes the lanes in order, urgent first. Share: while a less urgent lane is not empty, a read
 of k entries leaves it at least one of them when k >= the number of lanes, so bulk work still
 advances under a steady urgent load (slowly: that is what priority asks for). When every lane is
@@ -21,7 +26,10 @@ a worker may hold up to two requests beyond its admission room (actors/worker/ad
 from __future__ import annotations
 
 import time
-from typing import Generic, TypeVar
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 from queue_adapters.base import Delivery
 from queue_adapters.codec import Malformed
@@ -31,6 +39,20 @@ T = TypeVar("T")
 
 URGENT, NORMAL, BULK = "urgent", "normal", "bulk"
 LANES = (URGENT, NORMAL, BULK)  # in the order workers read them
+OFFERED, STOLEN, SHARED = "offered", "stolen", "shared"  # where a worker took a request from
+
+
+class LaneStealer(Protocol):
+    async def steal(self, max_count: int, workers: list[str]) -> list[Delivery[Any]]: ...
+
+
+@dataclass(slots=True)
+class LanePlacement:
+    """A worker's part in prefix placement, one item per lane in LANES order."""
+    own: list[RedisStreamConsumer[Any]]  # its affinity streams
+    stealers: list[LaneStealer]  # takers of other workers' waiting offers
+    other_workers: Callable[[], Awaitable[list[str]]]  # the workers whose offers may be taken
+    wait_ms: int  # the placement wait: how long an offer waits for its worker
 
 
 def lane_of(priority: int) -> str:
@@ -50,14 +72,20 @@ class LanedConsumer(Generic[T]):
     """One worker's reader of every lane: `receive` as a RedisStreamConsumer's, most urgent first.
     Acks, claims and pending lists stay per lane (`lanes`), where crash resume works as before."""
 
-    def __init__(self, lanes: list[RedisStreamConsumer[T]]) -> None:
+    def __init__(self, lanes: list[RedisStreamConsumer[T]], placement: LanePlacement | None = None,
+                 on_taken: Callable[[str, int], None] | None = None) -> None:
         if not lanes:
             raise ValueError("a laned consumer needs at least one lane")
+        if placement is not None and not len(placement.own) == len(placement.stealers) == len(lanes):
+            raise ValueError("placement needs one affinity stream and one stealer per lane")
         self.lanes = lanes
+        self.placement = placement
         self.consumer_name = lanes[0].consumer_name
+        self.taken: Counter[str] = Counter()  # requests read by source: OFFERED, STOLEN, SHARED
+        self.on_taken = on_taken  # told of each read's count by source (the worker's metrics)
 
     async def ensure_group(self) -> None:
-        for lane in self.lanes:
+        for lane in [*self.lanes, *(self.placement.own if self.placement else [])]:
             await lane.ensure_group()
 
     async def receive(self, max_count: int = 1, timeout_s: float | None = None) -> list[Delivery[T | Malformed]]:
@@ -77,6 +105,8 @@ class LanedConsumer(Generic[T]):
 
     def _block_ms_until(self, deadline: float | None) -> int | None:
         block_ms = self.lanes[0].block_ms
+        if self.placement is not None:
+            block_ms = min(block_ms, max(1, self.placement.wait_ms))
         if deadline is None:
             return block_ms
         remaining_ms = int((deadline - time.monotonic()) * 1000)
@@ -87,24 +117,57 @@ class LanedConsumer(Generic[T]):
         each later lane. E.g. max_count 8 over (urgent, normal, bulk): urgent takes up to 6, normal
         up to 7 - what urgent took, bulk the rest; max_count 2: the first two entries by lane order."""
         share = max_count >= len(self.lanes)
+        workers = await self.placement.other_workers() if self.placement is not None else []
         deliveries: list[Delivery[T | Malformed]] = []
         for index, lane in enumerate(self.lanes):
             room = max_count - len(deliveries)
             if room <= 0:
                 break
             num_later = len(self.lanes) - 1 - index if share else 0
-            deliveries += await lane.read_now(max(1, room - num_later))
+            deliveries += await self._read_lane(index, lane, max(1, room - num_later), workers)
+        return deliveries
+
+    async def _read_lane(self, index: int, lane: RedisStreamConsumer[T], most: int,
+                         workers: list[str]) -> list[Delivery[T | Malformed]]:
+        """Up to `most` entries of one lane: offers to this worker, waiting offers to others, shared."""
+        taken: list[Delivery[T | Malformed]] = []
+        if self.placement is not None:
+            taken += self._count(OFFERED, await self.placement.own[index].read_now(most))
+            if len(taken) < most:
+                taken += self._count(STOLEN, await self.placement.stealers[index].steal(most - len(taken), workers))
+        if len(taken) < most:
+            taken += self._count(SHARED, await lane.read_now(most - len(taken)))
+        return taken
+
+    def _count(self, source: str, deliveries: list[Delivery[Any]]) -> list[Delivery[Any]]:
+        if deliveries:
+            self.taken[source] += len(deliveries)
+            if self.on_taken is not None:
+                self.on_taken(source, len(deliveries))
         return deliveries
 
     async def _wait_on_all(self, block_ms: int) -> list[Delivery[T | Malformed]]:
-        """One blocking XREADGROUP over every lane: at most one entry from each, most urgent first."""
-        streams = {lane.stream_key: lane for lane in self.lanes}
-        response = await self.lanes[0].read_group(streams, 1, block_ms)
+        """One blocking XREADGROUP over every lane (and this worker's affinity streams): at most one
+        entry from each, most urgent first."""
+        own = self.placement.own if self.placement is not None else []
+        sources = [(source, OFFERED) for source in own] + [(lane, SHARED) for lane in self.lanes]
+        response = await self.lanes[0].read_group({source.stream_key: source for source, _ in sources}, 1, block_ms)
         entries = entries_per_stream(response)
-        return [lane.new_delivery(entry_id, fields) for lane in self.lanes
-                for entry_id, fields in entries.get(lane.stream_key, []) if entry_id is not None]
+        found = [(source, kind, entry_id, fields) for source, kind in sources
+                 for entry_id, fields in entries.get(source.stream_key, []) if entry_id is not None]
+        found.sort(key=lambda item: _lane_rank(item[0].stream_key, self.lanes))
+        return [self._count(kind, [source.new_delivery(entry_id, fields)])[0]
+                for source, kind, entry_id, fields in found]
 
     async def close(self) -> None:
-        for lane in self.lanes:
+        for lane in [*self.lanes, *(self.placement.own if self.placement else [])]:
             await lane.close()
+
+
+def _lane_rank(stream_key: str, lanes: list[RedisStreamConsumer[Any]]) -> int:
+    """The lane index of a shared lane or an affinity stream on it (`{lane}:at:{worker}`)."""
+    for index, lane in enumerate(lanes):
+        if stream_key == lane.stream_key or stream_key.startswith(f"{lane.stream_key}:at:"):
+            return index
+    return len(lanes)
 

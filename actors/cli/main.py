@@ -106,8 +106,8 @@ def _worker(args: argparse.Namespace) -> int:
                             redis_edges=frozenset(filter(None, args.redis_edges.split(","))),
                             claim_idle_ms=args.claim_idle_ms, max_attempts=args.max_attempts,
                             max_queue_wait_ms=args.max_queue_wait_ms, reply_to_pattern=args.reply_to_pattern,
-                            lora_root=args.lora_root,
-                            crash_exit_s=CRASH_EXIT_S)
+                            lora_root=args.lora_root, placement=args.placement,
+                            placement_wait_ms=args.placement_wait_ms, crash_exit_s=CRASH_EXIT_S)
     return event_loop.run(run_worker(engine, options, device=device))
 
 
@@ -233,6 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--reply-to-pattern", default=None,
                         help="glob a request's reply_to must match, e.g. 'myapp:replies:*' (default: {prefix}:out:*); "
                              "other keys get an error reply on {prefix}:out:{id}")
+    worker.add_argument("--placement", choices=("prefix", "any"), default="prefix",
+                        help="prefix: take requests offered to this worker for the prefixes it caches, and publish "
+                             "them (docs/deployment.md#placement); any: read the shared lanes only")
+    worker.add_argument("--placement-wait-ms", type=int, default=100,
+                        help="an offer its worker leaves unread this long may be taken by any worker (default 100)")
     worker.add_argument("--redis-edges", default="",
                         help="internal edges to run over Redis, comma-separated: scheduler,tensor_prep,output_events")
     add_engine_args(worker)

@@ -30,6 +30,8 @@ from actors.worker.replies import MemoryReplySink
 from actors.worker.run import build_graph, stats_reporters
 from pipeline.embedding_engine import EmbeddingEngine
 from pipeline.engine import LLMEngine
+from pipeline.intake.chat_content import ChatContentGuard
+from pipeline.intake.request_builder import RequestBuilder
 from queue_adapters.client import AqueductClient, ControlAnswers, ReplyOrder
 from queue_adapters.codec import (
     Malformed,
@@ -41,6 +43,7 @@ from queue_adapters.codec import (
     encode,
 )
 from queue_adapters.memory import MemoryStream, StreamClosed
+from queue_adapters.placement import Placement, PrefixDirectory, PromptRenderer
 from queue_adapters.redis_streams import DATA_FIELD
 
 log = structlog.get_logger(__name__)
@@ -48,6 +51,26 @@ log = structlog.get_logger(__name__)
 EMBEDDED_PREFIX = "embedded"
 _KEPT_FINISHED_STREAMS = 1024  # embedded: finished reply streams kept for retries with the same id
 WORKER_DIED = "worker_died"  # the error code of requests whose engine died under them (HTTP 503)
+
+
+def prompt_renderer(tokenizer: Any, max_model_len: int | None) -> PromptRenderer | None:
+    """Text and messages -> the token ids a worker will compute (pipeline/intake/request_builder.py),
+    for placement; a message with image parts is not rendered (its blocks depend on the image)."""
+    if tokenizer is None:
+        return None
+    # Only text and messages come here (token ids are placed as they are): the vocabulary bound is moot.
+    builder = RequestBuilder(tokenizer, 1 << 31, frozenset(), max_model_len or 1 << 30,
+                             content_guard=ChatContentGuard(tokenizer))
+
+    def render(request: WireRequest) -> list[int]:
+        messages = [message.as_dict() for message in request.messages] if request.messages is not None else None
+        if messages and any(isinstance(m["content"], list) and any(part["type"] != "text" for part in m["content"])
+                            for m in messages):
+            raise ValueError("images: placed by any worker")
+        return builder.rendered_prompt(request.prompt, request.prompt_token_ids, messages, request.tools,
+                                       request.chat_template_kwargs)[1]
+
+    return render
 
 
 class Backend(Protocol):
@@ -98,8 +121,11 @@ class RemoteBackend:
 
     def __init__(self, redis_url: str, prefix: str, model_name: str, tokenizer: Any,
                  max_model_len: int | None = None, max_pending: int = 256,
-                 adapters: list[str] | None = None, pooling: bool = False) -> None:
+                 adapters: list[str] | None = None, pooling: bool = False,
+                 placement_block_size: int | None = None) -> None:
         self.redis_url, self.prefix = redis_url, prefix
+        # --placement prefix: the workers' block size, to name a prompt's blocks as they do; None: any worker.
+        self.placement_block_size = None if pooling else placement_block_size
         self.pooling = pooling  # as the workers were started (--runner pooling)
         self.adapters = list(adapters or [])  # as the workers were started with (--lora-modules)
         self.adapter_paths: dict[str, str] = {}  # those loaded through this gateway
@@ -111,7 +137,11 @@ class RemoteBackend:
 
     async def start(self) -> None:
         self._redis = aioredis.Redis.from_url(self.redis_url, max_connections=self.max_connections)
-        self.client = AqueductClient(self.redis_url, self.prefix, redis=self._redis, block_ms=500)
+        placement = None
+        if self.placement_block_size is not None:
+            placement = Placement(PrefixDirectory(self._redis, self.prefix), self.placement_block_size,
+                                  prompt_renderer(self.tokenizer, self.max_model_len))
+        self.client = AqueductClient(self.redis_url, self.prefix, redis=self._redis, block_ms=500, placement=placement)
         self.request_ids = RedisRequestIds(self._redis, self.prefix)  # shared by every gateway of the deployment
 
     def adapter_names(self) -> list[str]:

@@ -71,6 +71,11 @@ class WorkerMetrics:
             "speculative_draft_tokens", "Speculative decoding: tokens drafted by prompt lookup and verified.")
         self.speculative_accepted_tokens = self._counter(
             "speculative_accepted_tokens", "Speculative decoding: drafted tokens the model accepted.")
+        self.placement_requests = self._counter(
+            "placement_requests", "Requests read, by source: offered (to this worker, a placement hit), stolen "
+            "(an offer to another that waited), shared (no worker held the prefix).", ("source",))
+        for source in ("offered", "stolen", "shared"):
+            self.placement_requests.labels(source=source)
 
     def _create_histograms(self) -> None:
         self.step_seconds = self._histogram("step_seconds", "Wall time of one engine step.")
@@ -125,6 +130,10 @@ class WorkerMetrics:
     def record_speculation(self, num_drafted: int, num_accepted: int) -> None:
         self.speculative_draft_tokens.inc(num_drafted)
         self.speculative_accepted_tokens.inc(num_accepted)
+
+    def record_placement(self, source: str, count: int) -> None:
+        """Requests read by where they came from: offered to this worker, stolen, or the shared lane."""
+        self.placement_requests.labels(source=source).inc(count)
 
     def record_dead_letter(self) -> None:
         self.requests_dead_lettered.inc()

@@ -17,7 +17,7 @@ from actors.worker.recovery.ownership import stream_owner_id
 
 # Keys under the prefix that are never reply streams: a reply written into one would corrupt it
 # (an owner record that is a stream breaks every claim of its id).
-_RESERVED = ("requests", "control", "dead", "owner", "worker", "rid", "edge")
+_RESERVED = ("requests", "control", "dead", "owner", "worker", "rid", "edge", "placement")
 
 
 def default_reply_to(prefix: str, request_id: str) -> str:

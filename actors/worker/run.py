@@ -36,6 +36,7 @@ from actors.worker.embedding import EmbedActor, EmbedIntake
 from actors.worker.intake import DeadLetter, IntakeActor, ReplyReader
 from actors.worker.metrics import WorkerMetrics
 from actors.worker.output import OutputActor
+from actors.worker.placement import AffinityClaimer, PrefixPublisher
 from actors.worker.recovery.claimer import Claimer
 from actors.worker.recovery.liveness import Heartbeat, heartbeat_key
 from actors.worker.recovery.ownership import Ownership
@@ -48,8 +49,10 @@ from pipeline.embedding_engine import EmbeddingEngine
 from pipeline.engine import LLMEngine
 from queue_adapters.base import Consumer, Producer
 from queue_adapters.codec import Malformed, WireReply, WireRequest, decode_request
-from queue_adapters.priority_lanes import LANES, LanedConsumer, lane_key
+from queue_adapters.placement import affinity_keys
+from queue_adapters.priority_lanes import LANES, LanedConsumer, LanePlacement, lane_key
 from queue_adapters.redis_streams import RedisStreamConsumer, dead_letter, retry_transient
+from queue_adapters.stealing import AffinityStreams, Stealer
 from queue_adapters.wire_limits import WireLimits
 
 log = structlog.get_logger(__name__)
@@ -75,6 +78,8 @@ class WorkerOptions:
     reply_to_pattern: str | None = None  # glob a request's reply_to must match (default: {prefix}:out:*)
     lora_root: str | None = None  # load_lora control entries may only name directories under it
     crash_exit_s: float | None = None  # the CLI: a crashed worker still running this long after is os._exit(1)ed
+    placement: str = "prefix"  # prefix: take offers and publish cached prefixes (queue_adapters/placement.py); any
+    placement_wait_ms: int = 100  # an offer its worker leaves unread this long may be taken by any worker
 
     @property
     def consumer_name(self) -> str:
@@ -154,9 +159,11 @@ async def run_worker(engine: LLMEngine | EmbeddingEngine, options: WorkerOptions
     decode = functools.partial(decode_request, limits=wire_limits(engine))
     lanes = [RedisStreamConsumer(options.redis_url, lane_key(options.prefix, lane), REQUESTS_GROUP,
                                  options.consumer_name, decode, client=redis) for lane in LANES]
-    consumer = LanedConsumer(lanes)
-    await consumer.ensure_group()
+    affinity = _affinity_streams(engine, options, redis, decode)
     metrics = WorkerMetrics()
+    consumer = LanedConsumer(lanes, _lane_placement(affinity, options) if affinity is not None else None,
+                             on_taken=metrics.record_placement)
+    await consumer.ensure_group()
 
     async def dead_letter_fn(message: Malformed) -> None:
         metrics.record_dead_letter()
@@ -185,6 +192,14 @@ async def run_worker(engine: LLMEngine | EmbeddingEngine, options: WorkerOptions
               Heartbeat(redis, options.prefix, name, options.claim_idle_ms),
               *(Claimer(redis, lane, graph.intake.admit, graph.admission, options.prefix, options.claim_idle_ms)
                 for lane in lanes)]
+    publisher = None
+    if affinity is not None:
+        assert isinstance(engine, LLMEngine)
+        publisher = PrefixPublisher(redis, options.prefix, name, engine.scheduler.kv_cache.pool, graph.admission,
+                                    options.claim_idle_ms)
+        actors += [publisher, AffinityClaimer(affinity, Claimer(redis, lanes[0], graph.intake.admit, graph.admission,
+                                                                options.prefix, options.claim_idle_ms),
+                                              options.claim_idle_ms)]
     runtime = ActorRuntime(actors, graph.intake, graph.admission.wait_idle, options.drain_timeout_s,
                            on_crash=_crash_exit(options.crash_exit_s))
     if stop is None:
@@ -199,13 +214,36 @@ async def run_worker(engine: LLMEngine | EmbeddingEngine, options: WorkerOptions
     finally:
         # Gone now: other workers may claim what is still pending at once, not after claim_idle_ms.
         with contextlib.suppress(RedisError, OSError):
+            if publisher is not None:
+                await publisher.withdraw()
             await redis.delete(heartbeat_key(options.prefix, name))
         if health is not None:
             await health.stop()
         await edges.close()
         await consumer.close()
+        if affinity is not None:
+            await affinity.close()
         await sink.close()
         await redis.aclose()
+
+
+def _affinity_streams(engine: LLMEngine | EmbeddingEngine, options: WorkerOptions, redis: aioredis.Redis,
+                      decode: Any) -> AffinityStreams[WireRequest | Malformed] | None:
+    """This worker's view of the affinity streams under --placement prefix, and its cache's journal
+    switched on; None when it takes no offers (--placement any, a pooling or prefix-cache-less engine)."""
+    if options.placement != "prefix":
+        return None
+    if not isinstance(engine, LLMEngine) or not engine.scheduler.kv_cache.enable_prefix_caching:
+        log.info("prefix placement off: this worker keeps no prefix cache", placement=options.placement)
+        return None
+    engine.scheduler.kv_cache.publish_prefix_keys()
+    return AffinityStreams(options.redis_url, redis, options.prefix, REQUESTS_GROUP, options.consumer_name, decode)
+
+
+def _lane_placement(affinity: AffinityStreams[Any], options: WorkerOptions) -> LanePlacement:
+    own = [affinity.consumer(key) for key in affinity_keys(options.prefix, options.consumer_name)]
+    stealers: list[Any] = [Stealer(affinity, lane, options.placement_wait_ms) for lane in LANES]
+    return LanePlacement(own, stealers, affinity.other_workers, options.placement_wait_ms)
 
 
 def wire_limits(engine: LLMEngine | EmbeddingEngine) -> WireLimits:

@@ -79,21 +79,7 @@ class RequestBuilder:
             raise ValueError("tools need messages (they are rendered by the chat template)")
         if chat_template_kwargs is not None:
             self._check_template_kwargs(chat_template_kwargs, messages)
-        literals: list[str] = []
-        if messages is not None:
-            chat = self._chat_messages(messages)
-            if self.content_guard is not None:
-                chat, tools, literals = self.content_guard.protect_with_tools(chat, tools)
-            prompt = self._apply_chat_template(chat, tools, chat_template_kwargs or {})
-        if prompt is not None and literals:
-            self._check_prompt_chars(prompt)
-            ids = self.content_guard.encode(prompt, literals)  # special-token text in messages stays text
-        elif prompt is not None:
-            # A rendered template already holds the special tokens the model wants (BOS included), as
-            # in HF's apply_chat_template(tokenize=True); adding them again would double the BOS.
-            ids = self._tokenize(prompt, add_special_tokens=messages is None)
-        else:
-            ids = self._check_ids(prompt_token_ids)
+        prompt, ids = self.rendered_prompt(prompt, prompt_token_ids, messages, tools, chat_template_kwargs)
         image_inputs: list[ImageInput] = []
         if self.vision is not None:
             ids, image_inputs = self._expand_images(ids, images or [], params)
@@ -109,6 +95,28 @@ class RequestBuilder:
                        seed=self._seed(params, request_id), eos_token_ids=self.eos_token_ids,
                        prompt=prompt, images=tuple(image_inputs), lora_name=lora if lora_id is not None else None,
                        lora_id=lora_id, priority=priority, tenant=tenant, tenant_weight=tenant_weight)
+
+    def rendered_prompt(self, prompt: str | None, prompt_token_ids: Sequence[int] | None,
+                        messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None = None,
+                        chat_template_kwargs: dict[str, Any] | None = None) -> tuple[str | None, list[int]]:
+        """(the prompt text, its token ids) from exactly one of the three inputs: messages through the
+        chat template, text tokenized, ids checked. Image placeholders are not expanded yet. Entry
+        points call this too, to name a prompt's blocks as the workers will (queue_adapters/placement.py)."""
+        literals: list[str] = []
+        if messages is not None:
+            chat = self._chat_messages(messages)
+            if self.content_guard is not None:
+                chat, tools, literals = self.content_guard.protect_with_tools(chat, tools)
+            prompt = self._apply_chat_template(chat, tools, chat_template_kwargs or {})
+        if prompt is not None and literals:
+            assert self.content_guard is not None
+            self._check_prompt_chars(prompt)
+            return prompt, self.content_guard.encode(prompt, literals)  # special-token text in messages stays text
+        if prompt is not None:
+            # A rendered template already holds the special tokens the model wants (BOS included), as
+            # in HF's apply_chat_template(tokenize=True); adding them again would double the BOS.
+            return prompt, self._tokenize(prompt, add_special_tokens=messages is None)
+        return None, self._check_ids(prompt_token_ids or [])
 
     def _seed(self, params: SamplingParams, request_id: str) -> int:
         if params.seed is not None or self.seed is None:

@@ -45,6 +45,7 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first schedule
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chain hashes of full blocks, grown lazily
+    prefix_keys: list[bytes] = field(default_factory=list)  # their placement keys, when the worker publishes them
     num_published_blocks: int = 0  # leading blocks already offered to the prefix cache
     num_released_blocks: int = 0  # leading blocks released outside the sliding window (now NULL_BLOCK)
     num_sent_tokens: int = 0  # tokens tensor prep has been told about (the rest go in the next plan)

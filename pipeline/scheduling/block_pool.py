@@ -7,9 +7,11 @@ from the queue's head, so the least recently freed block is evicted first.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 import numpy as np
+
+from pipeline.scheduling.prefix_journal import PrefixJournal
 
 
 class BlockPool:
@@ -23,6 +25,11 @@ class BlockPool:
         self._hash_of_block: dict[int, int] = {}
         self._block_of_hash: dict[int, int] = {}
         self._tokens_of_block: dict[int, tuple[int, ...]] = {}
+        # Placement keys of cached blocks, when the worker tells the fleet (None: it does not). A key
+        # can name two blocks (one adapter name, two loads), so it leaves the journal with its last.
+        self.journal: PrefixJournal | None = None
+        self._key_of_block: dict[int, bytes] = {}
+        self._blocks_per_key: Counter[bytes] = Counter()
 
     @property
     def num_free_blocks(self) -> int:
@@ -71,20 +78,41 @@ class BlockPool:
     def count_free_among(self, block_ids: list[int]) -> int:
         return sum(1 for block_id in block_ids if block_id >= 0 and self.ref_counts[block_id] == 0)
 
-    def cache_block(self, block_id: int, block_hash: int, token_ids: tuple[int, ...]) -> None:
+    def cache_block(self, block_id: int, block_hash: int, token_ids: tuple[int, ...],
+                    prefix_key: bytes | None = None) -> None:
         if block_id in self._hash_of_block or block_hash in self._block_of_hash:
             return  # already cached, or an equal block is (then this one stays private)
         self._hash_of_block[block_id] = block_hash
         self._block_of_hash[block_hash] = block_id
         self._tokens_of_block[block_id] = token_ids
+        if prefix_key is not None and self.journal is not None:
+            self._key_of_block[block_id] = prefix_key
+            self._blocks_per_key[prefix_key] += 1
+            if self._blocks_per_key[prefix_key] == 1:
+                self.journal.add(prefix_key)
+
+    def published_prefix_keys(self) -> list[bytes]:
+        """The placement keys of every cached block (what the journal has told, in full)."""
+        return list(self._blocks_per_key)
 
     def reset_prefix_cache(self) -> None:
         self._hash_of_block.clear()
         self._block_of_hash.clear()
         self._tokens_of_block.clear()
+        self._key_of_block.clear()
+        self._blocks_per_key.clear()
+        if self.journal is not None:
+            self.journal.clear()
 
     def _evict(self, block_id: int) -> None:
         block_hash = self._hash_of_block.pop(block_id, None)
         if block_hash is not None:
             del self._block_of_hash[block_hash]
             del self._tokens_of_block[block_id]
+        prefix_key = self._key_of_block.pop(block_id, None)
+        if prefix_key is not None:
+            self._blocks_per_key[prefix_key] -= 1
+            if self._blocks_per_key[prefix_key] == 0:
+                del self._blocks_per_key[prefix_key]
+                assert self.journal is not None
+                self.journal.remove(prefix_key)

@@ -14,6 +14,9 @@ blocks 1 and 2 (positions 7..11), whatever happened to block 0.
 
 Images: a block holding placeholder tokens of an image also hashes the image's content hash, so
 the same prompt with another image shares only the blocks before the first placeholder.
+
+Placement: when `publish_prefix_keys` is on, cached blocks also carry their process-stable
+placement keys (prefix_keys.py) into the pool's journal, which the worker publishes to the fleet.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from __future__ import annotations
 from pipeline.request.image_input import overlapping
 from pipeline.request.request import Sequence
 from pipeline.scheduling.block_pool import BlockPool
+from pipeline.scheduling.prefix_journal import PrefixJournal
+from pipeline.scheduling.prefix_keys import extend_prefix_keys
 
 NULL_BLOCK = -1  # a block-list entry released outside the sliding window (never read)
 
@@ -38,6 +43,12 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.sliding_window = sliding_window
         self.pool = BlockPool(num_blocks)
+
+    def publish_prefix_keys(self) -> PrefixJournal:
+        """Record the placement keys of cached blocks from now on; the journal they go to."""
+        if self.pool.journal is None:
+            self.pool.journal = PrefixJournal()
+        return self.pool.journal
 
     def first_needed_block(self, num_computed_tokens: int) -> int:
         """Index of the first block the token at position num_computed_tokens (the next one
@@ -148,9 +159,22 @@ class KVCacheManager:
         # A block holding a placeholder (pipeline/scheduling/lookahead.py) is published once its value is known.
         num_full = min(num_tokens, seq.num_known_tokens) // self.block_size
         self._extend_hashes(seq, num_full)
+        keys = self._prefix_keys(seq, num_full)
         for index in range(seq.num_published_blocks, num_full):
-            self.pool.cache_block(seq.block_ids[index], seq.block_hashes[index], self._block_tokens(seq, index))
+            self.pool.cache_block(seq.block_ids[index], seq.block_hashes[index], self._block_tokens(seq, index),
+                                  keys[index] if index < len(keys) else None)
         seq.num_published_blocks = max(seq.num_published_blocks, num_full)
+
+    def _prefix_keys(self, seq: Sequence, num_full_blocks: int) -> list[bytes]:
+        """The sequence's placement keys up to num_full_blocks, stopping at its first image block."""
+        if self.pool.journal is None:
+            return seq.prefix_keys
+        images = seq.request.images
+        if images:
+            first_image_block = min(image.offset for image in images) // self.block_size
+            num_full_blocks = min(num_full_blocks, first_image_block)
+        extend_prefix_keys(seq.prefix_keys, seq.token_ids, self.block_size, num_full_blocks, seq.request.lora_name)
+        return seq.prefix_keys
 
     def _extend_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
         hashes = seq.block_hashes

@@ -13,6 +13,7 @@ import redis
 
 from pipeline.config import LoRAConfig
 from pipeline.request.sampling_params import SamplingParams
+from queue_adapters.placement import affinity_key
 from tests.conftest import REDIS_URL
 from tests.support.engine_helpers import make_engine
 from tests.support.hf_models import make_tiny_hf_model
@@ -39,20 +40,21 @@ def model_dir(tmp_path_factory):
 
 def _kill_the_victim_mid_generation(model_dir: Path, prefix: str, tmp_path: Path, client: redis.Redis,
                                     requests: dict[str, dict], kill_after_entries: int,
-                                    extra_flags: tuple[str, ...] = ()) -> dict[str, int]:
+                                    extra_flags: tuple[str, ...] = (), stream: str | None = None) -> dict[str, int]:
     """Two workers take `requests`; once `kill_after_entries` reply entries exist and the victim
     holds some, it is killed with SIGKILL and a replacement starts. Returns every exit code.
 
     The survivor admits at most 2 requests at a time, so the victim takes the rest up to twice its
     batch: some wait in its queue, unstarted, until the kill. (Left to chance, the survivor could
-    take nearly all, and the victim finish its few before the check saw them.)"""
+    take nearly all, and the victim finish its few before the check saw them.) `stream`: where the
+    requests are queued (default: the shared lane)."""
     workers = {"victim": start_worker(model_dir, prefix, "victim", tmp_path, extra_flags),
                "survivor": start_worker(model_dir, prefix, "survivor", tmp_path,
                                         (*extra_flags, "--max-in-flight", "2"))}
     try:
         wait_for(lambda: all(client.exists(f"{prefix}:worker:{n}") for n in workers), 60, "workers to start")
         for request in requests.values():
-            client.xadd(f"{prefix}:requests", {"data": msgpack.packb(request)})
+            client.xadd(stream or f"{prefix}:requests", {"data": msgpack.packb(request)})
 
         def victim_is_mid_generation() -> bool:
             """Enough entries out, and the victim owns a request less than half done: one it cannot
@@ -86,6 +88,22 @@ def test_kill_9_mid_generation_loses_and_duplicates_nothing(model_dir, prefix, t
     assert exit_codes["victim"] == -signal.SIGKILL
     assert exit_codes["survivor"] == 0 and exit_codes["replacement"] == 0, (tmp_path / "survivor.log").read_text()
     assert_answered_once(client, prefix, requests, reference)
+    logs = "".join((tmp_path / f"{name}.log").read_text() for name in ("survivor", "replacement"))
+    assert "claimed an orphaned request" in logs
+
+
+def test_kill_9_of_a_worker_holding_offers_loses_and_duplicates_nothing(model_dir, prefix, tmp_path):
+    """Every request offered to the victim (prefix placement): those it had not read are taken by the
+    survivor after the placement wait, those it was running are claimed from its affinity stream."""
+    requests = make_requests(12)
+    reference = reference_run(model_dir, requests)
+    client = redis.Redis.from_url(REDIS_URL)
+    offers = affinity_key(prefix, "normal", "victim")
+    exit_codes = _kill_the_victim_mid_generation(model_dir, prefix, tmp_path, client, requests, 3, stream=offers)
+    assert exit_codes["victim"] == -signal.SIGKILL
+    assert exit_codes["survivor"] == 0 and exit_codes["replacement"] == 0, (tmp_path / "survivor.log").read_text()
+    assert_answered_once(client, prefix, requests, reference)
+    assert client.xpending(offers, "workers")["pending"] == 0
     logs = "".join((tmp_path / f"{name}.log").read_text() for name in ("survivor", "replacement"))
     assert "claimed an orphaned request" in logs
 

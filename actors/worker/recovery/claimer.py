@@ -45,15 +45,17 @@ class Claimer:
             except (RedisConnectionError, RedisTimeoutError, OSError) as error:
                 log.warning("claim pass failed", error=str(error))
 
-    async def claim_orphans(self) -> int:
+    async def claim_orphans(self, stream: RedisStreamConsumer[WireRequest | Malformed] | None = None) -> int:
+        """Claim on `stream` (default: this claimer's own) the entries of consumers that are gone."""
+        stream = stream or self.consumer
         room = self.admission.max_in_flight - self.admission.in_flight
         if room <= 0:
             return 0
-        stale = await self.consumer.pending(self.claim_idle_ms, count=max(room * 4, 16))
-        others = {consumer for _, consumer in stale if consumer != self.consumer.consumer_name}
+        stale = await stream.pending(self.claim_idle_ms, count=max(room * 4, 16))
+        others = {consumer for _, consumer in stale if consumer != stream.consumer_name}
         alive = {c for c in others if await self.redis.exists(heartbeat_key(self.prefix, c))}
         orphans = [entry_id for entry_id, consumer in stale if consumer in others - alive][:room]
-        deliveries = await self.consumer.claim(orphans, self.claim_idle_ms)
+        deliveries = await stream.claim(orphans, self.claim_idle_ms)
         for delivery in deliveries:
             log.info("claimed an orphaned request", entry_id=delivery.message_id, attempt=delivery.attempt)
             await self.admit(delivery)
