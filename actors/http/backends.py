@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +23,7 @@ from redis.exceptions import RedisError
 
 from actors.http.errors import ApiError
 from actors.http.request_ids import RedisRequestIds
+from actors.http.tenancy.fair_gate import FairGate, MemoryShares, RedisShares
 from actors.kit.messages import Cancel
 from actors.kit.runtime import ActorRuntime
 from actors.worker.control import apply_lora, lora_path_refusal
@@ -71,6 +74,18 @@ def prompt_renderer(tokenizer: Any, max_model_len: int | None) -> PromptRenderer
                                        request.chat_template_kwargs)[1]
 
     return render
+
+
+async def _constant(value: int) -> int:
+    return value
+
+
+def _int_or_one(value: bytes | str) -> int:
+    """A heartbeat's value: the worker's --max-in-flight (1 from a worker that does not say)."""
+    try:
+        return max(1, int(value))
+    except ValueError:
+        return 1
 
 
 class Backend(Protocol):
@@ -133,6 +148,9 @@ class RemoteBackend:
         self.max_connections = max_pending + _SPARE_CONNECTIONS
         self.worker_metrics = None  # each worker serves its own /metrics
         self.client: AqueductClient | None = None
+        self.gate: FairGate | None = None  # fair share between tenants across the fleet (tenancy/fair_gate.py)
+        self._capacity: int | None = None
+        self._capacity_read_at = float("-inf")
         self._redis: aioredis.Redis | None = None
 
     async def start(self) -> None:
@@ -142,6 +160,7 @@ class RemoteBackend:
             placement = Placement(PrefixDirectory(self._redis, self.prefix), self.placement_block_size,
                                   prompt_renderer(self.tokenizer, self.max_model_len))
         self.client = AqueductClient(self.redis_url, self.prefix, redis=self._redis, block_ms=500, placement=placement)
+        self.gate = FairGate(RedisShares(self._redis, self.prefix), self.fleet_capacity)
         self.request_ids = RedisRequestIds(self._redis, self.prefix)  # shared by every gateway of the deployment
 
     def adapter_names(self) -> list[str]:
@@ -198,13 +217,38 @@ class RemoteBackend:
     async def submit(self, request: WireRequest) -> None:
         # A duplicate id is acked by the worker that owns it; replies() reads its stream from the start.
         # parse_body built the params with SamplingParams.from_dict: the codec need not check them again.
-        await self._client().submit(request, params_checked=True)
+        await self._gate().enter(request)  # a tenant beyond its share of the fleet waits here
+        try:
+            await self._client().submit(request, params_checked=True)
+        except BaseException:
+            await asyncio.shield(self._gate().leave(request.id))
+            raise
 
-    def replies(self, request: WireRequest) -> AsyncIterator[WireReply]:
-        return self._client().stream(request.id, n=request.params.get("n", 1))
+    async def replies(self, request: WireRequest) -> AsyncIterator[WireReply]:
+        try:
+            async for reply in self._client().stream(request.id, n=request.params.get("n", 1)):
+                yield reply
+        finally:
+            await asyncio.shield(self._gate().leave(request.id))
 
     async def cancel(self, request_id: str) -> None:
         await self._client().cancel(request_id)
+
+    async def fleet_capacity(self) -> int | None:
+        """The live workers' --max-in-flight summed (their heartbeat values), read at most once a second."""
+        now = time.monotonic()
+        if now - self._capacity_read_at > 1.0:
+            keys = [key async for key in self._client().redis.scan_iter(match=heartbeat_key(self.prefix, "*"),
+                                                                        count=100)]
+            values = await self._client().redis.mget(keys) if keys else []
+            self._capacity = sum(_int_or_one(value) for value in values if value is not None) or None
+            self._capacity_read_at = now
+        return self._capacity
+
+    def _gate(self) -> FairGate:
+        if self.gate is None:
+            raise RuntimeError("the backend is not started")
+        return self.gate
 
     async def healthy(self) -> bool:
         """Redis answers (whether workers do shows per request, as 503 after --worker-timeout)."""
@@ -271,6 +315,7 @@ class EmbeddedBackend:
 
     async def start(self) -> None:
         max_in_flight = 2 * self.engine.config.scheduler.max_num_seqs
+        self.gate = FairGate(MemoryShares(), functools.partial(_constant, max_in_flight))
         self.inbox: MemoryStream[WireRequest | Malformed] = MemoryStream(maxsize=4 * max_in_flight)
         self.producer = self.inbox.producer()
         graph = build_graph(self.engine, self.inbox.consumer(), self.sink, EMBEDDED_PREFIX, self._no_dead_letters,
@@ -299,6 +344,7 @@ class EmbeddedBackend:
     async def submit(self, request: WireRequest) -> None:
         if request.id in self._submitted or self.died is not None:
             return  # a retry: attach to the reply stream already being written; dead: replies() says so
+        await self.gate.enter(request)  # a tenant beyond its share of the engine waits here
         self._submitted.add(request.id)
         with contextlib.suppress(StreamClosed):  # the graph died while this waited for room: replies() says so
             await self.producer.send(request)
@@ -320,6 +366,7 @@ class EmbeddedBackend:
                         yield ready
         finally:  # finished or abandoned (a cancelled request's stream still gets its final entry)
             self._remember_finished(request.id)
+            await self.gate.leave(request.id)
 
     def _remember_finished(self, request_id: str) -> None:
         """Keep the last finished streams for retries; forget older ones so memory stays bounded."""

@@ -189,7 +189,7 @@ async def run_worker(engine: LLMEngine | EmbeddingEngine, options: WorkerOptions
     actors = [*graph.actors, *stats_reporters(engine, metrics, options.stats_interval_s),
               ControlActor(redis, options.prefix, graph.to_scheduler, loras=engine.lora_registry, device=graph.device,
                            worker_name=options.consumer_name, lora_root=options.lora_root),
-              Heartbeat(redis, options.prefix, name, options.claim_idle_ms),
+              Heartbeat(redis, options.prefix, name, options.claim_idle_ms, max_in_flight),
               *(Claimer(redis, lane, graph.intake.admit, graph.admission, options.prefix, options.claim_idle_ms)
                 for lane in lanes)]
     publisher = None
