@@ -6,6 +6,7 @@ streams are retired only when nothing on them waits."""
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 import redis.asyncio as aioredis
@@ -34,15 +35,22 @@ BLOCK = 4
 PROMPT = list(range(3, 15))  # three blocks
 
 
-def test_the_longest_cached_prefix_with_room_wins() -> None:
-    assert best_candidate([Candidate("a", 2, 1), Candidate("b", 3, 0), Candidate("c", 1, 5)]).worker == "a"
-    assert best_candidate([Candidate("a", 2, 0), Candidate("b", 3, 0)]).worker == "b"  # none has room
-    assert best_candidate([Candidate("a", 2, 1), Candidate("b", 2, 4)]).worker == "b"
-    assert best_candidate([Candidate("a", 0, 4)]) is None  # no prefix anywhere: the shared lane
+def test_the_longest_cached_prefix_wins_unless_its_holder_is_much_busier() -> None:
+    def pick(*candidates: Candidate) -> tuple[str, str]:
+        candidate, why = best_candidate(list(candidates), random.Random(0))
+        return candidate.worker, why
+
+    assert pick(Candidate("a", 2, 1, 8), Candidate("b", 3, 0, 8), Candidate("c", 1, 5, 8)) == ("a", "hit")
+    assert pick(Candidate("a", 2, 0, 8), Candidate("b", 3, 0, 8)) == ("b", "hit")  # none has room
+    assert pick(Candidate("a", 0, 4, 8), Candidate("b", 0, 6, 8)) == ("b", "miss")  # no prefix: the least busy
+    assert pick(Candidate("a", 3, 56, 64), Candidate("b", 0, 64, 64)) == ("a", "hit")  # 8 busier: within 16
+    assert pick(Candidate("a", 3, 40, 64), Candidate("b", 0, 64, 64)) == ("b", "balanced")  # 24 busier
+    spread = {best_candidate([Candidate("a", 0, 8, 8), Candidate("b", 0, 8, 8)])[0].worker for _ in range(64)}
+    assert spread == {"a", "b"}  # equally idle: either, so entry points deciding at once spread out
 
 
 async def _publish(redis: aioredis.Redis, prefix: str, worker: str, keys: list[bytes], room: int = 4) -> None:
-    await redis.set(f"{prefix}:worker:{worker}", 1, px=30_000)
+    await redis.set(f"{prefix}:worker:{worker}", 8, px=30_000)
     await redis.sadd(workers_key(prefix), worker)
     if keys:
         await redis.sadd(blocks_key(prefix, worker), *keys)
@@ -65,15 +73,16 @@ def test_a_request_is_offered_to_the_worker_holding_its_prefix_and_read_there_fi
         for consumer in (holder, other):
             await consumer.ensure_group()
         await _publish(redis, prefix, "holder", prefix_keys(PROMPT[:8], BLOCK))  # two of the three blocks
-        await _publish(redis, prefix, "other", prefix_keys(PROMPT[:4], BLOCK))
+        await _publish(redis, prefix, "other", prefix_keys(PROMPT[:4], BLOCK), room=6)
         placement = Placement(PrefixDirectory(redis, prefix), BLOCK)
         async with AqueductClient(REDIS_URL, prefix=prefix, redis=redis, placement=placement) as client:
-            await client.submit(WireRequest(id="shared", prompt_token_ids=[1, 2, 3, 4]))  # cached nowhere
+            await client.submit(WireRequest(id="missed", prompt_token_ids=[1, 2, 3, 4]))  # cached nowhere
             await client.submit(WireRequest(id="placed", prompt_token_ids=PROMPT))
-        assert await redis.xlen(affinity_key(prefix, "normal", "holder")) == 1
-        assert [d.message.id for d in await other.receive(4, timeout_s=0.3)] == ["shared"]  # not the offer
+            await client.submit(WireRequest(id="short", prompt_token_ids=[1, 2]))  # no full block: not placed
+        assert placement.outcomes == {"miss": 1, "hit": 1}
+        assert [d.message.id for d in await other.receive(4, timeout_s=0.3)] == ["missed", "short"]  # the least busy
         assert [d.message.id for d in await holder.receive(4, timeout_s=0.3)] == ["placed"]
-        assert (holder.taken[OFFERED], other.taken[SHARED]) == (1, 1)
+        assert (holder.taken[OFFERED], other.taken[OFFERED], other.taken[SHARED]) == (1, 1, 1)
         for consumer in (holder, other):
             await consumer.close()
         await redis.aclose()

@@ -51,6 +51,10 @@ async def test_the_next_turn_is_offered_to_the_worker_caching_the_conversation(d
                          {"role": "user", "content": "And three more."}]
             second = await client.chat.completions.create(model=backend.model_name, messages=messages,
                                                           max_tokens=8, temperature=0)
-            assert await redis.xlen(affinity_key(prefix, "normal", holders[0])) == 1
+            others = [worker for worker in ("w0", "w1") if worker != holders[0]]
+            # The first turn, cached nowhere, went to the least busy worker (which then held it); the
+            # second to the worker holding the first.
+            assert await redis.xlen(affinity_key(prefix, "normal", holders[0])) == 2
+            assert await redis.xlen(affinity_key(prefix, "normal", others[0])) == 0
             assert second.usage.prompt_tokens_details.cached_tokens >= 16 * len(keys) - 16
             await client.close()
