@@ -152,6 +152,8 @@ class AqueductClient:
         if placement is not None and keys:
             await placement.submit(raw, request, keys)
         else:
+            if placement is not None:
+                placement.outcomes["unplaced"] += 1  # its blocks cannot be named here
             await self.redis.xadd(request_key(self.prefix, request.priority), {DATA_FIELD: raw})
 
     async def submit_many(self, requests: list[dict[str, Any] | WireRequest], *,

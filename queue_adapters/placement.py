@@ -83,6 +83,7 @@ class Candidate:
 
 
 HIT, MISS, BALANCED = "hit", "miss", "balanced"  # why a worker was chosen
+SHARED_LANE = "shared"  # no worker was: none takes offers, or the one chosen was gone by the offer
 
 
 def leading_hits(found: list[int | bool]) -> int:
@@ -191,7 +192,7 @@ class Placement:
         self.directory = directory
         self.block_size = block_size
         self.render = render  # None: only prompt_token_ids requests are placed (no tokenizer here)
-        self.outcomes: Counter[str] = Counter()  # HIT, MISS, BALANCED: why each request went where it did
+        self.outcomes: Counter[str] = Counter()  # HIT, MISS, BALANCED, SHARED_LANE: where requests went, why
 
     def keys_of(self, request: WireRequest) -> list[bytes]:
         """The request's placement keys; [] when they cannot be known here (images, an embedding, no
@@ -215,8 +216,8 @@ class Placement:
     async def submit(self, raw: bytes, request: WireRequest, keys: list[bytes]) -> str:
         """Offer the encoded request by its keys; the stream it went to."""
         chosen = await self.directory.choose(keys)
-        self.outcomes[chosen[1] if chosen else "no worker"] += 1
         stream, _ = await self.directory.offer(raw, request.priority, chosen[0].worker if chosen else None)
+        self.outcomes[chosen[1] if chosen and ":at:" in stream else SHARED_LANE] += 1
         return stream
 
 

@@ -19,8 +19,9 @@ blocks at most the placement wait, so an offer its worker leaves unread is taken
 A read takes the lanes in order, urgent first. Share: while a less urgent lane is not empty, a read
 of k entries leaves it at least one of them when k >= the number of lanes, so bulk work still
 advances under a steady urgent load (slowly: that is what priority asks for). When every lane is
-empty the worker blocks on all three in one XREADGROUP, which returns at most one entry per lane:
-a worker may hold up to two requests beyond its admission room (actors/worker/admission.py).
+empty the worker blocks on all three (and its three affinity streams) in one XREADGROUP, which
+returns at most one entry per stream: a worker may hold up to two requests beyond its admission room
+(five with placement; actors/worker/admission.py).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import importlib.metadata
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -63,6 +64,9 @@ class SnapshotTokenizer:
         self.chat_template = chat_template
         self._model_dir = model_dir
         self._hf: Any | None = None
+        # Chat templates render on worker threads: two first renders at once would import
+        # transformers' lazy modules concurrently, which fails ("cannot import name AutoTokenizer").
+        self._hf_loading = threading.Lock()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -75,8 +79,10 @@ class SnapshotTokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, str]], **kwargs: Any) -> Any:
         if self._hf is None:
-            log.info("loading the transformers tokenizer for chat templates", model=str(self._model_dir))
-            self._hf = load_hf_tokenizer(self._model_dir)
+            with self._hf_loading:
+                if self._hf is None:
+                    log.info("loading the transformers tokenizer for chat templates", model=str(self._model_dir))
+                    self._hf = load_hf_tokenizer(self._model_dir)
         if isinstance(self.chat_template, str):  # the snapshot's, or one set over it (--chat-template)
             kwargs.setdefault("chat_template", self.chat_template)
         return self._hf.apply_chat_template(messages, **kwargs)

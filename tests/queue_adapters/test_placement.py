@@ -79,7 +79,7 @@ def test_a_request_is_offered_to_the_worker_holding_its_prefix_and_read_there_fi
             await client.submit(WireRequest(id="missed", prompt_token_ids=[1, 2, 3, 4]))  # cached nowhere
             await client.submit(WireRequest(id="placed", prompt_token_ids=PROMPT))
             await client.submit(WireRequest(id="short", prompt_token_ids=[1, 2]))  # no full block: not placed
-        assert placement.outcomes == {"miss": 1, "hit": 1}
+        assert placement.outcomes == {"miss": 1, "hit": 1, "unplaced": 1}
         assert [d.message.id for d in await other.receive(4, timeout_s=0.3)] == ["missed", "short"]  # the least busy
         assert [d.message.id for d in await holder.receive(4, timeout_s=0.3)] == ["placed"]
         assert (holder.taken[OFFERED], other.taken[OFFERED], other.taken[SHARED]) == (1, 1, 1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,22 @@ def test_first_load_is_what_autotokenizer_gives(model_copy: Path, tmp_path: Path
 
 def test_directory_without_tokenizer_gives_none(tmp_path: Path) -> None:
     assert load_tokenizer(tmp_path, cache_dir=tmp_path) is None
+
+
+def test_first_chat_renders_on_several_threads_at_once_all_succeed(model_copy: Path, tmp_path: Path) -> None:
+    """A snapshot loads transformers on its first chat render; threads rendering at once (a worker's
+    first burst) once raced transformers' lazy imports and answered "cannot import name AutoTokenizer".
+    A fresh process, so that nothing was imported before."""
+    load_tokenizer(model_copy, cache_dir=tmp_path / "cache")  # writes the snapshot
+    code = f"""
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from pipeline.loading.tokenizer import SnapshotTokenizer, load_tokenizer
+tokenizer = load_tokenizer(Path({str(model_copy)!r}), cache_dir=Path({str(tmp_path / "cache")!r}))
+assert isinstance(tokenizer, SnapshotTokenizer)
+messages = {MESSAGES!r}
+with ThreadPoolExecutor(8) as pool:
+    rendered = list(pool.map(lambda _: tokenizer.apply_chat_template(messages, tokenize=False), range(8)))
+assert len(set(rendered)) == 1, rendered
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
