@@ -34,6 +34,7 @@ from torch import nn
 
 from pipeline.model.attention.groups import TorchAttentionMetadata
 from pipeline.model.attention.paged import TorchPagedAttention
+from pipeline.model.attention.windows import Chunk
 from pipeline.model.cpu.kernels import FewRowsLinearKernel, load_decoder_layers
 from pipeline.model.cpu.linear import FewRowsLinear, PackedLinear
 from pipeline.model.layers.gguf_linear import GgufLinear
@@ -168,7 +169,8 @@ def _describe_layer(layer: nn.Module, kept: list[torch.Tensor], dtype: torch.dty
         return None
     attention, mlp = layer.self_attn, layer.mlp
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
-    if attention.q_norm is not None or mlp.activation is not F.silu or \
+    # (The C layers take a sliding window, not a chunk: attention/windows.py.)
+    if attention.q_norm is not None or mlp.activation is not F.silu or isinstance(attention.window, Chunk) or \
             not all(type(norm) is RMSNorm and norm.kernel is not None for norm in norms):
         return None
     linears = [_describe_linear(module, kept, dtype) for module in

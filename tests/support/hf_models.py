@@ -1,6 +1,6 @@
 """Tiny random-weight HF checkpoints for tests (Llama, llama3 rope, Qwen2, Qwen3, Mistral, Phi-3,
 Mixtral, Gemma 2, Gemma 3, Gemma 4 (text), OLMo 2, Granite, SmolLM3, GLM-4, Qwen3-MoE, Qwen2-MoE,
-DeepSeek-V2, DeepSeek-V3, gpt-oss).
+DeepSeek-V2, DeepSeek-V3, gpt-oss, Llama 4).
 
 HF's default init (std 0.02, zero biases, unit norms) gives near-tied logits and leaves biases
 and norm weights untested, so every parameter is re-drawn: matrices with std 1/sqrt(fan_in)
@@ -136,6 +136,17 @@ _ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
         "num_local_experts": 4, "num_experts_per_tok": 2, "swiglu_limit": 1.5, "pad_token_id": None,
         "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 32.0,
                             "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 128}}),
+    # Layers 0 and 2 rotate (llama3 rope) and attend in chunks of 13 (shorter than most prompts, not a
+    # multiple of the block sizes), with weightless q/k norms; 1 and 3 are NoPE (no_rope_layer_interval 2),
+    # full attention, q scaled by position (floor_scale 4, attn_scale 0.5: 1.35 at position 3, 2.5 at 80).
+    # Layers 1 and 2 are MoE: 4 experts of 32 and a shared one, top 2, sigmoid scores on the inputs;
+    # 0 and 3 dense MLPs of 128. Experts input-major (_INIT).
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", {
+        "head_dim": 16, "intermediate_size": 32, "intermediate_size_mlp": 128, "no_rope_layer_interval": 2,
+        "attention_chunk_size": 13, "floor_scale": 4, "attn_scale": 0.5, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "moe_layers": [1, 2], "num_hidden_layers": 4, "pad_token_id": None,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
 }
 ARCHS = tuple(_ARCHS)
 # _randomize settings that differ by family. Gemma multiplies embeddings by sqrt(hidden_size), so
@@ -149,6 +160,7 @@ _INIT: dict[str, dict[str, Any]] = {gemma: {"embed_std": _COMMON["hidden_size"] 
 # gpt-oss: sink logits around 2 (spread 1), so sinks take a real share of a head's weight; router
 # biases with std 1 route unevenly; its expert matrices are input-major ([experts, in, out]).
 _INIT["gpt_oss"] = {"sink_mean": 2.0, "router_bias_std": 1.0, "input_major_experts": True}
+_INIT["llama4"] = {"input_major_experts": True}  # feed_forward.experts: [experts, in, out]
 
 
 def _randomize(model: torch.nn.Module, seed: int, embed_std: float = 1.0, sink_mean: float = 0.0,

@@ -15,9 +15,10 @@ The mask needs the logical position of a key from its physical slot. A block's l
 the same in every sequence that holds it (prefix-cache blocks are shared only by identical
 prefixes, forks share their common prefix), so one table `block_positions[physical block]`,
 filled for the blocks the step visits, serves all rows. Sliding window W (HF's rule): the query
-at position p sees keys p - W + 1 .. p; blocks wholly before a tile's first visible key are not
-listed, so the KV manager may have freed them. Gemma 2's soft-capping is a score_mod; gpt-oss's
-attention sinks rescale each row's output by its log-sum-exp (sinks.py), which the kernel returns.
+at position p sees keys p - W + 1 .. p; a chunk of C (Llama 4, windows.py) keys p - p % C .. p;
+blocks wholly before a tile's first visible key are not listed, so the KV manager may have freed
+them. Gemma 2's soft-capping is a score_mod; gpt-oss's attention sinks rescale each row's output
+by its log-sum-exp (sinks.py), which the kernel returns.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attent
 from pipeline.host_to_device import to_device
 from pipeline.model.attention.flex_plan import TilePlan, decode_plan, pad_tiles, prefill_plan
 from pipeline.model.attention.sinks import rescale_by_sinks
+from pipeline.model.attention.windows import Window, first_visible_key
 from pipeline.step.inputs import StepInputs
 
 # Query rows per prefill tile: also the sparse Q block size and the kernel's BLOCK_M on CUDA.
@@ -65,9 +67,10 @@ def _to(array: np.ndarray, device: torch.device, dtype: torch.dtype = torch.int3
 
 
 def tile_mask(block_positions: torch.Tensor, query_starts: torch.Tensor, block_size: int,
-              window: int | None, per_row: bool):
+              window: Window, per_row: bool):
     """mask_mod: the key at logical position k is visible to row q of tile b when
-    p - window < k <= p, p the row's position (per_row: query_starts[b] + q; else query_starts[b]).
+    first_visible_key(p) <= k <= p (p - window < k for a sliding window, k in p's chunk for a chunk;
+    windows.py), p the row's position (per_row: query_starts[b] + q; else query_starts[b]).
 
     Keys past a sequence's end never pass: a real row's position is below its sequence length."""
 
@@ -76,7 +79,7 @@ def tile_mask(block_positions: torch.Tensor, query_starts: torch.Tensor, block_s
         query_position = query_starts[b] + q if per_row else query_starts[b]
         visible = key_position <= query_position
         if window:
-            visible = visible & (key_position > query_position - window)
+            visible = visible & (key_position >= first_visible_key(query_position, window))
         return visible
 
     return mask
@@ -101,7 +104,7 @@ class FlexPass:
     kv_num_blocks: torch.Tensor  # [B] blocks listed per tile
     kv_indices: torch.Tensor  # [B, nb] physical block ids, logical order
     query_starts: torch.Tensor  # [B] position of each tile's first query row
-    window: int | None
+    window: Window
     block_mask: BlockMask | None = None
 
 
@@ -111,7 +114,7 @@ class FlexAttentionMetadata:
     write_rows: torch.Tensor | None  # [T'] token rows whose K/V are written; None = rows 0..T'-1
     visited_blocks: torch.Tensor  # [V] physical blocks some tile reads, and their logical index
     visited_positions: torch.Tensor
-    passes: dict[int | None, tuple[FlexPass | None, FlexPass | None]]  # window -> (decode, prefill)
+    passes: dict[Window, tuple[FlexPass | None, FlexPass | None]]  # window -> (decode, prefill)
     all_decode_rows: bool  # one decode pass covers every token row in order
     prepared: bool = field(default=False)
 
@@ -120,7 +123,7 @@ class FlexPagedAttention:
     """AttentionBackend over FlexAttention (CUDA, and CPU where torch.compile has a C++ compiler)."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-                 scale: float, *, windows: frozenset[int | None] = frozenset({None}),
+                 scale: float, *, windows: frozenset[Window] = frozenset({None}),
                  logit_softcap: float | None = None) -> None:
         if num_heads % num_kv_heads != 0:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
@@ -194,7 +197,7 @@ class FlexPagedAttention:
         metadata.prepared = True
 
     def block_mask(self, kv_num_blocks: torch.Tensor, kv_indices: torch.Tensor, query_starts: torch.Tensor,
-                   window: int | None, num_cache_blocks: int, tile_rows: int) -> BlockMask:
+                   window: Window, num_cache_blocks: int, tile_rows: int) -> BlockMask:
         """A BlockMask over the whole cache as one key sequence; one Q block per tile.
 
         tile_rows 1 = decode (the rows are query heads of one token, all at query_starts[b])."""
@@ -218,7 +221,7 @@ class FlexPagedAttention:
     # ---- per layer -----------------------------------------------------------------------------
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                metadata: FlexAttentionMetadata, window: int | None = None,
+                metadata: FlexAttentionMetadata, window: Window = None,
                 sinks: torch.Tensor | None = None) -> torch.Tensor:
         """sinks: the layer's attention sink logits [H] (sinks.py), or None."""
         write_kv(k, v, kv_cache, metadata.slot_mapping, metadata.write_rows)

@@ -2,7 +2,8 @@
 
 A tile is a run of queries of one sequence (flex.py explains why). For each tile the
 plan lists, in logical order, the physical blocks holding keys some row of the tile may see:
-from the block of the first visible key (sliding window) to the block of the last query.
+from the block of the first visible key (sliding window or chunk, windows.py) to the block of the
+last query.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.model.attention.windows import Window, first_visible_key
+
 
 @dataclass(slots=True)
 class TilePlan:
@@ -18,7 +21,7 @@ class TilePlan:
     kv_num_blocks: np.ndarray  # [tiles] blocks listed per tile
     kv_indices: np.ndarray  # [tiles, nb] physical block ids, 0 past kv_num_blocks
     query_starts: np.ndarray  # [tiles] position of the tile's first query
-    window: int | None
+    window: Window
     visited_blocks: np.ndarray  # [V] every listed block ...
     visited_positions: np.ndarray  # [V] ... and its logical index in its sequence
     out_src: np.ndarray | None = None  # prefill: real rows of the flattened [tiles * tile] queries
@@ -40,14 +43,12 @@ def _list_blocks(block_tables: np.ndarray, first_blocks: np.ndarray,
     return indices.astype(np.int32), counts.astype(np.int32), indices[valid].astype(np.int64), logical[valid]
 
 
-def _first_visible_blocks(first_query_positions: np.ndarray, window: int | None, block_size: int) -> np.ndarray:
-    if not window:
-        return np.zeros_like(first_query_positions)
-    return np.maximum(first_query_positions - window + 1, 0) // block_size
+def _first_visible_blocks(first_query_positions: np.ndarray, window: Window, block_size: int) -> np.ndarray:
+    return np.maximum(first_visible_key(first_query_positions, window), 0) // block_size
 
 
 def decode_plan(rows: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray, block_size: int,
-                window: int | None) -> TilePlan:
+                window: Window) -> TilePlan:
     """One tile per decode sequence; its query sits at position seq_len - 1."""
     positions = seq_lens - 1
     first = _first_visible_blocks(positions, window, block_size)
@@ -56,7 +57,7 @@ def decode_plan(rows: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray
 
 
 def prefill_plan(starts: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
-                 block_size: int, window: int | None, tile: int) -> TilePlan:
+                 block_size: int, window: Window, tile: int) -> TilePlan:
     """Each sequence's queries cut into tiles of `tile` rows.
 
     starts [0, 9], query_lens [9, 3], seq_lens [9, 7], tile 4 -> tiles of sequences [0, 0, 0, 1],

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pipeline.model.attention.windows import Window
+
 # A prefill group may cost at most this many times its unpadded attention work.
 MAX_PADDING_RATIO = 2.0
 # Decode groups: padded keys at most this many times the real ones, but at least this many
@@ -32,6 +34,7 @@ class DecodeGroup:
     seq_lens: torch.Tensor | None = None  # [Bd] int32
     max_seq_len: int = 0
     window: int = 0  # the kernel's sliding window (0 = none)
+    chunk: int = 0  # the kernel's attention chunk (0 = none; windows.py)
 
 
 @dataclass(slots=True)
@@ -48,7 +51,7 @@ class PrefillGroup:
 
 @dataclass(slots=True)
 class AttentionView:
-    """The groups of one step as seen by the layers of one sliding window (None = full attention)."""
+    """The groups of one step as seen by the layers of one window (None = full attention; windows.py)."""
 
     decodes: list[DecodeGroup]
     prefills: list[PrefillGroup]
@@ -58,7 +61,7 @@ class AttentionView:
 class TorchAttentionMetadata:
     slot_mapping: torch.Tensor  # [T'] slots written (padding already removed)
     write_rows: torch.Tensor | None  # [T'] token rows whose K/V are written; None = rows 0..T'-1
-    views: dict[int | None, AttentionView]  # by window
+    views: dict[Window, AttentionView]  # by window
 
 
 def as_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -11,14 +11,15 @@ scaled_dot_product_attention call per layer:
   to the longest chunk of the group, causal mask offset by each sequence's cached context.
   Sequences of very different cost go to separate groups so padding stays bounded.
 All index tensors and masks are built once per step (`build_metadata`), never per layer, and
-once per distinct sliding window of the model's layers (a layer passes its window to `forward`).
+once per distinct window of the model's layers (a layer passes its window to `forward`).
 
 Sliding window W (HF's rule, see shape.py): the query at position p sees keys
-p - W + 1 .. p. Each sequence's keys are gathered from the first block that holds a key some
-query of the step can see, so blocks before it are never read (the KV manager frees them; their
-block-table entries may be -1). Gemma 2's logit soft-capping (scores -> c * tanh(scores / c))
-and gpt-oss's attention sinks (sinks.py) are not in SDPA, so such layers compute attention with
-explicit matmuls; the native decode kernel does both itself.
+p - W + 1 .. p; a chunk of C (Llama 4) lets it see p - p % C .. p (windows.py). Each sequence's
+keys are gathered from the first block that holds a key some query of the step can see, so blocks
+before it are never read (the KV manager frees them; their block-table entries may be -1).
+Gemma 2's logit soft-capping (scores -> c * tanh(scores / c)) and gpt-oss's attention sinks
+(sinks.py) are not in SDPA, so such layers compute attention with explicit matmuls; the native
+decode kernel does both itself.
 
 fp8 KV cache (fp8_kv.py): a layer's cache is then an Fp8KVCache; K/V are written quantized
 (x / scale, saturated) and every read dequantizes (the gathers here, the C decode kernel in C).
@@ -48,6 +49,7 @@ from pipeline.model.attention.groups import (
     split_prefills,
 )
 from pipeline.model.attention.sinks import sink_softmax
+from pipeline.model.attention.windows import Window, first_visible_key, kernel_window
 from pipeline.model.cpu.kernels import DecodeKernel, RopeKVKernel
 from pipeline.step.inputs import StepInputs
 
@@ -61,9 +63,9 @@ class AttentionBackend(Protocol):
     def build_metadata(self, inputs: StepInputs, device: torch.device) -> object: ...
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: KVCache, metadata: object, window: int | None = None) -> torch.Tensor:
+                kv_cache: KVCache, metadata: object, window: Window = None) -> torch.Tensor:
         """q [T, H, D], k/v [T, H_kv, D] -> [T, H, D]; writes k/v into kv_cache first.
-        `window`: the layer's sliding window (None = full attention)."""
+        `window`: the layer's sliding window or chunk (None = full attention; windows.py)."""
         ...
 
 
@@ -71,7 +73,7 @@ class TorchPagedAttention:
     """Portable backend built on torch indexing and F.scaled_dot_product_attention."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-                 scale: float, *, windows: frozenset[int | None] = frozenset({None}),
+                 scale: float, *, windows: frozenset[Window] = frozenset({None}),
                  logit_softcap: float | None = None) -> None:
         if num_heads % num_kv_heads != 0:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
@@ -101,7 +103,7 @@ class TorchPagedAttention:
         views = {window: self._view(inputs, window, device) for window in self.windows}
         return TorchAttentionMetadata(as_tensor(slots.astype(np.int64), device), write_rows, views)
 
-    def _view(self, inputs: StepInputs, window: int | None, device: torch.device) -> AttentionView:
+    def _view(self, inputs: StepInputs, window: Window, device: torch.device) -> AttentionView:
         starts = inputs.query_start_loc[:-1].astype(np.int64)
         query_lens = np.diff(inputs.query_start_loc).astype(np.int64)
         seq_lens = inputs.seq_lens.astype(np.int64)
@@ -112,7 +114,8 @@ class TorchPagedAttention:
                                                      inputs.block_tables[decode_seqs], len(inputs.input_ids),
                                                      window))
         elif len(decode_seqs):
-            for group in split_decodes(np.minimum(seq_lens[decode_seqs], window or np.iinfo(np.int64).max)):
+            visible = seq_lens - np.maximum(first_visible_key(seq_lens - 1, window), 0)  # keys each decode reads
+            for group in split_decodes(visible[decode_seqs]):
                 seqs = decode_seqs[group]
                 decodes.append(self._decode_group(starts[seqs], seq_lens[seqs], inputs.block_tables[seqs],
                                                   len(inputs.input_ids), window, device))
@@ -126,8 +129,8 @@ class TorchPagedAttention:
         return AttentionView(decodes, prefills)
 
     def _decode_group(self, rows: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
-                      total_rows: int, window: int | None, device: torch.device) -> DecodeGroup:
-        first_keys = seq_lens - window if window else np.zeros_like(seq_lens)
+                      total_rows: int, window: Window, device: torch.device) -> DecodeGroup:
+        first_keys = first_visible_key(seq_lens - 1, window)  # the query sits at seq_len - 1
         first_blocks = first_key_blocks(first_keys, self.block_size)
         end_blocks = -(-seq_lens // self.block_size)
         block_ids = gather_block_ids(block_tables, first_blocks, end_blocks)
@@ -141,17 +144,18 @@ class TorchPagedAttention:
                            as_tensor(mask[:, None, None, :], device), all_rows)
 
     def _kernel_decode_group(self, rows: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
-                             total_rows: int, window: int | None) -> DecodeGroup:
+                             total_rows: int, window: Window) -> DecodeGroup:
         num_blocks = -(-int(seq_lens.max()) // self.block_size)
+        kernel_window_size, kernel_chunk = kernel_window(window)
         all_rows = len(rows) == total_rows and bool((rows == np.arange(len(rows))).all())
         return DecodeGroup(torch.from_numpy(rows), None, None, all_rows,
                            block_tables=torch.from_numpy(np.ascontiguousarray(block_tables[:, :num_blocks],
                                                                              dtype=np.int32)),
                            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)),
-                           max_seq_len=int(seq_lens.max()), window=window or 0)
+                           max_seq_len=int(seq_lens.max()), window=kernel_window_size, chunk=kernel_chunk)
 
     def _prefill_group(self, starts: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
-                       block_tables: np.ndarray, window: int | None, device: torch.device) -> PrefillGroup:
+                       block_tables: np.ndarray, window: Window, device: torch.device) -> PrefillGroup:
         max_q = int(query_lens.max())
         offsets = np.arange(max_q)[None, :]  # [1, Q]
         valid = offsets < query_lens[:, None]  # [P, Q]
@@ -166,9 +170,8 @@ class TorchPagedAttention:
             first_positions = np.zeros_like(seq_lens)  # keys are the step's own tokens, from position 0
             keys_len, key_end = max_q, query_lens
         else:
-            # The first query (position contexts[p]) sees keys from contexts[p] - W + 1 on.
-            first_blocks = first_key_blocks(contexts - window + 1 if window else np.zeros_like(contexts),
-                                             self.block_size)
+            # The first query (position contexts[p]) sees keys from contexts[p] - W + 1 on (or its chunk's start).
+            first_blocks = first_key_blocks(first_visible_key(contexts, window), self.block_size)
             ids = gather_block_ids(block_tables, first_blocks, -(-seq_lens // self.block_size))
             block_ids = as_tensor(ids.astype(np.int64).reshape(-1), device)
             first_positions = first_blocks * self.block_size
@@ -176,11 +179,12 @@ class TorchPagedAttention:
         mask = None
         if len(starts) > 1 or contexts.any() or window:
             # Query i of sequence p sits at position contexts[p] + i and sees keys at positions
-            # <= that (and > that - window). Context 2, query len 2, no window -> [[T T T F], [T T T T]]
+            # <= that (and > that - window, or in its chunk).
+            # Context 2, query len 2, no window -> [[T T T F], [T T T T]]
             key_positions = (first_positions[:, None] + np.arange(keys_len)[None, :])[:, None, :]  # [P, 1, L]
             mask = (key_positions <= query_positions[:, :, None]) & (key_positions < key_end[:, None, None])
             if window:
-                mask &= key_positions > query_positions[:, :, None] - window
+                mask &= key_positions >= first_visible_key(query_positions, window)[:, :, None]
             mask = as_tensor(mask[:, None], device)
         first_row = int(starts[0]) if len(starts) == 1 else None
         return PrefillGroup(as_tensor(rows, device), as_tensor(out_src, device), as_tensor(out_dst, device),
@@ -201,7 +205,7 @@ class TorchPagedAttention:
         for window in self.windows:
             mask = key_positions < seq_lens[:, None]
             if window:
-                mask = mask & (key_positions >= seq_lens[:, None] - window)
+                mask = mask & (key_positions >= first_visible_key(seq_lens[:, None] - 1, window))
             decode = DecodeGroup(rows, block_tables.reshape(-1).long(), mask[:, None, None, :], all_rows=True)
             views[window] = AttentionView([decode], [])
         return TorchAttentionMetadata(slot_mapping, None, views)
@@ -209,7 +213,7 @@ class TorchPagedAttention:
     # ---- per layer ---------------------------------------------------------------------------
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: KVCache, metadata: TorchAttentionMetadata, window: int | None = None,
+                kv_cache: KVCache, metadata: TorchAttentionMetadata, window: Window = None,
                 kv_written: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """kv_written: the caller already wrote this step's k, v into kv_cache (rope_kv_kernel).
         sinks: the layer's attention sink logits [H] (sinks.py), or None."""
@@ -314,7 +318,8 @@ class TorchPagedAttention:
                       "v_scale": float(kv_cache.v_scale)}
             kv_cache = kv_cache.data
         return self.decode_kernel(q, kv_cache, group.block_tables, group.seq_lens, group.max_seq_len, self.scale,
-                                  window=group.window, softcap=self.logit_softcap or 0.0, sinks=sinks, **scales)
+                                  window=group.window, chunk=group.chunk, softcap=self.logit_softcap or 0.0,
+                                  sinks=sinks, **scales)
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
                  group: PrefillGroup, out: torch.Tensor, sinks: torch.Tensor | None = None) -> None:

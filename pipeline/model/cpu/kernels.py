@@ -29,11 +29,11 @@ class DecodeKernel:
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
         self._fn = bind(library, "paged_decode_attention",
-                         [p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, f32, i64, i64, f32, p, i32, f32, f32, i32,
-                          i32], i32)
+                         [p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, f32, i64, i64, i64, f32, p, i32, f32, f32,
+                          i32, i32], i32)
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                 seq_lens: torch.Tensor, max_seq_len: int, scale: float, window: int = 0,
+                 seq_lens: torch.Tensor, max_seq_len: int, scale: float, window: int = 0, chunk: int = 0,
                  softcap: float = 0.0, kv_format: int = 0, k_scale: float = 1.0,
                  v_scale: float = 1.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """q [B, H, D] float32 or bfloat16 (others through float32) -> out [B, H, D] in q's dtype (the
@@ -41,7 +41,8 @@ class DecodeKernel:
         kv_cache [2, N, block_size, H_kv, D] float32 or bfloat16, or fp8 (kv_format 1 = e4m3,
         2 = e5m2) whose values are byte * k_scale / v_scale; block_tables [B, M] int32 and
         seq_lens [B] int32, all contiguous on the CPU.
-        window > 0: attend to the last `window` tokens only; softcap > 0: Gemma 2's soft-capping;
+        window > 0: attend to the last `window` tokens only; chunk > 0: to the last token's chunk of
+        `chunk` positions only (Llama 4's chunked attention); softcap > 0: Gemma 2's soft-capping;
         sinks [H]: gpt-oss's attention sink logits (in the softmax denominator only)."""
         kv_format = kv_format or _FORMATS.get(kv_cache.dtype, -1)
         if kv_format < 0 or (kv_format in (1, 2) and kv_cache.element_size() != 1):
@@ -56,7 +57,7 @@ class DecodeKernel:
         failed = self._fn(out.data_ptr(), q_in.data_ptr(), key_ptr, value_ptr,
                           block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(),
                           num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, max_seq_len,
-                          window, softcap, _address(sinks_f32), kv_format, k_scale, v_scale, int(io_bf16),
+                          window, chunk, softcap, _address(sinks_f32), kv_format, k_scale, v_scale, int(io_bf16),
                           torch.get_num_threads())
         if failed:
             raise MemoryError("paged decode attention kernel could not allocate its scratch buffers")

@@ -35,6 +35,8 @@ _FAMILIES: dict[str, str] = {
     "GraniteForCausalLM": "granite",
     "LlamaForCausalLM": "llama",
     "LlamaModel": "llama",  # base models: embedders (--runner pooling)
+    "Llama4ForCausalLM": "llama4",
+    "Llama4ForConditionalGeneration": "llama4",  # served text only
     "LlavaForConditionalGeneration": "llava",
     "MistralForCausalLM": "llama",
     "MistralModel": "llama",
@@ -53,11 +55,21 @@ _FAMILIES: dict[str, str] = {
 
 SUPPORTED_ARCHITECTURES = tuple(_FAMILIES)
 
+# Architectures transformers builds that are refused on purpose, and why (docs/models.md, "Not served yet").
+_RECURRENT_STATE = ("its gated DeltaNet (linear attention) layers carry a recurrent state per sequence, which "
+                    "the paged KV cache cannot hold: per-sequence state slots in the scheduler, with prefix "
+                    "caching, forks and speculative decoding handled for them, are not built yet")
+_REFUSED: dict[str, str] = dict.fromkeys(
+    ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+     "Qwen3_5MoeForConditionalGeneration"), _RECURRENT_STATE)
+
 
 def family_of(architecture: str) -> ModuleType:
-    """The module serving `architecture`; ValueError naming the supported ones otherwise."""
+    """The module serving `architecture`; ValueError naming the supported ones otherwise (and, for an
+    architecture refused on purpose, why)."""
     if architecture not in _FAMILIES:
-        raise ValueError(f"architecture {architecture!r} is not supported; supported architectures: "
+        reason = f" yet: {_REFUSED[architecture]}" if architecture in _REFUSED else ""
+        raise ValueError(f"architecture {architecture!r} is not supported{reason}; supported architectures: "
                          f"{', '.join(SUPPORTED_ARCHITECTURES)}")
     return importlib.import_module(f"pipeline.model.models.{_FAMILIES[architecture]}")
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from pipeline.model.attention.paged import AttentionBackend
 from pipeline.model.attention.shape import AttentionShape, layer_windows
+from pipeline.model.attention.windows import Window
 from pipeline.model.layers.mlp import GatedMLP
 from pipeline.model.layers.moe import SparseMoE
 from pipeline.model.layers.norms import RMSNorm
@@ -48,11 +49,11 @@ class DecoderConfig:
     mlp_bias: bool = False
     qk_norm: bool = False
     tie_word_embeddings: bool = False
-    layer_windows: tuple[int | None, ...] = ()  # per layer (empty = all full attention)
+    layer_windows: tuple[Window, ...] = ()  # per layer (empty = all full attention; attention/windows.py)
     num_experts: int = 0  # > 0: each MLP is a mixture of this many experts (intermediate_size each)
     num_experts_per_tok: int = 0
 
-    def window_of(self, layer_index: int) -> int | None:
+    def window_of(self, layer_index: int) -> Window:
         return self.layer_windows[layer_index] if self.layer_windows else None
 
 
@@ -94,7 +95,7 @@ def build_model(config: dict[str, Any], backend: AttentionBackend, max_positions
 
 
 class Attention(nn.Module):
-    def __init__(self, config: DecoderConfig, backend: AttentionBackend, window: int | None = None) -> None:
+    def __init__(self, config: DecoderConfig, backend: AttentionBackend, window: Window = None) -> None:
         super().__init__()
         self.window = window
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
@@ -144,7 +145,7 @@ class Attention(nn.Module):
 class DecoderLayer(nn.Module):
     attention_class: ClassVar[type[Attention]] = Attention  # families with other attention (SmolLM3) pass theirs
 
-    def __init__(self, config: DecoderConfig, backend: AttentionBackend, window: int | None = None) -> None:
+    def __init__(self, config: DecoderConfig, backend: AttentionBackend, window: Window = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = self.attention_class(config, backend, window)

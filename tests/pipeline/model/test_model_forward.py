@@ -24,7 +24,8 @@ from tests.support.hf_models import make_tiny_hf_model
 ATOL = 1e-4
 NUM_BLOCKS = 256
 MODELS = ["llama", "llama3", "qwen2", "qwen3", "phi3", "mixtral", "gemma2", "gemma3", "gemma4", "olmo2", "granite",
-          "smollm3", "glm4", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama-sharded"]
+          "smollm3", "glm4", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4",
+          "llama-sharded"]
 
 
 @dataclass

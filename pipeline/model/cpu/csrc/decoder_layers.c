@@ -75,9 +75,9 @@ void rope_kv_write(void *qkv, const void *cos, const void *sin, void *key_cache,
 int paged_decode_attention(void *out, const void *q, const void *key_cache, const void *value_cache,
                            const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                            int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                           int64_t block_size, float scale, int64_t max_seq_len, int64_t window, float softcap,
-                           const float *sinks, int kv_format, float k_scale, float v_scale, int io_bf16,
-                           int num_threads);
+                           int64_t block_size, float scale, int64_t max_seq_len, int64_t window, int64_t chunk,
+                           float softcap, const float *sinks, int kv_format, float k_scale, float v_scale,
+                           int io_bf16, int num_threads);
 
 /* y = x W^T + b; gated: x is [rows, 2 in_features], [gate | up], and the input silu(gate) * up.
  * Returns the kernel's code: 0, 1 (shape it does not take), 2 (out of memory). */
@@ -141,7 +141,8 @@ static int run_layer(void *hidden, const Layer *l, const Step *s, const Scratch 
     }
     if (paged_decode_attention(b->attention, q, l->key_cache, l->value_cache, s->block_tables,
                                s->block_table_stride, s->seq_lens, rows, s->num_heads, s->num_kv_heads, s->head_dim,
-                               s->block_size, s->scale, s->max_seq_len, l->window, s->softcap, NULL, io_bf16 ? 3 : 0,
+                               s->block_size, s->scale, s->max_seq_len, l->window, 0, s->softcap, NULL,
+                               io_bf16 ? 3 : 0,
                                1.0f, 1.0f, io_bf16, threads))
         return 2;
     if ((failed = linear(&l->o, b->delta, b->attention, 0, s))) return failed;

@@ -24,7 +24,10 @@
  *
  * Sliding window (window > 0): a sequence of len tokens attends to its last min(len, window)
  * tokens only (HF: keys with position > query position - window); blocks before them are never
- * read, so their block-table entries may be anything. Soft-capping (softcap > 0, Gemma 2):
+ * read, so their block-table entries may be anything. Chunked local attention (chunk > 0, Llama 4):
+ * a sequence of len tokens attends to the keys of its last token's chunk only, positions
+ * (len - 1) / chunk * chunk .. len - 1 (HF: keys in the query's chunk of `chunk` positions); blocks
+ * before them are likewise never read. Soft-capping (softcap > 0, Gemma 2):
  * scores become softcap * tanh(scores / softcap) before the softmax. Attention sinks (sinks != NULL,
  * gpt-oss: one float32 logit per query head): the sink joins the max and the softmax denominator but has
  * no value, so a head's weights sum to less than 1.
@@ -433,11 +436,18 @@ static void attend_dispatch(float *out, const float *q, const RowSource *keys, c
 /* A call's work in threads.h's units (bytes of a read-bound product): the K and V bytes it reads, times
  * the query heads that share each KV head (each element read feeds that many dot products). Threads
  * only pay off for long contexts or many sequences. */
-static int64_t kv_bytes_read(const int32_t *seq_lens, int64_t num_seqs, int64_t window, int64_t row, int kv_format) {
+/* The first key position a sequence of len tokens attends to (its window's or chunk's first). */
+static int64_t first_key(int64_t len, int64_t window, int64_t chunk) {
+    if (chunk > 0) return (len - 1) / chunk * chunk;
+    return window > 0 && len > window ? len - window : 0;
+}
+
+static int64_t kv_bytes_read(const int32_t *seq_lens, int64_t num_seqs, int64_t window, int64_t chunk, int64_t row,
+                             int kv_format) {
     const int64_t element_size = kv_format == KV_F32 ? 4 : kv_format == KV_BF16 ? 2 : 1;
     int64_t tokens = 0;
     for (int64_t seq = 0; seq < num_seqs; ++seq)
-        tokens += window > 0 && seq_lens[seq] > window ? window : seq_lens[seq];
+        tokens += seq_lens[seq] - first_key(seq_lens[seq], window, chunk);
     return tokens * 2 * row * element_size;
 }
 
@@ -446,7 +456,7 @@ typedef struct {
     const void *q;
     const void *key_cache, *value_cache;
     const int32_t *block_tables, *seq_lens;
-    int64_t block_table_stride, num_heads, num_kv_heads, head_dim, block_size, max_stride, window;
+    int64_t block_table_stride, num_heads, num_kv_heads, head_dim, block_size, max_stride, window, chunk;
     float scale, softcap, k_scale, v_scale;
     int kv_format, io_bf16, failed;
     const float *sinks; /* [num_heads] float32, or NULL */
@@ -479,7 +489,7 @@ static void attend_units(void *context, int64_t begin, int64_t end) {
             const int64_t kv_end = end - seq * c->num_kv_heads < c->num_kv_heads ? end - seq * c->num_kv_heads
                                                                                 : c->num_kv_heads;
             unit = seq * c->num_kv_heads + kv_end;
-            const int64_t last = c->seq_lens[seq], first = c->window > 0 && last > c->window ? last - c->window : 0;
+            const int64_t last = c->seq_lens[seq], first = first_key(last, c->window, c->chunk);
             const int64_t len = last - first, stride = (len + VL - 1) / VL * VL;
             /* The q and out elements of this unit range's query heads. */
             const int64_t first_element = kv_first * group * c->head_dim, end_element = kv_end * group * c->head_dim;
@@ -509,15 +519,15 @@ static void attend_units(void *context, int64_t begin, int64_t end) {
 int paged_decode_attention(void *out, const void *q, const void *key_cache, const void *value_cache,
                            const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                            int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                           int64_t block_size, float scale, int64_t max_seq_len, int64_t window, float softcap,
-                           const float *sinks, int kv_format, float k_scale, float v_scale, int io_bf16,
-                           int num_threads) {
+                           int64_t block_size, float scale, int64_t max_seq_len, int64_t window, int64_t chunk,
+                           float softcap, const float *sinks, int kv_format, float k_scale, float v_scale,
+                           int io_bf16, int num_threads) {
     const int64_t row = num_kv_heads * head_dim;
     const int64_t max_stride = ((max_seq_len > 0 ? max_seq_len : 1) + VL - 1) / VL * VL;
     Call call = {out, q, key_cache, value_cache, block_tables, seq_lens, block_table_stride, num_heads,
-                 num_kv_heads, head_dim, block_size, max_stride, window, scale, softcap, k_scale, v_scale,
+                 num_kv_heads, head_dim, block_size, max_stride, window, chunk, scale, softcap, k_scale, v_scale,
                  kv_format, io_bf16, 0, sinks};
-    const int64_t work = kv_bytes_read(seq_lens, num_seqs, window, row, kv_format) * (num_heads / num_kv_heads);
+    const int64_t work = kv_bytes_read(seq_lens, num_seqs, window, chunk, row, kv_format) * (num_heads / num_kv_heads);
     const int64_t units = num_seqs * num_kv_heads;
     const int threads = threads_for(work, units < num_threads ? (int)units : num_threads);
     /* Tasks of a few units each: scratch buffers are allocated once per task. */

@@ -24,6 +24,7 @@ from pipeline.engine import LLMEngine
 from pipeline.model.attention.flex import FlexPagedAttention
 from pipeline.model.attention.flex_plan import decode_plan, prefill_plan
 from pipeline.model.attention.paged import TorchPagedAttention
+from pipeline.model.attention.windows import Chunk, Window
 from pipeline.model.graphs import CUDAGraphRunner
 from pipeline.model.runner import ModelRunner
 from pipeline.request.sampling_params import SamplingParams
@@ -96,7 +97,7 @@ MIXED_STEP = ([(13, 1), (6, 11), (2, 1), (30, 3)], 2)  # chunks over cached cont
 ALL_STEPS = (([(5, 1), (12, 1), (0, 1)], 0), ([(0, 9), (0, 70)], 0), MIXED_STEP)
 
 
-def _compare_backends(heads: tuple[int, int], windows: frozenset[int | None], softcap: float | None,
+def _compare_backends(heads: tuple[int, int], windows: frozenset[Window], softcap: float | None,
                       steps: tuple[tuple[list[tuple[int, int]], int], ...]) -> None:
     num_heads, num_kv_heads = heads
     head_dim, block_size = 16, 4
@@ -135,6 +136,13 @@ def test_flex_matches_torch_backend_on_every_step_kind(heads: tuple[int, int], w
     _compare_backends(heads, frozenset({None, window}), softcap, ALL_STEPS)
 
 
+@slow
+@needs_cxx
+def test_flex_matches_torch_backend_on_chunked_layers() -> None:
+    """Llama 4's chunks (attention/windows.py) beside full-attention layers, on every step kind."""
+    _compare_backends((4, 2), frozenset({None, Chunk(6)}), None, ALL_STEPS)
+
+
 def _flex_runner(path: Path, block_size: int) -> ModelRunner:
     return ModelRunner(ModelConfig(quantization="none", device=DEVICE, dtype="float32", attention_backend="flex",
                                    enforce_eager=True),
@@ -143,7 +151,7 @@ def _flex_runner(path: Path, block_size: int) -> ModelRunner:
 
 @slow
 @needs_cxx
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "gemma4", "qwen3", "mistral"])
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "gemma4", "qwen3", "mistral", "llama4"])
 def test_flex_runner_logits_match_hf(arch: str, tmp_path: Path) -> None:
     """Chunked prefill over cached context, decodes, a mixed step, then decodes through the
     CUDA-graph buffers (replayed on CUDA, called eagerly on CPU)."""
