@@ -60,6 +60,7 @@ class PrefixPublisher:
         resync, self._resync = self._resync or cleared, True  # stays set if this write fails
         blocks = blocks_key(self.prefix, self.worker)
         async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.exists(blocks)
             if resync:
                 pipe.delete(blocks)
                 added, removed = set(self.pool.published_prefix_keys()), set()
@@ -69,8 +70,11 @@ class PrefixPublisher:
             pipe.pexpire(blocks, self.ttl_ms)
             pipe.set(room_key(self.prefix, self.worker), room, px=self.ttl_ms)
             pipe.sadd(workers_key(self.prefix), self.worker)
-            await pipe.execute()
-        self._resync, self._published_room, self._refreshed_at = False, room, now
+            results = await pipe.execute()
+        # The set expired or was retired while this worker still caches blocks (its heartbeat lapsed
+        # on a stalled machine): publish it whole next time.
+        lost = not resync and not results[0] and bool(self.pool.published_prefix_keys())
+        self._resync, self._published_room, self._refreshed_at = lost, room, now
 
     async def withdraw(self) -> None:
         """Leaving: no entry point offers to this worker any more (its waiting offers get taken)."""

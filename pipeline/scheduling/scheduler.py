@@ -161,7 +161,7 @@ class Scheduler(WaitingAdmission):
 
     def _add_token_bitmasks(self, plan: StepPlan) -> None:
         scheduled = [self.sequences[seq_id] for seq_id in plan.num_scheduled_tokens]
-        plan.token_bitmasks, failed = token_bitmasks(scheduled, self.grammars)
+        plan.token_bitmasks, failed = token_bitmasks(scheduled, self.grammars, self.max_model_len)
         for seq, message in failed:  # only where the grammar was not compiled at intake (another process)
             request = seq.request
             self.abort_request(request.request_id, FinishReason.ERROR)

@@ -9,6 +9,10 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
+from actors.worker.admission import Admission
+from actors.worker.placement import PrefixPublisher
+from pipeline.scheduling.block_pool import BlockPool
+from pipeline.scheduling.prefix_journal import PrefixJournal
 from queue_adapters.client import AqueductClient
 from queue_adapters.codec import WireRequest, encode
 from queue_adapters.placement import Placement, PrefixDirectory, blocks_key
@@ -93,3 +97,23 @@ async def test_a_request_is_not_held_up_behind_the_full_worker_that_holds_its_pr
             long_replies = await redis.xlen(f"{prefix}:out:long")
             assert long_replies < 990, "the long request had finished: nothing was held up"
             await read_replies(redis, f"{prefix}:out:long")
+
+
+async def test_the_directory_is_published_whole_again_after_it_was_lost(prefix):
+    """A worker whose heartbeat lapsed on a stalled machine may see its directory retired by another:
+    the next publish notices the set is gone and the one after restores it whole."""
+    pool = BlockPool(4)
+    pool.journal = PrefixJournal()
+    block = pool.allocate(1)[0]
+    pool.cache_block(block, 1, (1,), b"key-one!")
+    redis = aioredis.Redis.from_url(REDIS_URL)
+    publisher = PrefixPublisher(redis, prefix, "w", pool, Admission(4), ttl_ms=30_000)
+    await publisher.publish()
+    assert await redis.smembers(blocks_key(prefix, "w")) == {b"key-one!"}
+    await redis.delete(blocks_key(prefix, "w"))
+    publisher._refreshed_at = float("-inf")  # as when the refresh is due
+    await publisher.publish()
+    publisher._refreshed_at = float("-inf")
+    await publisher.publish()
+    assert await redis.smembers(blocks_key(prefix, "w")) == {b"key-one!"}
+    await redis.aclose()

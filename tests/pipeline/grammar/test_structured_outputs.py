@@ -239,3 +239,23 @@ def test_stop_tokens_are_allowed_where_the_grammar_could_end(unseen_model: Path)
     assert re.fullmatch("[a-z]{3,}", result["text"]), result
     shorter = engine.tokenizer.decode(result["token_ids"][:-2])
     assert len(shorter) < 3  # it stopped at the first place the grammar could end
+
+
+def test_a_json_answer_closes_within_its_budget_keeping_the_models_tokens(default_model_path: Path) -> None:
+    """A random model given any object writes one string until max_tokens: with the budget nearly spent
+    the mask allows only the text that closes the JSON, so each answer ends (stop) as an object, and the
+    tokens before the closing are those the same seed samples with a larger budget."""
+    engine = make_engine(default_model_path)
+    requests = {f"{budget}-{seed}": ("Describe a pet.", SamplingParams.from_dict({
+        "response_format": {"type": "json_object"}, "max_tokens": budget, "temperature": 1.0, "seed": seed}))
+        for budget in (16, 200) for seed in range(6)}
+    results = run_requests(engine, requests)
+    for seed in range(6):
+        short, long = results[f"16-{seed}"]["choices"][0], results[f"200-{seed}"]["choices"][0]
+        assert short["finish_reason"] == "stop", short["text"]
+        assert isinstance(json.loads(short["text"]), dict)
+        assert len(short["token_ids"]) <= 16
+        kept = 0
+        while kept < len(short["token_ids"]) and short["token_ids"][kept] == long["token_ids"][kept]:
+            kept += 1
+        assert kept >= len(short["token_ids"]) - 6, (short["text"], long["text"])  # only the closing differs
