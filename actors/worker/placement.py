@@ -106,7 +106,8 @@ class AffinityClaimer:
         claimed = 0
         for worker in [self.streams.consumer_name, *await self.streams.other_workers(cached=False)]:
             for stream_key in affinity_keys(self.streams.prefix, worker):
-                claimed += await self.claimer.claim_orphans(self.streams.consumer(stream_key))
+                if await self.streams.redis.exists(stream_key):  # a retired worker's are gone
+                    claimed += await self.claimer.claim_orphans(self.streams.consumer(stream_key))
             if worker != self.streams.consumer_name:
                 heartbeat = heartbeat_key(self.streams.prefix, worker)
                 if await retire_if_gone(self.streams, worker, heartbeat):
