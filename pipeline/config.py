@@ -139,8 +139,13 @@ class SchedulerConfig:
     # arrival order, so with every request at 0 it is first come first served); "fcfs" ignores it.
     scheduling_policy: str = "priority"
     priority_aging_steps: int = 256  # a waiting sequence's priority improves by 1 per this many steps
+    # Under "priority": prompt tokens of requests with priority > 0 (bulk) computed per step at most, so
+    # a step of bulk prefill is short and a more urgent request arriving meanwhile waits for little.
+    max_bulk_prefill_tokens: int | None = 512
 
     def __post_init__(self) -> None:
+        _require(self.max_bulk_prefill_tokens is None or self.max_bulk_prefill_tokens >= 1,
+                 f"max_bulk_prefill_tokens must be >= 1 or None, got {self.max_bulk_prefill_tokens}")
         _require(self.scheduling_policy in SCHEDULING_POLICIES,
                  f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
         _require(self.priority_aging_steps >= 1,

@@ -28,7 +28,7 @@ class Admit(enum.Enum):
 
 class WaitingAdmission:
     """The Scheduler's admission steps, kept apart from its step loop (Scheduler inherits them and
-    owns the state; `_preempt`, `_commit` and the adapter checks are the Scheduler's)."""
+    owns the state; `_preempt`, `_commit`, `_bulk_capped` and the adapter checks are the Scheduler's)."""
 
     config: SchedulerConfig
     kv_cache: KVCacheManager
@@ -90,6 +90,10 @@ class WaitingAdmission:
         if num_new > budget and not self.config.enable_chunked_prefill:
             return budget, Admit.BLOCKED
         num_new = min(num_new, budget)
+        if self.config.enable_chunked_prefill:
+            num_new = self._bulk_capped(seq, num_new)
+            if num_new == 0:  # bulk prefill past this step's share: starts next step
+                return budget, Admit.BLOCKED
         if not self.kv_cache.allocate(seq, num_new, cached_block_ids):
             return budget, Admit.BLOCKED
         self.waiting.pop_head()

@@ -59,6 +59,7 @@ class Scheduler(WaitingAdmission):
         if blocks_per_seq is None or blocks_per_seq > kv_cache.pool.num_blocks:
             max_model_len = min(max_model_len, kv_cache.pool.num_blocks * kv_cache.block_size)
         self.max_model_len = max_model_len
+        self._bulk_prefill_left: int | None = None  # this step's share left (see _bulk_capped)
         self.waiting = WaitingQueue(config.scheduling_policy, config.priority_aging_steps)
         self.by_priority = self.waiting.by_priority
         self.running: list[Sequence] = []
@@ -141,6 +142,7 @@ class Scheduler(WaitingAdmission):
         self._next_step_id += 1
         self._removed_seq_ids = []
         budget = self.config.max_num_batched_tokens
+        self._bulk_prefill_left = self.config.max_bulk_prefill_tokens if self.by_priority else None
         self.waiting.settle(plan.step_id)
         if self.by_priority:
             self.running.sort(key=urgency)  # stable; preemption takes running[-1], the least urgent
@@ -189,9 +191,9 @@ class Scheduler(WaitingAdmission):
                 if index >= len(self.running) or budget <= 0:
                     break
             seq = self.running[index]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if num_new == 0:  # a beam waiting for its siblings' candidates (only beam search parks)
-                index += 1
+            num_new = self._bulk_capped(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))
+            if num_new == 0:  # a beam waiting for its siblings' candidates (only beam search parks), or
+                index += 1    # bulk prefill past this step's share
                 continue
             num_blocks_before = len(seq.block_ids)
             draft = self._draft(seq, budget)
@@ -249,7 +251,16 @@ class Scheduler(WaitingAdmission):
     def take_failures(self) -> list[RequestFailure]:
         return self.failures.take()
 
+    def _bulk_capped(self, seq: Sequence, num_new: int) -> int:
+        """A bulk request's prefill chunk within what is left of the step's bulk prefill share
+        (max_bulk_prefill_tokens); any other chunk, and a decode, as it is."""
+        if self._bulk_prefill_left is None or num_new <= 1 or seq.request.priority <= 0:
+            return num_new
+        return min(num_new, self._bulk_prefill_left)
+
     def _commit(self, seq: Sequence, num_new: int, plan: StepPlan) -> None:
+        if self._bulk_prefill_left is not None and num_new > 1 and seq.request.priority > 0:
+            self._bulk_prefill_left -= num_new
         plan.num_scheduled_tokens[seq.seq_id] = num_new
         seq.num_computed_tokens += num_new
         seq.num_sent_tokens = seq.num_tokens

@@ -137,3 +137,34 @@ def test_without_aging_the_low_priority_request_waits_behind_the_stream():
 def test_policy_is_validated():
     with pytest.raises(ValueError, match="scheduling_policy must be one of"):
         SchedulerConfig(scheduling_policy="lifo")
+
+
+def test_bulk_prefill_takes_at_most_its_share_of_a_step_and_others_are_not_held():
+    """Priority > 0 prompts share max_bulk_prefill_tokens a step (so a bulk step stays short); a
+    priority-0 prompt and every decode take the rest of the budget as before."""
+    scheduler = make_scheduler(max_num_batched_tokens=256, max_num_seqs=8, scheduling_policy="priority",
+                               max_bulk_prefill_tokens=24)
+    for index in range(3):
+        scheduler.add_request(make_request(f"bulk{index}", prompt_len=20, max_tokens=4, first_token=index * 20,
+                                           priority=10))
+    scheduler.add_request(make_request("normal", prompt_len=60, max_tokens=4, first_token=100))
+    plan = run_step(scheduler)
+    tokens = {request_id: sum(plan.num_scheduled_tokens.get(seq.seq_id, 0)
+                              for seq in scheduler.requests[request_id].sequences)
+              for request_id in ("normal", "bulk0", "bulk1", "bulk2")}
+    assert tokens["normal"] == 60  # the whole prompt: not bulk
+    assert tokens["bulk0"] + tokens["bulk1"] + tokens["bulk2"] == 24  # 20 + 4, the third none
+    assert tokens["bulk2"] == 0
+    run_to_completion(scheduler)
+    for request_id in tokens:
+        assert scheduler.requests.get(request_id) is None
+
+
+def test_fcfs_does_not_cap_bulk_prefill():
+    scheduler = make_scheduler(max_num_batched_tokens=256, max_num_seqs=8, scheduling_policy="fcfs",
+                               max_bulk_prefill_tokens=24)
+    for index in range(3):
+        scheduler.add_request(make_request(f"bulk{index}", prompt_len=20, max_tokens=4, first_token=index * 20,
+                                           priority=10))
+    plan = run_step(scheduler)
+    assert sum(plan.num_scheduled_tokens.values()) == 60
