@@ -7,10 +7,13 @@ Redis prefix (127.0.0.1:6379 by default). First the idle figure: the urgent requ
 alone, sent together. Then, for each setting, the bulk requests (greedy, `--bulk-tokens` each,
 ignore_eos) are queued, and once the workers are busy the urgent ones are sent: their p50/max TTFT,
 and the ratio to idle. Settings:
-- `bulk at priority 10, --scheduling-policy priority` (the default): the bulk lane and the scheduler;
+- `bulk at priority 10, --scheduling-policy priority` (the default): the bulk lane and the scheduler,
+  bulk prefill capped per step (--max-bulk-prefill-tokens 512);
+- the same without the cap (--max-bulk-prefill-tokens 0);
 - `bulk at priority 0`: every request on one FIFO stream, the fleet as it was before priorities.
-Workers are restarted between settings, so no prefix cache carries over. Figures depend on the
-machine and on what else runs on it: compare the ratios of one run.
+Workers are restarted between settings, so no prefix cache carries over. With --repeats N the whole
+round (idle figure included) runs N times and the median ratios are printed. Figures depend on the
+machine and on what else runs on it: compare the ratios of one round.
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ from queue_adapters.client import AqueductClient
 from queue_adapters.codec import WireRequest
 
 
-def _start_workers(args: argparse.Namespace, prefix: str, policy: str) -> list[subprocess.Popen]:
+def _start_workers(args: argparse.Namespace, prefix: str, flags: tuple[str, ...]) -> list[subprocess.Popen]:
     model = ["--model", args.model] if args.model else []
     command = [sys.executable, "-m", "actors.cli", "worker", *model, "--redis-url", args.redis_url,
-               "--prefix", prefix, "--scheduling-policy", policy, "--log-level", "WARNING", *args.worker_args]
+               "--prefix", prefix, *flags, "--log-level", "WARNING", *args.worker_args]
     threads = max(1, (os.cpu_count() or 1) // args.workers)
     return [subprocess.Popen([*command, "--name", f"bench-{index}", "--cpu-threads", str(threads)])
             for index in range(args.workers)]
@@ -70,9 +73,9 @@ async def _ttfts(client: AqueductClient, requests: list[WireRequest]) -> list[fl
     return list(await asyncio.gather(*(first_token(request) for request in requests)))
 
 
-async def _setting(args: argparse.Namespace, policy: str, bulk_priority: int | None) -> list[float]:
+async def _setting(args: argparse.Namespace, flags: tuple[str, ...], bulk_priority: int | None) -> list[float]:
     prefix = f"bench-priority-{uuid.uuid4().hex[:8]}"
-    workers = _start_workers(args, prefix, policy)
+    workers = _start_workers(args, prefix, flags)
     redis = aioredis.from_url(args.redis_url)
     try:
         await _wait_ready(redis, prefix, args.workers)
@@ -98,6 +101,13 @@ async def _setting(args: argparse.Namespace, policy: str, bulk_priority: int | N
         await redis.aclose()
 
 
+SETTINGS = (  # label, worker flags, the bulk requests' priority
+    ("bulk at priority 10, policy priority", (), 10),
+    ("bulk at priority 10, no bulk prefill cap", ("--max-bulk-prefill-tokens", "0"), 10),
+    ("bulk at priority 0 (one FIFO lane)", (), 0),
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="default: the default model; `builtin` is a tiny one")
@@ -109,15 +119,21 @@ def main() -> None:
     parser.add_argument("--prompt-words", type=int, default=40)
     parser.add_argument("--busy-s", type=float, default=2.0, help="after queueing the bulk, before the urgent")
     parser.add_argument("worker_args", nargs="*", help="more `aqueduct worker` flags, after --")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of every setting, each with its own idle figure")
     args = parser.parse_args()
-    idle = asyncio.run(_setting(args, "priority", None))
-    idle_p50 = statistics.median(idle)
-    print(f"idle fleet: urgent TTFT p50 {idle_p50:.3f} s, max {max(idle):.3f} s")
-    for label, policy, bulk_priority in (("bulk at priority 10, policy priority", "priority", 10),
-                                         ("bulk at priority 0 (one FIFO lane)", "priority", 0)):
-        ttfts = asyncio.run(_setting(args, policy, bulk_priority))
-        p50 = statistics.median(ttfts)
-        print(f"{label}: urgent TTFT p50 {p50:.3f} s ({p50 / idle_p50:.1f}x idle), max {max(ttfts):.3f} s")
+    ratios: dict[str, list[float]] = {label: [] for label, _, _ in SETTINGS}
+    for round_index in range(args.repeats):  # a round's ratios share its idle figure: load drifts between rounds
+        idle = asyncio.run(_setting(args, (), None))
+        idle_p50 = statistics.median(idle)
+        print(f"round {round_index + 1}: idle fleet: urgent TTFT p50 {idle_p50:.3f} s, max {max(idle):.3f} s")
+        for label, flags, bulk_priority in SETTINGS:
+            ttfts = asyncio.run(_setting(args, flags, bulk_priority))
+            p50 = statistics.median(ttfts)
+            ratios[label].append(p50 / idle_p50)
+            print(f"  {label}: urgent TTFT p50 {p50:.3f} s ({p50 / idle_p50:.1f}x idle), max {max(ttfts):.3f} s")
+    if args.repeats > 1:
+        for label, values in ratios.items():
+            print(f"{label}: median {statistics.median(values):.1f}x idle ({', '.join(f'{v:.1f}' for v in values)})")
 
 
 if __name__ == "__main__":
