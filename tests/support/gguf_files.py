@@ -1,4 +1,5 @@
-"""Tiny GGUF files for tests, written the way llama.cpp's convert_hf_to_gguf.py writes them.
+"""Tiny GGUF files for tests, written the way llama.cpp's convert_hf_to_gguf.py writes them (the newer
+families' metadata and tensor changes: tests/support/gguf_families.py).
 
 From a tiny HF checkpoint (tests/support/hf_models.py): llama.cpp's tensor names, ggml's reversed shape
 order (the writer's job), each family's metadata as its converter class writes it, the Q/K row
@@ -11,6 +12,7 @@ independently of pipeline/loading/gguf, so a convention wrong on one side shows 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -21,7 +23,7 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from tests.support import kquant_blocks
+from tests.support import gguf_families, kquant_blocks
 from tests.support.gguf_tokenizers import write_byte_level_tokenizer, write_gemma_tokenizer
 
 _GGUF_ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "MixtralForCausalLM": "llama",
@@ -42,6 +44,8 @@ _LAYER_NAMES = {
 _GEMMA2_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
                        "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
 _GLOBAL_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+# MoE routers, which llama-quantize keeps in F32 (ffn_gate_inp, ffn_gate_inp_shexp), by HF name.
+_ROUTERS = (".block_sparse_moe.gate.", ".mlp.gate.", ".mlp.router.", ".feed_forward.router.", ".shared_expert_gate.")
 
 
 def gguf_name(hf_name: str, architecture: str = "LlamaForCausalLM") -> str:
@@ -62,23 +66,36 @@ def llama_cpp_permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
 def write_gguf(hf_dir: Path, out_path: Path, qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
                *, architecture: str | None = None, add_bos_token: bool = True,
                record_sliding_window: bool = False,
-               qtype_of: Callable[[str], gguf.GGMLQuantizationType] | None = None) -> Path:
+               qtype_of: Callable[[str], gguf.GGMLQuantizationType] | None = None,
+               family: gguf_families.Family | None = None) -> Path:
     """`hf_dir` (a tests/support/hf_models.py checkpoint) as a GGUF file at `out_path`.
 
     qtype_of: each quantized tensor's type by its GGUF name (a Q4_K_M-like mix), instead of `qtype`.
 
     record_sliding_window: write `llama.attention.sliding_window` for a Mistral/Mixtral checkpoint,
     which convert_hf_to_gguf.py's LlamaModel does not (gemma2 and phi3 files always record theirs).
+
+    family: a newer family's layout other than its converter's current one (gguf_families).
     """
     config = json.loads((hf_dir / "config.json").read_text())
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(str(out_path), architecture or _GGUF_ARCH[config["architectures"][0]])
-    _write_hparams(writer, config, record_sliding_window)
-    if config["architectures"][0] == "Gemma2ForCausalLM":
-        write_gemma_tokenizer(writer, config["vocab_size"])
+    family = family or gguf_families.FAMILIES.get(config["architectures"][0])
+    writer = gguf.GGUFWriter(str(out_path), architecture or (family.gguf_arch if family is not None
+                                                             else _GGUF_ARCH[config["architectures"][0]]))
+    if family is not None:
+        hparams = gguf_families.hparams_config(config)
+        gguf_families.write_base_hparams(writer, hparams, family)
+        family.hparams(writer, hparams)
+    else:
+        _write_hparams(writer, config, record_sliding_window)
+    if config["architectures"][0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma4ForCausalLM"):
+        write_gemma_tokenizer(writer, config["vocab_size"], "gemma4" if family and family.gguf_arch == "gemma4"
+                              else "llama")
     else:
         write_byte_level_tokenizer(writer, config["vocab_size"], add_bos_token, config.get("pad_token_id"))
-    for name, array, stays_f32 in _llama_cpp_tensors(config, load_file(str(hf_dir / "model.safetensors"))):
+    weights = load_file(str(hf_dir / "model.safetensors"))
+    tensors = _family_tensors(config, weights, family) if family is not None else _llama_cpp_tensors(config, weights)
+    for name, array, stays_f32 in tensors:
         if stays_f32:
             _add_tensor(writer, name, array, gguf.GGMLQuantizationType.F32)
         else:
@@ -90,22 +107,48 @@ def write_gguf(hf_dir: Path, out_path: Path, qtype: gguf.GGMLQuantizationType = 
     return out_path
 
 
-def write_rounded_checkpoint(hf_dir: Path, out_dir: Path, qtype: gguf.GGMLQuantizationType) -> Path:
+def write_rounded_checkpoint(hf_dir: Path, out_dir: Path, qtype: gguf.GGMLQuantizationType,
+                             qtype_of: Callable[[str], gguf.GGMLQuantizationType] | None = None) -> Path:
     """A copy of `hf_dir` whose weights went through `qtype` and back, as write_gguf's file holds them:
-    the reference for a quantized file transformers cannot read (Mixtral). Quantizing works along
-    rows, so a matrix rounds alike alone, stacked with other experts' or with its rows permuted."""
+    the reference for a quantized file transformers cannot read (Mixtral, the newer families).
+    Quantizing works along rows, so a matrix rounds alike alone, stacked with other experts' or with
+    its rows permuted; a matrix a converter transposed rounds along the file's rows (gguf_families).
+
+    qtype_of: each tensor's type by its HF name (F32: kept), instead of `qtype`.
+    """
     shutil.copytree(hf_dir, out_dir)
+    config = json.loads((hf_dir / "config.json").read_text())
     weights = load_file(str(hf_dir / "model.safetensors"))
-    rounded = {name: array if _stays_f32(name, array) else
-               gguf.quants.dequantize(gguf.quants.quantize(array.astype(np.float32), qtype), qtype)
-               for name, array in weights.items()}
+    rounded = {}
+    for name, array in weights.items():
+        kind = qtype_of(name) if qtype_of is not None else qtype
+        if _stays_f32(name, array) or kind == gguf.GGMLQuantizationType.F32:
+            rounded[name] = array
+            continue
+        trip = functools.partial(_round_trip, qtype=kind)
+        rounded[name] = np.ascontiguousarray(gguf_families.round_as_filed(config, name, array, trip))
     save_file(rounded, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     return out_dir
 
 
+def _round_trip(rows: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    qtype = _filed_type(rows, qtype)
+    return gguf.quants.dequantize(gguf.quants.quantize(rows.astype(np.float32), qtype), qtype)
+
+
 def _stays_f32(hf_name: str, array: np.ndarray) -> bool:
-    """llama-quantize leaves 1-D tensors (norms, biases) and MoE routers unquantized."""
-    return array.ndim < 2 or ".block_sparse_moe.gate." in hf_name
+    """llama-quantize leaves 1-D tensors (norms, biases), every bias and the MoE routers unquantized."""
+    return array.ndim < 2 or hf_name.endswith("bias") or any(router in hf_name for router in _ROUTERS)
+
+
+def _family_tensors(config: dict, weights: dict[str, np.ndarray],
+                    family: gguf_families.Family) -> Iterator[tuple[str, np.ndarray, bool]]:
+    """The newer families' tensors (tests/support/gguf_families.py), kept F32 where the converter keeps
+    them so (conversion/base.py prepare_tensors: 1-D, norms, routers, whatever is not a `.weight`)."""
+    for name, array in gguf_families.family_tensors(config, weights, llama_cpp_permute, family):
+        yield name, array, (array.ndim < 2 or name.endswith("_norm.weight") or ".ffn_gate_inp" in name
+                            or not name.endswith(".weight"))
+    yield from _rope_tensors(config)
 
 
 def _write_hparams(writer: gguf.GGUFWriter, config: dict, record_sliding_window: bool) -> None:
@@ -221,7 +264,15 @@ def _rope_tensors(config: dict) -> Iterator[tuple[str, np.ndarray, bool]]:
         yield "rope_factors_short.weight", np.array(scaling["short_factor"], dtype=np.float32), True
 
 
+def _filed_type(array: np.ndarray, qtype: gguf.GGMLQuantizationType) -> gguf.GGMLQuantizationType:
+    """`qtype`, or F16 where rows do not split into its blocks: the converter's fallback (QuantError),
+    e.g. DeepSeek's k_b, whose rows are qk_nope_head_dim long."""
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    return qtype if array.shape[-1] % block == 0 else gguf.GGMLQuantizationType.F16
+
+
 def _add_tensor(writer: gguf.GGUFWriter, name: str, array: np.ndarray, qtype: gguf.GGMLQuantizationType) -> None:
+    qtype = _filed_type(array, qtype)
     if qtype == gguf.GGMLQuantizationType.F32:
         writer.add_tensor(name, array)
     elif qtype == gguf.GGMLQuantizationType.F16:

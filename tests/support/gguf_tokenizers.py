@@ -43,12 +43,13 @@ def write_byte_level_tokenizer(writer: gguf.GGUFWriter, vocab_size: int, add_bos
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
-def write_gemma_tokenizer(writer: gguf.GGUFWriter, vocab_size: int) -> None:
-    """What Gemma2Model.set_vocab writes: a SentencePiece vocabulary without a space prefix."""
+def write_gemma_tokenizer(writer: gguf.GGUFWriter, vocab_size: int, model: str = "llama") -> None:
+    """What Gemma2Model.set_vocab writes: a SentencePiece vocabulary without a space prefix (Gemma 4's
+    converter names the model `gemma4`)."""
     pieces = sentencepiece_pieces(vocab_size - len(GEMMA_SPECIALS) - len(_BYTE_TOKENS))
     types = ([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.UNKNOWN] + [gguf.TokenType.BYTE] * len(_BYTE_TOKENS)
              + [gguf.TokenType.NORMAL] * len(pieces))
-    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_model(model)
     writer.add_tokenizer_pre("default")
     writer.add_token_list([*GEMMA_SPECIALS, *_BYTE_TOKENS, *pieces])
     writer.add_token_scores([0.0] * (len(GEMMA_SPECIALS) + len(_BYTE_TOKENS)) + [-float(rank) for rank in

@@ -30,6 +30,7 @@ from pipeline.loading.cache_dir import publish_directory
 from pipeline.loading.gguf.architectures import gguf_architecture
 from pipeline.loading.gguf.file_hash import content_hash
 from pipeline.loading.gguf.hf_config import generation_config, hf_config
+from pipeline.loading.gguf.joins import join_tensors
 from pipeline.loading.gguf.metadata import GgufMetadata
 from pipeline.loading.gguf.quant_blocks import write_blocks
 from pipeline.loading.gguf.tensors import iter_hf_tensors, rope_freqs
@@ -38,7 +39,7 @@ from pipeline.loading.gguf.tokenizer import has_tokenizer, write_tokenizer
 log = structlog.get_logger(__name__)
 
 # Bump when a change here changes the files a conversion writes, so stale conversions are not reused.
-CONVERTER_VERSION = 4  # 4: gguf_blocks.safetensors keeps Q5_0, Q8_0 and K-quant rows too
+CONVERTER_VERSION = 5  # 5: Gemma 3 and 4, the MoE families, GLM-4, OLMo 2, Granite, SmolLM3, DeepSeek, Llama 4
 
 
 def gguf_model_dir(gguf_path: str | Path, dtype: torch.dtype, cache_root: str | Path | None = None) -> Path:
@@ -74,8 +75,8 @@ def write_hf_directory(gguf_path: Path, out_dir: Path, dtype: torch.dtype) -> No
     arch = gguf_architecture(metadata)
     tensor_names = {tensor.name for tensor in reader.tensors}
     config = hf_config(metadata, arch, tensor_names, rope_freqs(reader), str(dtype).removeprefix("torch."))
-    weights = dict(iter_hf_tensors(reader, arch, config["num_attention_heads"], config["num_key_value_heads"],
-                                   dtype))
+    weights = join_tensors(arch.joins, dict(iter_hf_tensors(reader, arch, config["num_attention_heads"],
+                                                            config["num_key_value_heads"], dtype)), config)
     _match_vocab_to_embeddings(config, weights)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "model.safetensors").chmod(0o644)  # written owner-only; a shared cache must stay readable
@@ -84,19 +85,22 @@ def write_hf_directory(gguf_path: Path, out_dir: Path, dtype: torch.dtype) -> No
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", generation_config(metadata))
     if has_tokenizer(metadata):
-        write_tokenizer(gguf_path, out_dir)
+        write_tokenizer(gguf_path, out_dir, arch.transformers_tokenizer)
     else:
         log.warning("GGUF file has no tokenizer; only prompt_token_ids will be accepted", path=str(gguf_path))
 
 
 def _match_vocab_to_embeddings(config: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
-    """The embedding's row count is what the weights hold; metadata that says otherwise loses."""
+    """The embedding's row count is what the weights hold; metadata that says otherwise loses. Gemma 4's
+    per-layer input embeddings have their own vocabulary, which no key records."""
     rows = weights["model.embed_tokens.weight"].shape[0]
     stated = config.get("vocab_size")
     if stated is not None and stated != rows:
         log.warning("GGUF vocab size differs from the embedding rows; using the rows",
                     metadata_vocab_size=stated, embedding_rows=rows)
     config["vocab_size"] = rows
+    if (per_layer := weights.get("model.embed_tokens_per_layer.weight")) is not None:
+        config["vocab_size_per_layer_input"] = per_layer.shape[0]
 
 
 def _conversion_key(content_digest: str, dtype_name: str) -> str:

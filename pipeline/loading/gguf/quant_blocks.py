@@ -30,6 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from pipeline.loading.gguf.architectures import GgufArchitecture
+from pipeline.loading.gguf.joins import joined_name
 from pipeline.loading.gguf.tensors import ROPE_FREQS, hf_tensor_name, per_expert, unpermute_qk
 
 BLOCKS_FILE = "gguf_blocks.safetensors"
@@ -40,12 +41,17 @@ BLOCK = 32
 
 def iter_hf_blocks(reader: GGUFReader, arch: GgufArchitecture, num_heads: int,
                    num_kv_heads: int) -> Iterator[tuple[str, str, np.ndarray | None]]:
-    """(HF name, GGUF type name, raw rows or None) for every weight; rows only for RAW_TYPES."""
+    """(HF name, GGUF type name, raw rows or None) for every weight; rows only for RAW_TYPES. A tensor
+    rebuilt from parts (joins.py) is named once, with its first part's type, and keeps no rows."""
+    joined: dict[str, str] = {}
     for tensor in reader.tensors:
         if tensor.name == ROPE_FREQS:
             continue
         name = hf_tensor_name(tensor.name, arch)
         qtype = GGMLQuantizationType(tensor.tensor_type).name
+        if (target := joined_name(arch.joins, name)) is not None:
+            joined.setdefault(target, qtype)
+            continue
         kept = qtype in RAW_TYPES
         raw = np.asarray(tensor.data)  # a view of the file mapping: only kept types are copied
         if kept and arch.permuted_qk and ".self_attn.q_proj." in name:
@@ -54,6 +60,8 @@ def iter_hf_blocks(reader: GGUFReader, arch: GgufArchitecture, num_heads: int,
             raw = unpermute_qk(raw, num_kv_heads)
         for hf_name, part in per_expert(name, raw):
             yield hf_name, qtype, part if kept else None
+    for target, qtype in joined.items():
+        yield target, qtype, None
 
 
 def write_blocks(reader: GGUFReader, arch: GgufArchitecture, num_heads: int, num_kv_heads: int,

@@ -4,7 +4,8 @@ GGUF lists a tensor's shape in ggml's order (fastest-varying dimension first), t
 numpy's; the reader's `data` is already in numpy order, so after dequantizing, the HF shape is
 `reversed(tensor.shape)`. This is checked for every tensor, as is every name: a tensor we cannot
 place is an error, never silently dropped. What convert_hf_to_gguf.py changed is undone: the Q/K
-row permutation of llama files, the +1 on Gemma norm weights, the stacking of Mixtral's experts.
+row permutation of llama files, the +1 on Gemma norm weights, the stacking of experts (split per
+expert where HF saves them so); what a converter split or transposed is joined in joins.py.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
-from pipeline.loading.gguf.architectures import GLOBAL_TENSORS, GgufArchitecture
+from pipeline.loading.gguf.architectures import GgufArchitecture
 
 ROPE_FREQS = "rope_freqs.weight"  # not a weight: folded into config.json's rope_scaling
 _EXPERT = "{expert}"
@@ -29,10 +30,13 @@ def hf_tensor_name(name: str, arch: GgufArchitecture) -> str:
     match = _NAME.fullmatch(name)
     if match is not None:
         layer, base, kind = match["layer"], match["base"], match["kind"]
-        if layer is not None and base in (layer_tensors := arch.layer_tensors()):
+        layer_tensors = arch.layer_tensors()
+        if layer is not None and f"{base}.{kind}" in layer_tensors:  # named whole: "attn_sinks.weight"
+            return f"model.layers.{layer}.{layer_tensors[f'{base}.{kind}']}"
+        if layer is not None and base in layer_tensors:
             return f"model.layers.{layer}.{layer_tensors[base]}.{kind}"
-        if layer is None and base in GLOBAL_TENSORS:
-            return f"{GLOBAL_TENSORS[base]}.{kind}"
+        if layer is None and base in (global_tensors := arch.global_tensors()):
+            return f"{global_tensors[base]}.{kind}"
     raise ValueError(f"GGUF tensor {name!r} has no HF counterpart for {arch.hf_architecture}")
 
 

@@ -235,7 +235,7 @@ class Gemma4ForCausalLM(nn.Module):
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded: dict[str, int] = dict.fromkeys(params, 0)
         for name, tensor in weights:
-            target_name, rows = self._locate(name)
+            target_name, rows = self.locate(name)
             if target_name not in params:
                 raise ValueError(f"unexpected weight in checkpoint: {name}")
             target = params[target_name].data[rows]
@@ -250,8 +250,9 @@ class Gemma4ForCausalLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
 
-    def _locate(self, name: str) -> tuple[str, slice]:
-        """"model.layers.3.mlp.up_proj.weight" -> ("model.layers.3.mlp.gate_up_proj.weight", rows I..2I)"""
+    def locate(self, name: str) -> tuple[str, slice]:
+        """"model.layers.3.mlp.up_proj.weight" -> ("model.layers.3.mlp.gate_up_proj.weight", rows I..2I);
+        also how a GGUF file's kept blocks find their linear (layers/quantize.py)."""
         module, _, kind = name.rpartition(".")
         prefix, _, proj = module.rpartition(".")
         if proj not in ("gate_proj", "up_proj"):
