@@ -56,20 +56,20 @@ class Deployment:
     gateways: list[Process] = field(default_factory=list)
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="aq-gateway-check-")))
 
-    def start_worker(self) -> Process:
+    def start_worker(self, *flags: str) -> Process:
         port = free_port()
         name = f"w{len(self.workers)}"
         process = self._spawn(name, ["worker", "--redis-url", self.redis_url, "--prefix", self.prefix, "--name", name,
                                      "--health-port", str(port), "--health-host", "127.0.0.1",
-                                     "--model", self.model], f"http://127.0.0.1:{port}", "/readyz")
+                                     "--model", self.model, *flags], f"http://127.0.0.1:{port}", "/readyz")
         self.workers.append(process)
         return process
 
-    def start_gateway(self) -> Process:
+    def start_gateway(self, *flags: str) -> Process:
         port = free_port()
         process = self._spawn(f"g{len(self.gateways)}", ["serve", "--redis-url", self.redis_url, "--prefix",
                                                          self.prefix, "--host", "127.0.0.1", "--port", str(port),
-                                                         "--model", self.model], f"http://127.0.0.1:{port}",
+                                                         "--model", self.model, *flags], f"http://127.0.0.1:{port}",
                               "/health")
         self.gateways.append(process)
         return process

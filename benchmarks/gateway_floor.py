@@ -37,6 +37,8 @@ class InstantBackend:
 
     async def submit(self, request: WireRequest) -> None: ...
 
+    async def submit_all(self, requests: list[WireRequest]) -> None: ...
+
     async def replies(self, request: WireRequest) -> AsyncIterator[WireReply]:
         for seq in range(self.tokens):
             last = seq == self.tokens - 1

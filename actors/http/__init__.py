@@ -2,7 +2,8 @@
 graph in this process (embedded) or a Redis deployment (stateless gateway).
 
 At the top, the server: the app (app.py) that mounts each protocol's routes, `serve` and its flags,
-the OpenAPI document; below them the protocols, one package each (openai/, kobold/, anthropic/,
+the OpenAPI document; the Batch API (batches/: /v1/files, /v1/batches), whose lines run through
+openai/'s parsers and answers; below them the protocols, one package each (openai/, kobold/, anthropic/,
 responses/); below those generation/ (submit, first entry, stream, cancel, its metrics), and under it
 the protocol-neutral plumbing: backends, body limits, request ids, errors, options, the one-send
 transport, tenancy/ (API keys, one or a file of tenants' keys, and a request's tenant), tool_parsers/

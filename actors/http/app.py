@@ -17,6 +17,8 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from actors.http.anthropic.routes import add_anthropic_routes
 from actors.http.backends import Backend
+from actors.http.batches.routes import add_batch_api
+from actors.http.batches.service import BatchService
 from actors.http.errors import ApiError
 from actors.http.generation.flow import Generation
 from actors.http.generation.metrics import GatewayMetrics
@@ -35,13 +37,16 @@ _PLAYGROUND = Path(__file__).with_name("playground.html")  # a chat page for try
 def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
     metrics = GatewayMetrics()
     generation = Generation(backend, options, metrics)
+    batches = BatchService(backend, options)  # the Batch API's stores and runners, started after the backend
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await backend.start()
+        await batches.start()
         try:
             yield
         finally:
+            await batches.stop()
             await backend.close()
 
     app = FastAPI(title="Aqueduct", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -69,6 +74,7 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
     add_kobold_routes(app, generation, backend, options)
     add_anthropic_routes(app, generation, backend, options)
     add_responses_routes(app, generation, backend, options)
+    add_batch_api(app, batches, options)
 
     @app.get("/")
     async def playground() -> Response:
@@ -83,7 +89,7 @@ def create_app(backend: Backend, options: GatewayOptions) -> FastAPI:
     async def openapi() -> Response:  # written by hand: the routes parse their bodies themselves
         from actors.http.openapi import openapi_document
 
-        return JSONResponse(openapi_document())
+        return JSONResponse(openapi_document(runtime_lora=options.runtime_lora_updating))
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> Response:

@@ -101,6 +101,10 @@ class Backend(Protocol):
 
     async def submit(self, request: WireRequest) -> None: ...
 
+    async def submit_all(self, requests: list[WireRequest]) -> None:
+        """Submit one client request's prompts, which pass the tenant's fair-share gate together."""
+        ...
+
     def replies(self, request: WireRequest) -> AsyncIterator[WireReply]: ...
 
     async def cancel(self, request_id: str) -> None: ...
@@ -215,13 +219,18 @@ class RemoteBackend:
             await self._redis.aclose()
 
     async def submit(self, request: WireRequest) -> None:
+        await self.submit_all([request])
+
+    async def submit_all(self, requests: list[WireRequest]) -> None:
         # A duplicate id is acked by the worker that owns it; replies() reads its stream from the start.
         # parse_body built the params with SamplingParams.from_dict: the codec need not check them again.
-        await self._gate().enter(request)  # a tenant beyond its share of the fleet waits here
+        await self._gate().enter(requests)  # a tenant beyond its share of the fleet waits here
         try:
-            await self._client().submit(request, params_checked=True)
+            for request in requests:
+                await self._client().submit(request, params_checked=True)
         except BaseException:
-            await asyncio.shield(self._gate().leave(request.id))
+            for request in requests:
+                await asyncio.shield(self._gate().leave(request.id))
             raise
 
     async def replies(self, request: WireRequest) -> AsyncIterator[WireReply]:
@@ -342,12 +351,18 @@ class EmbeddedBackend:
         return await self.healthy()
 
     async def submit(self, request: WireRequest) -> None:
-        if request.id in self._submitted or self.died is not None:
-            return  # a retry: attach to the reply stream already being written; dead: replies() says so
-        await self.gate.enter(request)  # a tenant beyond its share of the engine waits here
-        self._submitted.add(request.id)
-        with contextlib.suppress(StreamClosed):  # the graph died while this waited for room: replies() says so
-            await self.producer.send(request)
+        await self.submit_all([request])
+
+    async def submit_all(self, requests: list[WireRequest]) -> None:
+        if self.died is not None:
+            return  # replies() says so
+        # A retry attaches to the reply stream already being written.
+        fresh = [request for request in requests if request.id not in self._submitted]
+        await self.gate.enter(fresh)  # a tenant beyond its share of the engine waits here
+        for request in fresh:
+            self._submitted.add(request.id)
+            with contextlib.suppress(StreamClosed):  # the graph died while this waited for room: replies() says so
+                await self.producer.send(request)
 
     async def replies(self, request: WireRequest) -> AsyncIterator[WireReply]:
         key = f"{EMBEDDED_PREFIX}:out:{request.id}"

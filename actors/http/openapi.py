@@ -1,9 +1,9 @@
 """The gateway's OpenAPI 3.1 document (GET /openapi.json): each protocol's paths (actors/http/openai/,
-actors/http/kobold/, actors/http/anthropic/ and actors/http/responses/openapi_paths.py), their sampling
-fields read off SamplingParams (actors/http/sampling_schema.py), and the error shape every route but
-Kobold's and Anthropic's answers in (actors/http/errors.py). The runtime LoRA routes
-(/v1/load_lora_adapter, /v1/unload_lora_adapter) are not in it: they exist only on a server started with
---enable-runtime-lora-updating, and the document is the same for every server.
+actors/http/kobold/, actors/http/anthropic/, actors/http/responses/ and actors/http/batches/
+openapi_paths.py), their sampling fields read off SamplingParams (actors/http/sampling_schema.py), and the
+error shape every route but Kobold's and Anthropic's answers in (actors/http/errors.py). The runtime LoRA routes
+(/v1/load_lora_adapter, /v1/unload_lora_adapter, actors/http/openai/lora_openapi_paths.py) are in it only
+for a server started with --enable-runtime-lora-updating, which serves them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import copy
 from functools import cache
 
 from actors.http.anthropic.openapi_paths import anthropic_paths
+from actors.http.batches.openapi_paths import batch_paths
 from actors.http.kobold.openapi_paths import kobold_paths
+from actors.http.openai.lora_openapi_paths import lora_paths
 from actors.http.openai.openapi_paths import openai_paths
 from actors.http.responses.openapi_paths import responses_paths
 from actors.http.sampling_schema import Schema, sampling_properties
@@ -36,13 +38,16 @@ def _document() -> Schema:
                                 "unknown fields are a 400, and so is an integer field given a number with a "
                                 "fraction part or exponent (1.0 for 1)."},
         "paths": {**openai_paths(), **kobold_paths(sampling_properties()), **anthropic_paths(sampling_properties()),
-                  **responses_paths(sampling_properties())},
+                  **responses_paths(sampling_properties()), **batch_paths()},
         "components": {"schemas": {"Error": _ERROR},
                        "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer",
                                                       "description": "when the server runs with --api-key"}}},
     }
 
 
-def openapi_document() -> Schema:
-    """The whole document (a fresh copy: callers may edit it)."""
-    return copy.deepcopy(_document())
+def openapi_document(runtime_lora: bool = False) -> Schema:
+    """The whole document (a fresh copy: callers may edit it); `runtime_lora`: with the LoRA routes."""
+    document = copy.deepcopy(_document())
+    if runtime_lora:
+        document["paths"].update(lora_paths())
+    return document

@@ -29,8 +29,9 @@ def build_backend(args: argparse.Namespace, engine_config: Any, max_pending: int
 
         tokenizer, model_name = load_model_tokenizer(engine_config.model)
         adapters = [item.partition("=")[0] for item in getattr(args, "lora_modules", None) or []]
+        block_size = engine_config.cache.block_size if getattr(args, "placement", "any") == "prefix" else None
         return RemoteBackend(args.redis_url, args.prefix, model_name, tokenizer, args.max_model_len, max_pending,
-                             adapters, pooling=engine_config.model.runner == "pooling")
+                             adapters, pooling=engine_config.model.runner == "pooling", placement_block_size=block_size)
     from actors.kit.device import device_thread, load_engine
 
     device = device_thread()
@@ -39,7 +40,8 @@ def build_backend(args: argparse.Namespace, engine_config: Any, max_pending: int
 
 def run_serve(args: argparse.Namespace, engine_config: Any, options: GatewayOptions) -> int:
     """0 after SIGTERM/SIGINT; 1 when the embedded engine died (its clients got 503s)."""
-    backend = build_backend(args, engine_config, options.max_pending)
+    # Each request waiting for replies holds a Redis connection: a batch's lines as well as HTTP requests.
+    backend = build_backend(args, engine_config, options.max_pending + options.batches.max_lines_in_flight)
     app = create_app(backend, options)
     log.info("serving", host=args.host, port=args.port, model=backend.model_name,
              mode="gateway" if args.redis_url else "embedded")

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from actors.http.options import GatewayOptions
+from actors.http.options import BatchOptions, GatewayOptions
 from actors.http.reasoning import FORMATS
 from actors.http.tenancy.api_keys import ApiKeys, load_api_keys
 from actors.http.tool_parsers import PARSERS
@@ -33,6 +33,9 @@ def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., s
                         help="be a stateless gateway in front of the workers of this deployment "
                              "(default: run the engine in this process)")
     parser.add_argument("--prefix", default=env_default("AQUEDUCT_PREFIX", "aqueduct"), help="deployment key prefix")
+    parser.add_argument("--placement", choices=("prefix", "any"), default="prefix",
+                        help="gateway: offer each request to the worker caching the longest prefix of its prompt "
+                             "(prefix), or queue every request for any worker (any); docs/deployment.md#placement")
     parser.add_argument("--api-key", default=env_default("AQUEDUCT_API_KEY"),
                         help="require Authorization: Bearer KEY (env AQUEDUCT_API_KEY)")
     parser.add_argument("--api-keys", default=env_default("AQUEDUCT_API_KEYS"), metavar="FILE",
@@ -52,6 +55,30 @@ def add_serve_args(parser: argparse.ArgumentParser, env_default: Callable[..., s
     parser.add_argument("--metrics-open", action="store_true",
                         help="serve /metrics without the API key (by default it needs --api-key when one is set)")
     add_runtime_lora_args(parser)
+    add_batch_args(parser)
+
+
+def add_batch_args(parser: argparse.ArgumentParser) -> None:
+    """The Batch API's bounds (/v1/files, /v1/batches: docs/deployment.md#batches)."""
+    defaults = BatchOptions()
+    parser.add_argument("--batch-max-file-bytes", type=int, default=defaults.max_file_bytes, metavar="BYTES",
+                        help="the largest file /v1/files takes (larger: 413)")
+    parser.add_argument("--batch-max-lines", type=int, default=defaults.max_lines, metavar="N",
+                        help="the most requests a batch's input file may hold (more: 400)")
+    parser.add_argument("--batch-max-in-flight", type=int, default=defaults.max_in_flight, metavar="N",
+                        help="lines of one batch submitted to the workers and not yet answered")
+    parser.add_argument("--batch-max-running", type=int, default=defaults.max_running, metavar="N",
+                        help="batches this gateway runs at once; later ones wait their turn")
+
+
+def batch_options_from_args(args: argparse.Namespace) -> BatchOptions:
+    """ValueError naming the flag for a bound below 1."""
+    values = {"max_file_bytes": args.batch_max_file_bytes, "max_lines": args.batch_max_lines,
+              "max_in_flight": args.batch_max_in_flight, "max_running": args.batch_max_running}
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"--batch-{name.replace('_', '-')} must be >= 1, got {value}")
+    return BatchOptions(**values)
 
 
 def add_runtime_lora_args(parser: argparse.ArgumentParser) -> None:
@@ -130,4 +157,5 @@ def options_from_args(args: argparse.Namespace) -> GatewayOptions:
                           allowed_origins=tuple(args.allowed_origins or ()), strict_fields=args.strict_fields,
                           tool_call_parser=tool_call_parser, reasoning_parser=args.reasoning_parser,
                           default_chat_template_kwargs=template_kwargs_from_args(args),
-                          runtime_lora_updating=runtime_lora_updating(args, os.environ), lora_root=args.lora_root)
+                          runtime_lora_updating=runtime_lora_updating(args, os.environ), lora_root=args.lora_root,
+                          batches=batch_options_from_args(args))

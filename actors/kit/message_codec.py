@@ -11,13 +11,13 @@ from typing import Any
 
 import msgspec
 
-from actors.kit.messages import Admit, Cancel, Embed, Embedded, RequestFailed, StepEvents
+from actors.kit.messages import Admit, Cancel, Embed, Embedded, EmbedStopped, RequestFailed, StepEvents
 from pipeline.request.outputs import StopStringFinish
 from pipeline.step.plan import StepPlan
 from pipeline.step.result import StepResult
 
-_TYPES: dict[str, type] = {cls.__name__: cls for cls in (Admit, Cancel, Embed, Embedded, RequestFailed, StepEvents,
-                                                          StopStringFinish, StepPlan, StepResult)}
+_TYPES: dict[str, type] = {cls.__name__: cls for cls in (Admit, Cancel, Embed, Embedded, EmbedStopped, RequestFailed,
+                                                          StepEvents, StopStringFinish, StepPlan, StepResult)}
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(tuple[str, Any])
 

@@ -123,6 +123,7 @@ class Embed:
     request_id: str
     prompt_token_ids: list[int]
     dimensions: int | None = None
+    deadline_ms: int | None = None  # unix ms; not embedded once past it
 
 
 @dataclass(slots=True)
@@ -132,3 +133,13 @@ class Embedded:
     request_id: str
     embedding: bytes
     num_prompt_tokens: int
+
+
+@dataclass(slots=True)
+class EmbedStopped:
+    """Embed actor -> Output: an embedding request ended before it was embedded (abort: cancelled;
+    timeout: past its deadline)."""
+
+    request_id: str
+    num_prompt_tokens: int
+    finish_reason: str

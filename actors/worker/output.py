@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.kit.base import Actor
-from actors.kit.messages import Cancel, Embedded, ErrorReply, OpenReply, RequestFailed, StepEvents
+from actors.kit.messages import Cancel, Embedded, EmbedStopped, ErrorReply, OpenReply, RequestFailed, StepEvents
 from actors.worker.admission import Admission
 from actors.worker.replies import ReplySink, to_wire
 from actors.worker.reply_routes import default_reply_to
@@ -122,6 +122,9 @@ class OutputActor(Actor):
         elif isinstance(message, Embedded):
             delta = self.outputs.embedding_delta(message.request_id, message.embedding, message.num_prompt_tokens)
             await self._write([delta])
+        elif isinstance(message, EmbedStopped):
+            await self._write([self.outputs.embedding_delta(message.request_id, None, message.num_prompt_tokens,
+                                                            message.finish_reason)])
         elif isinstance(message, ErrorReply):
             await self._write_error(message)
         elif isinstance(message, RequestFailed):

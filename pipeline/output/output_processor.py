@@ -176,12 +176,14 @@ class OutputProcessor:
         finishes.extend(new_finishes)  # only once nothing of this request can raise any more
         return delta
 
-    def embedding_delta(self, request_id: str, embedding: bytes, num_prompt_tokens: int) -> RequestDelta:
-        """An embedding request's one and final delta: its vector, and usage (no completion tokens)."""
+    def embedding_delta(self, request_id: str, embedding: bytes | None, num_prompt_tokens: int,
+                        finish_reason: str = "stop") -> RequestDelta:
+        """An embedding request's one and final delta: its vector (None: it ended unembedded, cancelled or
+        past its deadline, with that finish reason), and usage (no completion tokens)."""
         state = self._requests.pop(request_id, None)
-        return RequestDelta(request_id, state.next_seq if state else 0, [ChoiceDelta(0, [], "", finish_reason="stop")],
-                            usage=Usage(num_prompt_tokens, 0, 0), num_prompt_tokens=num_prompt_tokens,
-                            embedding=embedding)
+        return RequestDelta(request_id, state.next_seq if state else 0,
+                            [ChoiceDelta(0, [], "", finish_reason=finish_reason)], usage=Usage(num_prompt_tokens, 0, 0),
+                            num_prompt_tokens=num_prompt_tokens, embedding=embedding)
 
     def error_delta(self, request_id: str, code: str, message: str) -> RequestDelta:
         state = self._requests.pop(request_id, None)

@@ -67,6 +67,10 @@ class SilentBackend:
     async def submit(self, request: WireRequest) -> None:
         return None
 
+    async def submit_all(self, requests: list[WireRequest]) -> None:
+        for request in requests:  # subclasses script `submit`
+            await self.submit(request)
+
     async def replies(self, request: WireRequest) -> AsyncIterator[WireReply]:
         await asyncio.Event().wait()
         yield WireReply(id=request.id, seq=0)  # never reached

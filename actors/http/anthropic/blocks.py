@@ -5,16 +5,11 @@ is the non-streamed one.
 The steps: `ThinkingPiece` (add to the thinking block, or open it), `TextPiece` (add to the open text
 block, or open one), `ToolStart` (open a tool_use block) and `InputPiece` (add to the open tool_use
 block's input JSON). With --reasoning-parser (`ReasonedBlocks`), the answer's reasoning, split off by
-actors/http/reasoning/, is the first block, a thinking one, and its content makes the rest as below
-(tool calls are read from the content only). By the request's tool plan:
-
-- none: the text as it comes;
-- auto: text that cannot become a call goes out at once (the parser's `sendable`); the rest waits for
-  the end, where the parser reads the calls out of the whole text (openai/tool_parsers/plan.py);
-- tool (a named tool): the answer is its input object: the first piece opens the block, each piece
-  adds to its input, as Anthropic streams `input_json_delta`s;
-- any: each call of the constrained list goes out whole once its item is complete; an answer cut
-  before its first call is text.
+actors/http/reasoning/, is the first block, a thinking one, and its content makes the rest (tool calls
+are read from the content only). With a tool plan (auto, any, a named tool), the content goes through
+the plan's stream (actors/http/tool_parsers/): text as it comes, a tool_use block as soon as a call's
+head is read, its input as `input_json_delta`s as it is generated; an `any` answer cut before its
+first call is text.
 """
 
 from __future__ import annotations
@@ -26,8 +21,8 @@ from typing import Any
 import pydantic_core
 
 from actors.http.reasoning import ReasoningFormat, ReasoningSplitter, Split
+from actors.http.tool_parsers.events import CallArguments, CallOpened, ContentText, ToolEvent
 from actors.http.tool_parsers.plan import ToolPlan
-from actors.http.tool_parsers.tool_choice import complete_items, required_call
 
 
 @dataclass(slots=True)
@@ -54,72 +49,37 @@ class InputPiece:
 BlockStep = ThinkingPiece | TextPiece | ToolStart | InputPiece
 
 
-@dataclass(slots=True)
 class AnswerBlocks:
-    plan: ToolPlan | None
-    text: str = ""  # the answer so far
-    sent: int = 0  # auto: characters of it sent as text; any: where the next list item begins
-    num_calls: int = 0
+    """The steps of an answer's content, by the request's tool plan (None: all text)."""
+
+    def __init__(self, plan: ToolPlan | None) -> None:
+        self.stream = plan.stream() if plan is not None else None
+
+    @property
+    def num_calls(self) -> int:
+        return self.stream.num_calls if self.stream is not None else 0
 
     def feed(self, piece: str) -> list[BlockStep]:
         """The steps `piece`, the answer's next text, makes."""
-        self.text += piece
-        mode = self.plan.choice.mode if self.plan is not None else "none"
-        if mode == "none":
+        if self.stream is None:
             return [TextPiece(piece)] if piece else []
-        if mode == "auto":
-            return self._sendable()
-        if mode == "named":
-            return self._named(piece)
-        return self._complete_calls()
+        return _steps(self.stream.feed(piece))
 
     def finish(self) -> list[BlockStep]:
         """The last steps, once the answer has ended."""
-        if self.plan is None:
-            return []
-        if self.plan.choice.mode == "auto":
-            return self._parsed()
-        if self.plan.choice.mode == "named":
-            return self._named("") if self.num_calls == 0 else []
-        return [TextPiece(self.text)] if self.num_calls == 0 and self.text else []
+        return _steps(self.stream.finish()) if self.stream is not None else []
 
-    def _sendable(self) -> list[BlockStep]:
-        assert self.plan is not None
-        upto = max(self.plan.sendable(self.text), self.sent)
-        piece, self.sent = self.text[self.sent:upto], upto
-        return [TextPiece(piece)] if piece else []
 
-    def _parsed(self) -> list[BlockStep]:
-        assert self.plan is not None
-        parsed = self.plan.calls(self.text)
-        rest = (parsed.content or "")[self.sent:]
-        steps: list[BlockStep] = [TextPiece(rest)] if rest else []
-        for call in parsed.calls:
-            steps += [ToolStart(call.name), InputPiece(call.arguments)]
-        self.num_calls = len(parsed.calls)
-        return steps
-
-    def _named(self, piece: str) -> list[BlockStep]:
-        steps: list[BlockStep] = []
-        if self.num_calls == 0:
-            assert self.plan is not None and self.plan.choice.function is not None
-            steps.append(ToolStart(self.plan.choice.function))
-            self.num_calls = 1
-        return [*steps, InputPiece(piece)] if piece else steps
-
-    def _complete_calls(self) -> list[BlockStep]:
-        assert self.plan is not None
-        try:
-            items, self.sent = complete_items(self.text, self.sent)
-            calls = [required_call(item) for item in items]
-        except (RecursionError, KeyError, TypeError):  # not the constraint's shape: left as text
-            return []
-        steps: list[BlockStep] = []
-        for call in calls:
-            if self.plan.parallel or self.num_calls == 0:
-                steps += [ToolStart(call.name), InputPiece(call.arguments)]
-                self.num_calls += 1
-        return steps
+def _steps(events: list[ToolEvent]) -> list[BlockStep]:
+    steps: list[BlockStep] = []
+    for event in events:
+        if isinstance(event, ContentText):
+            steps.append(TextPiece(event.text))
+        elif isinstance(event, CallOpened):
+            steps.append(ToolStart(event.name))
+        elif isinstance(event, CallArguments):
+            steps.append(InputPiece(event.text))
+    return steps
 
 
 class ReasonedBlocks:

@@ -153,8 +153,7 @@ class Generation:
         order) becomes the HTTP error, and the other prompts are cancelled."""
         started = time.monotonic()
         try:
-            for wire in request.wires:
-                await self.backend.submit(wire)
+            await self.backend.submit_all(request.wires)
         except (RedisError, OSError) as error:
             raise ApiError(503, f"the request queue is unreachable: {error}", code="unavailable") from error
         except CodecError as error:  # the parsers run the codec's checks: only a rule they missed gets here
@@ -166,7 +165,7 @@ class Generation:
             if first.error is not None:
                 if len(request.wires) > 1:
                     self._cancel_all(request)
-                raise _engine_refusal(request, index, first)
+                raise engine_refusal(request, index, first)
         return replies, firsts
 
     async def _first_entry(self, request: GatewayRequest, replies: AsyncIterator[WireReply],
@@ -243,7 +242,7 @@ async def _collect(first: WireReply, replies: AsyncIterator[WireReply]) -> list[
     return [first, *[reply async for reply in replies]]
 
 
-def _engine_refusal(request: GatewayRequest, prompt_index: int, first: WireReply) -> ApiError:
+def engine_refusal(request: GatewayRequest, prompt_index: int, first: WireReply) -> ApiError:
     """A worker's refusal of one prompt; but for chat its `prompt_token_ids` is the client's `prompt` (OpenAI
     completions' field, and Kobold's)."""
     assert first.error is not None

@@ -3,10 +3,10 @@
     data: {"object": "text_completion", "choices": [{"index": 0, "text": " Hel", ...}], ...}
     data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "lo"}}], ...}
     data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [
-              {"index": 0, "id": "call_...", "type": "function", "function": {"name": ..., "arguments": ...}}]},
-              "finish_reason": "tool_calls"}], ...}     (tool_choice auto: each call whole once the parser is
-                                                 sure of it, else at the end; required: each call once
-                                                 complete; named: argument deltas)
+              {"index": 0, "id": "call_...", "type": "function", "function": {"name": ..., "arguments": ""}}]},
+              ...}], ...}                       (with tools: a call opens once its head is read, then
+    data: {... "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"ci"}}]} ...}
+                                                 its arguments stream as they come: tool_deltas.py)
     data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"reasoning": "Hm",
               "reasoning_content": "Hm"}}], ...}  (--reasoning-parser: the reasoning, then content)
     data: {"choices": [], "usage": {...}}        (stream_options.include_usage)
@@ -37,10 +37,10 @@ from actors.http.openai.render import (
     usage_object,
     vllm_prompt_logprobs,
 )
+from actors.http.openai.tool_deltas import chat_deltas
 from actors.http.reasoning import ReasoningSplitter
-from actors.http.tool_parsers.auto_stream import AutoStream
-from actors.http.tool_parsers.call_stream import CallStream
 from actors.http.tool_parsers.plan import ToolPlan
+from actors.http.tool_parsers.stream import ToolStream
 from queue_adapters.codec import WireChoice, WireReply, WireUsage
 
 DONE_EVENT = "data: [DONE]\n\n"
@@ -64,8 +64,7 @@ class ChunkWriter:
         self._usages: dict[int, WireUsage] = {}  # prompt index -> its usage, once finished
         self._prompt_tokens: dict[int, int] = {}  # prompt index -> its length (continuous usage)
         self._completion_tokens: dict[int, int] = {}  # choice -> tokens sent (continuous usage)
-        self._answers: dict[int, AutoStream] = {}  # choice -> its answer so far (chat with tools, auto)
-        self._calls: dict[int, CallStream] = {}  # choice -> its constrained tool answer (required, named)
+        self._tools: dict[int, ToolStream] = {}  # choice -> its tool answer so far (chat with tools)
         self._splitters: dict[int, ReasoningSplitter] = {}  # choice -> its reasoning split (--reasoning-parser)
 
     def opening(self, firsts: list[WireReply]) -> str:
@@ -96,9 +95,12 @@ class ChunkWriter:
         if reply.prompt_logprobs is not None:
             self._prompts[prompt_index] = {"prompt_logprobs": list(reply.prompt_logprobs),
                                            "prompt_token_ids": reply.prompt_token_ids}
-        events = [event({**self.envelope, "choices": [self._choice(prompt_index, choice)],
-                         **self._usage_so_far(prompt_index, choice)})
-                  for choice in reply.choices if choice.token_ids or choice.text or choice.finish_reason is not None]
+        events = []
+        for choice in reply.choices:
+            if choice.token_ids or choice.text or choice.finish_reason is not None:
+                usage = self._usage_so_far(prompt_index, choice)
+                events += [event({**self.envelope, "choices": [part], **usage})
+                           for part in self._choices(prompt_index, choice)]
         if reply.usage is not None:
             self._usages[prompt_index] = reply.usage
             if self.request.include_usage and len(self._usages) == len(self.request.wires):
@@ -126,22 +128,33 @@ class ChunkWriter:
         return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "total_tokens": prompt_tokens + completion_tokens}}
 
-    def _choice(self, prompt_index: int, choice: WireChoice) -> dict[str, Any]:
+    def _choices(self, prompt_index: int, choice: WireChoice) -> list[dict[str, Any]]:
+        """The chunk choices of one reply entry's choice: one, but for chat with tools, whose entry may
+        open calls (tool_deltas.py): the deltas before the last go first, bare."""
+        if not self.request.chat:
+            return [self._completion_choice(prompt_index, choice)]
         entries = list(choice.logprobs) if choice.logprobs is not None else None
         ending = {"finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
-        if self.request.chat:
-            text, delta = choice.text, {}
-            if self.request.reasoning is not None:
-                text, delta = self._reasoning_delta(choice)
-            if self.request.tool_plan is not None:
-                calls, ending["finish_reason"] = self._tool_delta(choice.index, text, choice.finish_reason,
-                                                                  self.request.tool_plan)
-                delta.update(calls)
-            elif text:
-                delta["content"] = text
-            return {"index": choice.index, "delta": delta,
-                    "logprobs": chat_logprobs(entries, self.tokenizer) if entries is not None else None,
-                    "token_ids": list(choice.token_ids), **ending}
+        text, delta = choice.text, {}
+        if self.request.reasoning is not None:
+            text, delta = self._reasoning_delta(choice)
+        deltas = [delta]
+        if self.request.tool_plan is not None:
+            calls, ending["finish_reason"] = self._tool_deltas(choice.index, text, choice.finish_reason,
+                                                               self.request.tool_plan)
+            delta.update(calls[0])
+            deltas += calls[1:]
+        elif text:
+            delta["content"] = text
+        bare = [{"index": choice.index, "delta": early, "logprobs": None, "token_ids": [], "finish_reason": None,
+                 "stop_reason": None} for early in deltas[:-1]]
+        return [*bare, {"index": choice.index, "delta": deltas[-1],
+                        "logprobs": chat_logprobs(entries, self.tokenizer) if entries is not None else None,
+                        "token_ids": list(choice.token_ids), **ending}]
+
+    def _completion_choice(self, prompt_index: int, choice: WireChoice) -> dict[str, Any]:
+        entries = list(choice.logprobs) if choice.logprobs is not None else None
+        ending = {"finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
         index = prompt_index * self.request.n + choice.index
         first_chunk = index not in self._text_offsets
         text, extra = choice.text, {}
@@ -176,38 +189,13 @@ class ChunkWriter:
             split += splitter.finish()
         return split.content, reasoning_delta(split.reasoning)
 
-    def _tool_delta(self, index: int, text: str, finish_reason: str | None,
-                    plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
-        """`auto`: content and each call as soon as the parser is sure of them (auto_stream.py), the rest
-        at the answer's end, where the whole text is parsed as the non-streamed answer is. `required` and
-        a named function: tool-call deltas as the text comes (call_stream.py). `text`: the choice's new
-        content (after any reasoning)."""
-        if plan.choice.mode != "auto":
-            return self._constrained_delta(index, text, finish_reason, plan)
-        answer = self._answers.setdefault(index, AutoStream(plan))
-        content, calls = answer.feed(text)
+    def _tool_deltas(self, index: int, text: str, finish_reason: str | None,
+                     plan: ToolPlan) -> tuple[list[dict[str, Any]], str | None]:
+        """The deltas `text`, the choice's new content (after any reasoning), makes: content as it comes,
+        each call as it opens and its arguments as they come (the tool plan's stream), the rest at the
+        answer's end. `finish_reason` becomes tool_calls when the answer called."""
+        stream = self._tools.setdefault(index, plan.stream())
+        events = stream.feed(text)
         if finish_reason is not None:
-            last_content, last_calls = answer.finish()
-            content, calls = content + last_content, calls + last_calls
-        finish_reason = plan.finish_reason(finish_reason) if answer.calls_sent else finish_reason
-        return _tool_chunk(content, calls, finish_reason)
-
-    def _constrained_delta(self, index: int, text: str, finish_reason: str | None,
-                           plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
-        stream = self._calls.setdefault(index, CallStream(plan.choice))
-        calls = stream.feed(text)
-        content = None
-        if finish_reason is not None:
-            last_calls, content = stream.finish()
-            calls += last_calls
-        finish_reason = plan.finish_reason(finish_reason) if stream.num_calls_sent else finish_reason
-        return _tool_chunk(content, calls, finish_reason)
-
-
-def _tool_chunk(content: str | None, calls: list[dict[str, Any]],
-                finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
-    """A chat delta with the content and tool-call deltas a step completed (either may be empty)."""
-    delta: dict[str, Any] = {"content": content} if content else {}
-    if calls:
-        delta["tool_calls"] = calls
-    return delta, finish_reason
+            events += stream.finish()
+        return chat_deltas(events), plan.finish_reason(finish_reason) if stream.num_calls else finish_reason

@@ -9,6 +9,7 @@ everywhere. Unknown fields are a 400 (this body has no sampling fields to pass t
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +30,10 @@ class EmbeddingRequest(GatewayRequest):
     encoding_format: str = "float"
 
 
-def parse_embedding_body(body: Any, model_names: tuple[str, ...], request_id: str | None) -> EmbeddingRequest:
-    """The body as wire requests; a 400 naming the field for anything else, a 404 for another model."""
+def parse_embedding_body(body: Any, model_names: tuple[str, ...], request_id: str | None,
+                         request_timeout_s: float | None = None) -> EmbeddingRequest:
+    """The body as wire requests; a 400 naming the field for anything else, a 404 for another model.
+    `request_timeout_s` (--request-timeout) becomes each wire request's deadline, as a generation's."""
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
     unknown = sorted(str(key) for key in body if key not in EMBEDDING_FIELDS)
@@ -47,10 +50,11 @@ def parse_embedding_body(body: Any, model_names: tuple[str, ...], request_id: st
     dimensions = _dimensions(body.get("dimensions"))
     inputs = _inputs(body.get("input"))
     response_id = _response_id(request_id)
+    deadline_ms = int((time.time() + request_timeout_s) * 1000) if request_timeout_s else None
     wires = []
     for wire_id, item in zip(prompt_ids(response_id, len(inputs)), inputs, strict=True):
         field = {"prompt": item} if isinstance(item, str) else {"prompt_token_ids": item}
-        wire = WireRequest(id=wire_id, embed=True, dimensions=dimensions, **field)
+        wire = WireRequest(id=wire_id, embed=True, dimensions=dimensions, deadline_ms=deadline_ms, **field)
         try:
             check_request(wire)
         except CodecError as error:

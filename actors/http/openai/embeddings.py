@@ -4,6 +4,10 @@ floats or, for `encoding_format: base64`, those bytes in base64 (what OpenAI's S
 
 A server started without --runner pooling answers 400 naming the flag, as vLLM does; a pooling server
 answers completions and chat with a 400 naming the endpoint (routes.py).
+
+As a generation request, an embedding request is cancelled when its client goes away (the flow's
+cancel) and has --request-timeout as its deadline: a worker ends one not embedded by then with
+`timeout`, answered 504 (`abort`, a cancel from elsewhere, 503).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class EmbeddingShape:
         return error.response()
 
     def answer(self, request: EmbeddingRequest, results: list[dict[str, Any]]) -> Response:
+        for result in results:
+            _check_embedded(result)
         data = [{"object": "embedding", "index": index,
                  "embedding": _encoded(result["embedding"], request.encoding_format)}
                 for index, result in enumerate(results)]
@@ -43,6 +49,15 @@ class EmbeddingShape:
 
     def writer(self, request: EmbeddingRequest) -> EventWriter:
         raise ApiError(400, "embeddings do not stream", param="stream", code="invalid_request")
+
+
+def _check_embedded(result: dict[str, Any]) -> None:
+    """A worker that ended the request unembedded said why: its deadline passed, or it was cancelled."""
+    reason = result["choices"][0]["finish_reason"] if result["choices"] else None
+    if result["embedding"] is None and reason == "timeout":
+        raise ApiError(504, "the input was not embedded within --request-timeout", code="timeout")
+    if result["embedding"] is None and reason == "abort":
+        raise ApiError(503, "the embedding request was cancelled before it ran", code="aborted")
 
 
 def _encoded(vector: bytes | None, encoding_format: str) -> list[float] | str:
@@ -63,7 +78,7 @@ def add_embedding_route(app: FastAPI, generation: Generation, backend: Backend, 
                           "--runner pooling to serve embeddings")
         body, _ = await read_json_body(request, options.max_request_bytes)
         parsed = parse_embedding_body(body, options.served_model_names or (backend.model_name,),
-                                      request.headers.get("x-request-id"))
+                                      request.headers.get("x-request-id"), options.request_timeout_s)
         if "x-request-id" in request.headers:
             ids = list(dict.fromkeys([parsed.response_id, *(wire.id for wire in parsed.wires)]))
             await generation.check_id_owner(ids, request.headers.get("authorization"), body)

@@ -36,12 +36,13 @@ DEFAULT_TENANT = "default"  # the tenant of requests that name none
 RETRY_S = 0.05  # how often a waiting tenant looks again for seats freed through other gateways
 
 # KEYS: the set of tenants with ids in flight, their weights (hash). ARGV: key prefix of the per-tenant
-# sets, tenant, weight, capacity, id, lease expiry (ms), now (ms). 1: entered, 0: over its share.
+# sets, tenant, weight, capacity, lease expiry (ms), now (ms), then the ids of one request's prompts.
+# 1: entered (all the ids count from now), 0: the tenant holds its share already.
 _ENTER = """
 local total, mine = 0, 0
 for _, tenant in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local ids = ARGV[1] .. tenant
-  redis.call('ZREMRANGEBYSCORE', ids, '-inf', ARGV[7])
+  redis.call('ZREMRANGEBYSCORE', ids, '-inf', ARGV[6])
   local count = redis.call('ZCARD', ids)
   if count == 0 then
     redis.call('SREM', KEYS[1], tenant)
@@ -54,12 +55,11 @@ end
 if mine == 0 then total = total + tonumber(ARGV[3]) end
 local share = math.max(1, math.floor(tonumber(ARGV[4]) * tonumber(ARGV[3]) / total))
 if mine >= share then return 0 end
-redis.call('ZADD', ARGV[1] .. ARGV[2], ARGV[6], ARGV[5])
+for i = 7, #ARGV do redis.call('ZADD', ARGV[1] .. ARGV[2], ARGV[5], ARGV[i]) end
 redis.call('SADD', KEYS[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 return 1
 """
-
 
 @dataclass(order=True)
 class _Waiter:
@@ -75,7 +75,7 @@ class MemoryShares:
         self._in_flight: dict[str, dict[str, float]] = {}  # tenant -> id -> lease expiry (monotonic s)
         self._weights: dict[str, float] = {}
 
-    async def enter(self, tenant: str, weight: float, capacity: int, request_id: str, lease_s: float) -> bool:
+    async def enter(self, tenant: str, weight: float, capacity: int, request_ids: list[str], lease_s: float) -> bool:
         now = time.monotonic()
         total, mine = 0.0, 0
         for name, ids in list(self._in_flight.items()):
@@ -89,7 +89,7 @@ class MemoryShares:
         total += weight if mine == 0 else 0.0
         if mine >= max(1, int(capacity * weight / total)):
             return False
-        self._in_flight.setdefault(tenant, {})[request_id] = now + lease_s
+        self._in_flight.setdefault(tenant, {}).update(dict.fromkeys(request_ids, now + lease_s))
         self._weights[tenant] = weight
         return True
 
@@ -106,10 +106,10 @@ class RedisShares:
         self.ids_prefix = f"{prefix}:fair:ids:"
         self._enter = redis.register_script(_ENTER)
 
-    async def enter(self, tenant: str, weight: float, capacity: int, request_id: str, lease_s: float) -> bool:
+    async def enter(self, tenant: str, weight: float, capacity: int, request_ids: list[str], lease_s: float) -> bool:
         now_ms = int(time.time() * 1000)
         entered = await self._enter(keys=[self.tenants_key, self.weights_key], args=[
-            self.ids_prefix, tenant, weight, capacity, request_id, now_ms + int(lease_s * 1000), now_ms])
+            self.ids_prefix, tenant, weight, capacity, now_ms + int(lease_s * 1000), now_ms, *request_ids])
         return bool(entered)
 
     async def leave(self, tenant: str, request_id: str) -> None:
@@ -129,16 +129,20 @@ class FairGate:
         self._tenant_of: dict[str, str] = {}  # id in flight through this gateway -> tenant
         self._order = itertools.count()
 
-    async def enter(self, wire: WireRequest) -> None:
-        """Return once the request may go to the workers (at once while its tenant is under its share)."""
-        if wire.id in self._tenant_of:
-            return  # a retry of a request in flight here: it attaches to the one already counted
-        tenant = wire.tenant or DEFAULT_TENANT
-        waiter = _Waiter(wire.priority, next(self._order), asyncio.get_running_loop().create_future())
+    async def enter(self, wires: list[WireRequest]) -> None:
+        """Return once one request's prompts (`wires`, one tenant's) may go to the workers: at once while
+        its tenant is under its share. They enter together and all count from then on, so a request of
+        more prompts than the share never waits for itself."""
+        wires = [wire for wire in wires if wire.id not in self._tenant_of]  # retries attach to what counts
+        if not wires:
+            return
+        first = wires[0]
+        tenant = first.tenant or DEFAULT_TENANT
+        waiter = _Waiter(first.priority, next(self._order), asyncio.get_running_loop().create_future())
         queue = self._waiting.setdefault(tenant, [])
         heapq.heappush(queue, waiter)
         try:
-            while not (queue[0] is waiter and await self._try(tenant, wire)):
+            while not (queue[0] is waiter and await self._try(tenant, wires)):
                 await self._wait_turn(waiter)
         finally:
             queue.remove(waiter)
@@ -153,15 +157,17 @@ class FairGate:
             await self.shares.leave(tenant, request_id)
             self._wake(tenant)
 
-    async def _try(self, tenant: str, wire: WireRequest) -> bool:
+    async def _try(self, tenant: str, wires: list[WireRequest]) -> bool:
         capacity = await self.capacity()
         lease_s = self.lease_s
-        if wire.deadline_ms is not None:
-            lease_s = max(1.0, wire.deadline_ms / 1000 - time.time())
-        if capacity is not None and not await self.shares.enter(tenant, wire.tenant_weight, capacity, wire.id,
+        deadline_ms = wires[0].deadline_ms
+        if deadline_ms is not None:
+            lease_s = max(1.0, deadline_ms / 1000 - time.time())
+        ids = [wire.id for wire in wires]
+        if capacity is not None and not await self.shares.enter(tenant, wires[0].tenant_weight, capacity, ids,
                                                                 lease_s):
             return False
-        self._tenant_of[wire.id] = tenant
+        self._tenant_of.update(dict.fromkeys(ids, tenant))
         return True
 
     async def _wait_turn(self, waiter: _Waiter) -> None:

@@ -2,84 +2,82 @@
 `to=functions.NAME` in its header and the arguments' JSON as its body.
 
 Example: 'Checking.<|start|>assistant<|channel|>commentary to=functions.weather <|constrain|>json<|message|>
-{"city": "Oslo"}<|call|>' -> content 'Checking.', one call weather({"city": "Oslo"}).
+{"city": "Oslo"}<|call|>' -> content 'Checking.', one call weather('{"city": "Oslo"}').
 
 The markers are special tokens: this parser reads the content `--reasoning-parser gpt_oss` leaves,
 which keeps a call's message whole, markers and all (actors/http/reasoning/harmony.py), and whose
-requests keep special tokens in the text. A call's end (`<|call|>`) is a stop token, so it is usually
-cut off: the body then runs to the text's end. A message that is not to a function, or whose body is
-not a JSON object, stays content.
+requests keep special tokens in the text. A message is a call once its header names a function and its
+body opens a JSON object; the body streams as it comes, up to the object's end, and a `<|call|>`,
+`<|end|>` or `<|return|>` after it belongs to the call. `<|call|>` is a stop token, so it is usually
+cut off. A message that is not to a function, or whose body is no object, stays content.
 """
 
 from __future__ import annotations
 
-import json
 import re
+from typing import Literal
 
-from actors.http.tool_parsers.base import ParsedToolCalls, ToolCall, content_or_none, marker_start
+from actors.http.tool_parsers.json_head import read_value_start
+from actors.http.tool_parsers.scanner import Scanner, State
 
 OPENERS = ("<|start|>", "<|channel|>")
-# header (markers allowed: <|channel|>, <|constrain|>), <|message|>, body, then an end, the next
-# message's opener, or the text's end
-_MESSAGE = re.compile(r"(?:<\|start\|>|<\|channel\|>)((?:[^<]|<\|(?:channel|constrain)\|>)*)<\|message\|>"
-                      r"(.*?)(<\|call\|>|<\|end\|>|<\|return\|>|(?=<\|start\|>|<\|channel\|>)|$)", re.DOTALL)
+_MESSAGE = "<|message|>"
+_IN_HEADER = ("<|channel|>", "<|constrain|>")
+_ENDS = ("<|call|>", "<|end|>", "<|return|>")
 _RECIPIENT = re.compile(r"\bto=functions\.([^\s<]+)")
+_MAX_HEADER_CHARS = 1024
 
 
-def parse_openai(text: str) -> ParsedToolCalls:
-    calls: list[ToolCall] = []
-    kept: list[str] = []
-    position = 0
-    for match in _MESSAGE.finditer(text):
-        call = _call_in(match)
-        if call is None:
-            continue  # not a call after all: it stays in the content
-        kept.append(text[position:match.start()])
-        position = match.end()
-        calls.append(call)
-    kept.append(text[position:])
-    return ParsedToolCalls(content_or_none("".join(kept)) if calls else content_or_none(text), calls)
+class HarmonyScanner(Scanner):
+    openers = OPENERS
+    argument_ends = _ENDS + OPENERS
+    closers = _ENDS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.function = ""  # the message's recipient, once its header is read
+
+    def opened(self, marker: str) -> State:
+        return self.header
+
+    def header(self, final: bool) -> bool:
+        """The header up to `<|message|>`: a call's when it names a function, else the message is content."""
+        read = _header(self.text, self.resume, final)
+        if read == "more":
+            return False
+        if read == "no":
+            return self.fail()
+        header, end = read
+        recipient = _RECIPIENT.search(header)
+        if recipient is None:
+            self.resume = end
+            return self.fail()
+        self.function, self.pos, self.state = recipient[1], end, self.body
+        return True
+
+    def body(self, final: bool) -> bool:
+        start = read_value_start(self.text, self.pos, final)
+        if start == "more":
+            return False
+        if start == "no":
+            self.resume = self.pos
+            return self.fail()
+        assert not isinstance(start, str)
+        self.start_arguments(self.function, *start)
+        return True
 
 
-def sendable_openai(text: str) -> int:
-    found = _call_start(text)
-    return found if text[:found].strip() else 0
-
-
-def settled_openai(text: str) -> ParsedToolCalls:
-    """Streaming: the calls whose message has ended so far and the content before the next possible
-    call. A message ended by the text's end may still grow (its JSON is not whole yet), so it waits."""
-    calls: list[ToolCall] = []
-    kept: list[str] = []
-    position = closed_end = 0
-    for match in _MESSAGE.finditer(text):
-        if not match[3] and match.end() == len(text):
-            break  # ended by the text's end
-        closed_end = match.end()
-        call = _call_in(match)
-        if call is not None:
-            kept.append(text[position:match.start()])
-            position = match.end()
-            calls.append(call)
-    tail = text[closed_end:]
-    kept.append(text[position:closed_end] + tail[:_call_start(tail)])
-    content = "".join(kept)
-    return ParsedToolCalls(content if content.strip() else "", calls)
-
-
-def _call_start(text: str) -> int:
-    """Where a call may begin in `text`: its first opener, a tail that may grow into one, or the end."""
-    return min(marker_start(text, opener) for opener in OPENERS)
-
-
-def _call_in(match: re.Match[str]) -> ToolCall | None:
-    recipient = _RECIPIENT.search(match[1])
-    if recipient is None:
-        return None
-    try:
-        arguments = json.loads(match[2])
-    except (json.JSONDecodeError, RecursionError):  # nested past the decoder's depth: not a call either
-        return None
-    if not isinstance(arguments, dict):
-        return None
-    return ToolCall(recipient[1], json.dumps(arguments, ensure_ascii=False))
+def _header(text: str, start: int, final: bool) -> tuple[str, int] | Literal["more", "no"]:
+    """(the header from `start`, where its body begins) once `<|message|>` ends it; markers other than
+    those a header holds end it as no message."""
+    pos = start
+    while (at := text.find("<", pos, start + _MAX_HEADER_CHARS)) >= 0:
+        if text.startswith(_MESSAGE, at):
+            return text[start:at], at + len(_MESSAGE)
+        inner = next((marker for marker in _IN_HEADER if text.startswith(marker, at)), None)
+        if inner is None:
+            tail = text[at:at + max(map(len, (_MESSAGE, *_IN_HEADER)))]
+            may_grow = any(len(tail) < len(marker) and marker.startswith(tail) for marker in (_MESSAGE, *_IN_HEADER))
+            return "more" if may_grow and not final else "no"
+        pos = at + len(inner)
+    return "more" if len(text) - start < _MAX_HEADER_CHARS and not final else "no"

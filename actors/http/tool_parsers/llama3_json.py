@@ -2,45 +2,30 @@
 by ';'), optionally after the `<|python_tag|>` marker.
 
 Example: '<|python_tag|>{"name": "weather", "parameters": {"city": "Oslo"}}' -> one call, no content.
+
+Calls are read where the message starts with JSON (after whitespace or separators) or after the tag;
+each is a call from its head on. Text after the calls is content again; a message that starts with
+other JSON (`{"answer": 42}`) is content.
 """
 
 from __future__ import annotations
 
-from actors.http.tool_parsers.base import (
-    ParsedToolCalls,
-    before_marker,
-    call_from_json,
-    content_or_none,
-    json_values,
-    nothing_settled,
-)
+from actors.http.tool_parsers.call_list import ListScanner
 
 _PYTHON_TAG = "<|python_tag|>"
+_LEADING = " \t\r\n;,"
 
 
-def parse_llama3_json(text: str) -> ParsedToolCalls:
-    prefix, tagged, body = text.partition(_PYTHON_TAG)
-    if not tagged:
-        prefix, body = "", text
-    found = json_values(body.strip())
-    if found is None:
-        return ParsedToolCalls(content_or_none(text), [])
-    values, rest = found
-    calls = [call_from_json(value, "parameters") for value in values]
-    if any(call is None for call in calls) or rest.strip():
-        return ParsedToolCalls(content_or_none(text), [])  # JSON, but not (only) calls: plain content
-    return ParsedToolCalls(content_or_none(prefix), [call for call in calls if call is not None])
+class Llama3JsonScanner(ListScanner):
+    openers = (_PYTHON_TAG,)
 
-
-def sendable_llama3_json(text: str) -> int:
-    """Nothing while the message may be JSON calls from its start (json_values skips these separators)."""
-    rest = text.lstrip(" \t\r\n;,")
-    if not rest or rest[0] in "[{":
-        return 0
-    return before_marker(text, _PYTHON_TAG)
-
-
-def settled_llama3_json(text: str) -> ParsedToolCalls:
-    """Streaming: no call is settled before the answer ends, as any text after the JSON values makes the
-    whole message content."""
-    return nothing_settled(text, sendable_llama3_json(text))
+    def start(self, final: bool) -> bool:
+        """A message that opens with JSON may be calls; its leading separators go with them."""
+        pos = len(self.text) - len(self.text.lstrip(_LEADING))
+        if pos == len(self.text) and not final:
+            return False
+        self.state = self.content
+        if pos < len(self.text) and self.text[pos] == "{":
+            self.enter_region(0, 0)
+            self.pos, self.state = pos, self.call_object
+        return True

@@ -1,24 +1,27 @@
-"""What the gateway makes of a chat answer when the request has tools: `tool_calls`, and how much of
-a streamed answer may go out as content before the end.
+"""What the gateway makes of a chat answer when the request has tools: its content and `tool_calls`,
+streamed (as events, stream.py) and whole (the same events collected).
 
 - `auto`: the server's parser (--tool-call-parser) reads the calls out of the model's own format;
-  while streaming, text that may still become a call is held back until the parser is sure of it
-  (each call then goes out whole: auto_stream.py), or until the answer ends.
-- `required` / a named function: the answer was generated under tool_choice.py's constraint, so it
-  is the call(s); streamed as tool-call deltas (call_stream.py).
+- `required` / a named function: the answer was generated under tool_choice.py's constraint, so it is
+  the call(s) (constrained.py).
 
-Either way the streamed message equals the non-streamed one: both come from the same parse of the
-whole text, and the content streamed early is a prefix of the parsed content (each parser's
-`sendable` promises that).
+Either way a call is one from its head on and its arguments stream as they are generated; only text
+that may still be a marker (or a call's head) is held. The whole answer is the streamed events
+collected, so the streamed message equals the non-streamed one, and the concatenated argument
+fragments are the whole answer's arguments exactly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.http.tool_parsers import PARSERS, SENDABLE, SETTLED
-from actors.http.tool_parsers.base import ParsedToolCalls, content_or_none
-from actors.http.tool_parsers.tool_choice import ToolChoice, calls_from_constrained
+from actors.http.tool_parsers import PARSERS
+from actors.http.tool_parsers.base import ParsedToolCalls
+from actors.http.tool_parsers.constrained import NamedScanner, RequiredScanner
+from actors.http.tool_parsers.events import collect
+from actors.http.tool_parsers.scanner import Scanner
+from actors.http.tool_parsers.stream import ToolStream
+from actors.http.tool_parsers.tool_choice import ToolChoice
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,40 +30,23 @@ class ToolPlan:
     parser: str | None  # auto's: a key of PARSERS
     parallel: bool = True  # parallel_tool_calls: false keeps the first call only
 
-    def calls(self, text: str) -> ParsedToolCalls:
-        """The calls in a whole answer. JSON nested past the decoder's depth (a client can force such
-        text), or a constrained answer of another shape than the constraint's, is not a call."""
-        try:
-            parsed = self._parse(text)
-        except (RecursionError, KeyError, TypeError):
-            return ParsedToolCalls(content_or_none(text), [])
-        if not self.parallel:
-            parsed.calls = parsed.calls[:1]
-        return parsed
+    def stream(self) -> ToolStream:
+        """A new answer's events, as its text comes."""
+        return ToolStream(self._scanner(), self.parallel)
 
-    def _parse(self, text: str) -> ParsedToolCalls:
+    def calls(self, text: str) -> ParsedToolCalls:
+        """The content and calls of a whole answer."""
+        stream = self.stream()
+        return collect([*stream.feed(text), *stream.finish()])
+
+    def _scanner(self) -> Scanner:
         if self.choice.mode == "auto":
             assert self.parser is not None
-            return PARSERS[self.parser](text)
-        return calls_from_constrained(self.choice, text)
-
-    def sendable(self, text: str) -> int:
-        """How many leading characters of the text so far are content whatever follows."""
-        if self.choice.mode != "auto":
-            return 0
-        assert self.parser is not None
-        return SENDABLE[self.parser](text)
-
-    def settled(self, text: str) -> ParsedToolCalls:
-        """auto, streaming: the content and calls of the text so far that no continuation changes."""
-        assert self.choice.mode == "auto" and self.parser is not None
-        try:
-            settled = SETTLED[self.parser](text)
-        except (RecursionError, KeyError, TypeError):  # as in `calls`: not a call (yet)
-            return ParsedToolCalls("", [])
-        if not self.parallel:
-            settled.calls = settled.calls[:1]
-        return settled
+            return PARSERS[self.parser]()
+        if self.choice.mode == "named":
+            assert self.choice.function is not None
+            return NamedScanner(self.choice.function)
+        return RequiredScanner()
 
     @staticmethod
     def finish_reason(finish_reason: str | None) -> str | None:

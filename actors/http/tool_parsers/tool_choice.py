@@ -2,7 +2,7 @@
 constraint, so the model's answer always parses as the call(s) asked for.
 
 - `required`: a JSON list of at least one {"name": <one of the tools>, "parameters": <its schema>}
-  (at most one with `parallel_tool_calls: false`); each item becomes a call. Each tool's schema sits
+  (at most one with `parallel_tool_calls: false`); each item becomes a call (constrained.py). Each tool's schema sits
   inside the list's, so its `$ref`s are rebased onto where it sits (pipeline/request/schema_refs.py).
 - `{"type": "function", "function": {"name": F}}`: the answer is F's arguments object itself, returned
   as the call's `arguments` as generated (as vLLM does), even when max_tokens cuts it short.
@@ -12,15 +12,13 @@ constraint, so the model's answer always parses as the call(s) asked for.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from actors.http.tool_parsers.base import ParsedToolCalls, ToolCall
 from pipeline.request.schema_refs import json_pointer, rebase_refs
 from pipeline.request.tools import MAX_TOOLS, check_tools
 
-__all__ = ["MAX_TOOLS", "ToolChoice", "calls_from_constrained", "check_tool_choice", "check_tools", "constraint_for"]
+__all__ = ["MAX_TOOLS", "ToolChoice", "check_tool_choice", "check_tools", "constraint_for"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,42 +58,6 @@ def constraint_for(choice: ToolChoice, tools: list[dict[str, Any]], parallel_too
     if not parallel_tool_calls:
         schema["maxItems"] = 1
     return schema
-
-
-def calls_from_constrained(choice: ToolChoice, text: str) -> ParsedToolCalls:
-    """The calls in an answer generated under `constraint_for`: a named function's call whatever the
-    text; `required`'s complete calls, or the text as content when max_tokens cut it before the first."""
-    if choice.mode == "named":
-        assert choice.function is not None
-        return ParsedToolCalls(None, [ToolCall(choice.function, text)])
-    items, _ = complete_items(text)
-    if not items:
-        return ParsedToolCalls(text or None, [])  # cut short before its first call: left as text
-    return ParsedToolCalls(None, [required_call(item) for item in items])
-
-
-def required_call(item: dict[str, Any]) -> ToolCall:
-    return ToolCall(item["name"], json.dumps(item["parameters"], ensure_ascii=False))
-
-
-def complete_items(text: str, start: int = 0) -> tuple[list[Any], int]:
-    """The items of a JSON list that are complete in `text` from `start` on, and where the next begins:
-    '[{"name": "a", "parameters": {}}, {"na' -> ([{"name": "a", "parameters": {}}], 32). A list cut
-    short by max_tokens keeps its complete calls, and a streamed answer sends each as it completes."""
-    decoder = json.JSONDecoder()
-    items: list[Any] = []
-    position = start
-    while True:
-        while position < len(text) and text[position] in " \t\n\r[,":
-            position += 1
-        if position >= len(text) or text[position] == "]":
-            return items, position
-        try:
-            item, end = decoder.raw_decode(text, position)
-        except json.JSONDecodeError:
-            return items, position
-        items.append(item)
-        position = end
 
 
 def _names(tools: list[dict[str, Any]]) -> list[str]:

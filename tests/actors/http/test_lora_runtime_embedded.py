@@ -1,6 +1,6 @@
 """vLLM's runtime LoRA routes on an embedded server: /v1/load_lora_adapter and /v1/unload_lora_adapter
 load into the engine as a worker's control entries do, behind the API key and --lora-root, and only
-when runtime updating is switched on."""
+when runtime updating is switched on, which also puts them and their bodies in /openapi.json."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import jsonschema_rs
 import openai
 import pytest
 
@@ -138,3 +139,27 @@ def test_the_switch_is_the_flag_or_vllm_s_environment_variable(monkeypatch, flag
     add_serve_args(parser, lambda name, default=None: default)
     options = options_from_args(parser.parse_args([*flags, "--lora-root", "/adapters"]))
     assert (options.runtime_lora_updating, options.lora_root) == (on, "/adapters")
+
+
+async def _openapi_paths(options: GatewayOptions) -> dict:
+    app = create_app(SilentBackend(), options)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        return (await client.get("/openapi.json")).json()["paths"]
+
+
+async def test_the_openapi_document_has_the_routes_and_their_bodies_only_when_they_are_served() -> None:
+    assert "/v1/load_lora_adapter" not in await _openapi_paths(GatewayOptions(api_key=API_KEY))
+    paths = await _openapi_paths(GatewayOptions(api_key=API_KEY, runtime_lora_updating=True))
+    bodies = {route: jsonschema_rs.Draft202012Validator(
+        paths[f"/v1/{route}_lora_adapter"]["post"]["requestBody"]["content"]["application/json"]["schema"])
+        for route in ("load", "unload")}
+    for route in ("load", "unload"):
+        operation = paths[f"/v1/{route}_lora_adapter"]["post"]
+        assert set(operation["responses"]) >= {"200", "400", "401", "504"}
+        assert "text/plain" in operation["responses"]["200"]["content"]
+    assert bodies["load"].is_valid({"lora_name": "story2", "lora_path": "/adapters/story", "load_inplace": True})
+    assert bodies["unload"].is_valid({"lora_name": "story2"})
+    for body in ({"lora_name": "bad"}, {"lora_name": ["bad"], "lora_path": "/a"}, {"lora_name": "b" * 513,
+                 "lora_path": "/a"}, {"lora_name": "", "lora_path": "/a"}, {"lora_name": "a", "lora_path": ""}):
+        assert not bodies["load"].is_valid(body), body  # each the route's 400 (above)
+    assert not bodies["unload"].is_valid({}) and not bodies["unload"].is_valid({"lora_name": 5})

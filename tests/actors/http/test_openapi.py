@@ -89,7 +89,9 @@ def test_the_document_is_openapi_3_1_with_the_openai_anthropic_and_responses_rou
     assert document["openapi"].startswith("3.1")
     paths = {name: path for name, path in document["paths"].items() if not name.startswith("/api/")}
     # the KoboldAI routes (/api/...): tests/actors/http/kobold/test_fields.py; the runtime LoRA routes are left out
-    assert sorted(paths) == ["/detokenize", "/tokenize", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+    assert sorted(paths) == ["/detokenize", "/tokenize", "/v1/batches", "/v1/batches/{batch_id}",
+                             "/v1/batches/{batch_id}/cancel", "/v1/chat/completions", "/v1/completions",
+                             "/v1/embeddings", "/v1/files", "/v1/files/{file_id}", "/v1/files/{file_id}/content",
                              "/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
                              "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel",
                              "/v1/responses/{response_id}/input_items"]

@@ -1,7 +1,9 @@
 """Tool use through /v1/messages with the anthropic SDK: tool_choice any and tool always parse (random weights
 under the same constraint chat completions use), auto reads a Hermes-style call with the server's parser,
 none leaves a call-looking answer as text; the tool_use blocks go back into the conversation with their
-tool_result, and the conversation renders as its OpenAI form does."""
+tool_result, and the conversation renders as its OpenAI form does. Streamed, a tool_use block opens as
+soon as its call's head is read and its input follows as input_json_deltas while it is generated, for
+every parser and tool_choice: any cut of the text gives the whole message's blocks."""
 
 from __future__ import annotations
 
@@ -10,10 +12,18 @@ from typing import Any
 
 import anthropic
 import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from actors.http.anthropic.blocks import BlockStep, InputPiece, ReasonedBlocks, ToolStart, content_blocks
+from actors.http.tool_parsers import PARSERS
+from actors.http.tool_parsers.plan import ToolPlan
+from actors.http.tool_parsers.tool_choice import ToolChoice
 from tests.actors.http.anthropic.conftest import greedy
 from tests.actors.http.anthropic.test_messages import whole_and_streamed
 from tests.support.gateway_helpers import API_KEY
+from tests.support.tool_texts import REQUIRED, answer_texts, drawn_cuts, one_by_one
 
 WEATHER = {"name": "weather", "description": "The weather in a city now", "input_schema": {
     "type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Lima", "Pune"]}},
@@ -107,3 +117,58 @@ def test_a_tool_conversation_renders_as_its_openai_form(client: anthropic.Anthro
     tokenized = httpx.post(f"{server[0]}/tokenize", headers={"Authorization": f"Bearer {API_KEY}"},
                            json={"messages": openai_form, "tools": openai_tools}).json()
     assert counted.input_tokens == tokenized["count"]
+
+
+def _blocks(plan: ToolPlan, pieces: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the message's content without tool ids, each tool_use block's input JSON as it streamed)."""
+    blocks = ReasonedBlocks(plan, None)
+    steps: list[BlockStep] = [*(step for piece in pieces for step in blocks.feed(piece)), *blocks.finish()]
+    inputs: list[str] = []
+    for step in steps:
+        if isinstance(step, ToolStart):
+            inputs.append("")
+        elif isinstance(step, InputPiece):
+            inputs[-1] += step.partial_json
+    content = content_blocks(steps)
+    for block in content:
+        block.pop("id", None)
+    return content, inputs
+
+
+@pytest.mark.parametrize("parser", sorted(PARSERS))
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_cut_of_an_answer_gives_the_whole_message_s_blocks(parser: str, data: st.DataObject) -> None:
+    text = data.draw(answer_texts(parser))
+    plan = ToolPlan(ToolChoice("auto"), parser)
+    whole = _blocks(plan, [text])
+    assert _blocks(plan, drawn_cuts(data, text)) == whole
+    assert _blocks(plan, one_by_one(text)) == whole
+    calls = plan.calls(text).calls
+    assert whole[1] == [call.arguments for call in calls]  # the input deltas add up to chat's arguments
+
+
+def test_any_streams_each_input_piece_by_piece() -> None:
+    content, inputs = _blocks(ToolPlan(ToolChoice("required"), None), one_by_one(REQUIRED))
+    assert [(block["name"], block["input"]) for block in content] == [("weather", {"city": "Oslo"}),
+                                                                      ("clock", {"hours": 7})]
+    steps = ReasonedBlocks(ToolPlan(ToolChoice("required"), None), None)
+    pieces = [step for char in REQUIRED for step in steps.feed(char) if isinstance(step, InputPiece)]
+    assert len(pieces) > 10 and "".join(piece.partial_json for piece in pieces) == "".join(inputs)
+
+
+def test_auto_streams_a_call_s_input_as_it_is_generated(client: anthropic.Anthropic, server: tuple[str, str],
+                                                        model: str) -> None:
+    text = "Let me check. " + HERMES_CALL
+    message = _ask(client, model, QUESTION, extra_body=greedy(text))
+    body = {"model": model, "messages": QUESTION, "tools": TOOLS, "max_tokens": 96, "stream": True, **greedy(text)}
+    events = [json.loads(line.removeprefix("data: ")) for line in httpx.post(
+        f"{server[0]}/v1/messages", json=body, headers={"x-api-key": API_KEY}, timeout=60).text.splitlines()
+        if line.startswith("data: ")]
+    started = [event["content_block"] for event in events if event["type"] == "content_block_start"]
+    assert [block["type"] for block in started] == ["text", "tool_use"]
+    assert started[1]["name"] == "weather" and started[1]["input"] == {}
+    pieces = [event["delta"]["partial_json"] for event in events
+              if event["type"] == "content_block_delta" and event["index"] == 1]
+    assert len(pieces) > 1 and "".join(pieces) == '{"city": "Oslo"}'  # as the model wrote it
+    assert json.loads("".join(pieces)) == message.content[1].input

@@ -1,14 +1,19 @@
 """POST /v1/embeddings through the official openai SDK: an embedded pooling server (tiny random BERT, mean
 pooled and normalised, as a sentence-transformers directory) answers as sentence-transformers encodes, in
 float and base64, with Matryoshka dimensions and token-id inputs; a decoder (Qwen3, last token) under
-chunked prefill; bad bodies are 400s; each runner refuses the other's endpoints by name; and the same
-request over Redis to a pooling worker (its own edges on Redis as well)."""
+chunked prefill; bad bodies are 400s; each runner refuses the other's endpoints by name; the same
+request over Redis to a pooling worker (its own edges on Redis as well); and, as generation requests,
+one whose client hangs up is cancelled and one past --request-timeout ends, neither embedded."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -174,6 +179,103 @@ async def test_embeddings_over_redis_to_a_pooling_worker(bert_st: Path, prefix: 
         assert _min_cosine([item.embedding for item in answer.data],
                            _reference(bert_st, TEXTS, truncate_dim=32)) >= 0.9999
     finally:
+        stop.set()
+        assert await asyncio.wait_for(worker, timeout=30) == 0
+
+
+def _gated_engine(st_dir: Path) -> tuple[EmbeddingEngine, list[int], threading.Event]:
+    """(a pooling engine whose every embedding call waits on the device thread for the gate, how many
+    inputs each call took, the gate)."""
+    engine, calls, gate = _pooling_engine(st_dir), list[int](), threading.Event()
+    embed = engine.embed
+
+    def gated_embed(jobs: list[Any]) -> list[Any]:
+        calls.append(len(jobs))
+        gate.wait(timeout=60)
+        return embed(jobs)
+
+    engine.embed = gated_embed  # type: ignore[method-assign]
+    return engine, calls, gate
+
+
+@contextmanager
+def _busy_device_server(st_dir: Path, **options: Any) -> Iterator[tuple[str, list[int], threading.Event]]:
+    """(the /v1 URL, how many inputs each embedding call took, the gate): an embedded pooling server whose
+    first request is on the device, waiting for the gate, so the requests after it wait in the Embed
+    actor's inbox."""
+    engine, calls, gate = _gated_engine(st_dir)
+    try:
+        with serving(EmbeddedBackend(engine), GatewayOptions(api_key=API_KEY, **options)) as base_url:
+            first = threading.Thread(target=_post_embeddings, args=(base_url, ["first"], 60), daemon=True)
+            first.start()
+            _until(lambda: bool(calls))
+            yield base_url, calls, gate
+            gate.set()
+            first.join(timeout=60)
+    finally:
+        gate.set()
+
+
+def _post_embeddings(base_url: str, texts: list[str], timeout_s: float) -> httpx.Response:
+    return httpx.post(f"{base_url}/embeddings", json={"model": "st", "input": texts, "encoding_format": "float"},
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=timeout_s)
+
+
+def _until(condition: Callable[[], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_client_that_hangs_up_cancels_its_embeddings_before_they_run(bert_st: Path) -> None:
+    with _busy_device_server(bert_st) as (base_url, calls, gate):
+        with pytest.raises(httpx.ReadTimeout):
+            _post_embeddings(base_url, TEXTS, timeout_s=1)  # waits behind the first, then hangs up
+        time.sleep(1)  # the gateway's cancel reaches the Embed actor
+        gate.set()
+        after = _post_embeddings(base_url, ["the cat sat"], timeout_s=60)
+        assert after.status_code == 200 and len(after.json()["data"]) == 1
+    assert calls == [1, 1]  # the first request and the one after: the cancelled three were never embedded
+
+
+def test_an_embedding_past_its_request_timeout_ends_unembedded_with_a_504(bert_st: Path) -> None:
+    with _busy_device_server(bert_st, request_timeout_s=0.5) as (base_url, calls, gate):
+        late = threading.Thread(target=lambda: answers.append(_post_embeddings(base_url, TEXTS, 60)), daemon=True)
+        answers: list[httpx.Response] = []
+        late.start()
+        time.sleep(1.5)  # its deadline passes while it waits for the device
+        gate.set()
+        late.join(timeout=60)
+    [answer] = answers
+    assert answer.status_code == 504 and answer.json()["error"]["code"] == "timeout"
+    assert calls == [1]  # only the first request, already on the device, was embedded
+
+
+@pytest.mark.redis
+async def test_over_redis_a_client_that_hangs_up_cancels_its_embeddings(bert_st: Path, prefix: str) -> None:
+    """The gateway's cancel goes over the control stream to the pooling worker that holds the request."""
+    engine, calls, gate = _gated_engine(bert_st)
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(engine, WorkerOptions(REDIS_URL, prefix, name="e0"), stop))
+    try:
+        backend = RemoteBackend(REDIS_URL, prefix, "st", None, pooling=True)
+        with serving(backend, GatewayOptions(worker_timeout_s=30)) as base_url:
+            async with httpx.AsyncClient(base_url=base_url) as client:
+                body = {"model": "st", "encoding_format": "float"}
+                first = asyncio.create_task(client.post("/embeddings", json={**body, "input": ["first"]}, timeout=60))
+                while not calls:
+                    await asyncio.sleep(0.02)
+                with pytest.raises(httpx.ReadTimeout):
+                    await client.post("/embeddings", json={**body, "input": TEXTS}, timeout=1)
+                await asyncio.sleep(1)
+                gate.set()
+                assert (await first).status_code == 200
+                after = await client.post("/embeddings", json={**body, "input": ["the cat"]}, timeout=60)
+                assert after.status_code == 200
+        assert calls == [1, 1]
+    finally:
+        gate.set()
         stop.set()
         assert await asyncio.wait_for(worker, timeout=30) == 0
 

@@ -22,6 +22,7 @@ from actors.http.tool_parsers.tool_choice import ToolChoice
 from queue_adapters.codec import WireChoice, WireReply, WireRequest, WireUsage
 from tests.actors.http.openai.test_reasoning_streaming import whole_and_streamed
 from tests.support.gateway_helpers import SilentBackend
+from tests.support.tool_texts import add_call_deltas
 
 CHAT = {"model": "silent", "messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 64}
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
@@ -64,7 +65,8 @@ def _client(backend: SilentBackend, **options) -> httpx.AsyncClient:
 
 
 def _streamed(response: httpx.Response) -> dict:
-    message: dict = {"reasoning": None, "reasoning_content": None, "content": None, "tool_calls": []}
+    message: dict = {"reasoning": None, "reasoning_content": None, "content": None}
+    calls: dict[int, list[str]] = {}
     for line in response.text.splitlines():
         if not line.startswith("data: {"):
             continue
@@ -72,9 +74,8 @@ def _streamed(response: httpx.Response) -> dict:
             for key in ("reasoning", "reasoning_content", "content"):
                 if choice["delta"].get(key):
                     message[key] = (message[key] or "") + choice["delta"][key]
-            message["tool_calls"] += [(call["function"]["name"], json.loads(call["function"]["arguments"]))
-                                      for call in choice["delta"].get("tool_calls", [])]
-    return message
+            add_call_deltas(calls, choice["delta"].get("tool_calls", []))
+    return {**message, "tool_calls": [(name, json.loads(arguments)) for name, arguments in calls.values()]}
 
 
 async def test_the_analysis_channel_is_the_reasoning_and_the_final_one_the_content() -> None:

@@ -23,6 +23,7 @@ from actors.http.tool_parsers.plan import ToolPlan
 from actors.http.tool_parsers.tool_choice import ToolChoice
 from queue_adapters.client import assemble
 from queue_adapters.codec import WireChoice, WireReply, WireRequest, WireUsage
+from tests.support.tool_texts import add_call_deltas
 
 CALL = '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
 TEXTS = ["<think>Add them.</think>\n\nIt is 4.", "Add them.</think>It is 4.", "<think>cut short",
@@ -61,7 +62,7 @@ def _streamed(writer: ChunkWriter, replies: list[WireReply]) -> dict[str, Any]:
     async def events() -> list[str]:
         return [writer.opening(replies[:1]), *[text async for text in writer.rest(rest())]]
 
-    reasoning, content, calls, finish = None, None, [], None
+    reasoning, content, calls, finish = None, None, dict[int, list[str]](), None
     for text in asyncio.run(events()):
         for line in text.split("\n\n"):
             if not line.startswith("data: {"):
@@ -74,10 +75,10 @@ def _streamed(writer: ChunkWriter, replies: list[WireReply]) -> dict[str, Any]:
                     reasoning = (reasoning or "") + delta["reasoning"]
                 if delta.get("content"):
                     content = (content or "") + delta["content"]
-                calls += [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-                          for c in delta.get("tool_calls", [])]
+                add_call_deltas(calls, delta.get("tool_calls", []))
                 finish = choice["finish_reason"] or finish
-    return {"reasoning": reasoning, "content": content, "calls": calls, "finish_reason": finish}
+    return {"reasoning": reasoning, "content": content, "finish_reason": finish,
+            "calls": [(name, json.loads(arguments)) for name, arguments in calls.values()]}
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))

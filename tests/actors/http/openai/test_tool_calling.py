@@ -113,7 +113,7 @@ def test_the_sdk_s_own_message_goes_back_into_the_conversation(hermes_client: op
     assert answer.choices[0].message.tool_calls is None and answer.usage.prompt_tokens > reply.usage.prompt_tokens
 
 
-def test_text_before_a_call_streams_and_the_call_comes_at_the_end(hermes_client: openai.OpenAI) -> None:
+def test_text_before_a_call_streams_and_the_calls_follow_as_they_are_written(hermes_client: openai.OpenAI) -> None:
     two_calls = HERMES_CALL + '\n<tool_call>\n{"name": "clock", "arguments": {"hours": 7}}\n</tool_call>'
     result = ask(hermes_client, QUESTION, tools=TOOLS, extra_body=forced("Let me look that up. " + two_calls),
                  max_tokens=128)
@@ -123,6 +123,25 @@ def test_text_before_a_call_streams_and_the_call_comes_at_the_end(hermes_client:
     single = ask(hermes_client, QUESTION, tools=TOOLS, parallel_tool_calls=False, extra_body=forced(two_calls),
                  max_tokens=128)
     assert single["calls"] == [("weather", {"city": "Oslo"})]
+
+
+def test_the_sdk_s_stream_helper_adds_the_argument_fragments_up(hermes_client: openai.OpenAI) -> None:
+    """The openai SDK's own accumulator (chat.completions.stream) gets each call's arguments piece by piece
+    and ends with the non-streamed message."""
+    two_calls = HERMES_CALL + '\n<tool_call>\n{"name": "clock", "arguments": {"hours": 7}}\n</tool_call>'
+    request: dict[str, Any] = {"model": "default-model-v1", "messages": QUESTION, "tools": TOOLS, "max_tokens": 128,
+                               "temperature": 0, "extra_body": forced("Let me look. " + two_calls)}
+    whole = hermes_client.chat.completions.create(**request).choices[0]
+    with hermes_client.chat.completions.stream(**request) as stream:
+        fragments = [event for event in stream if event.type == "tool_calls.function.arguments.delta"]
+        final = stream.get_final_completion().choices[0]
+    assert len(fragments) > 4 and {event.index for event in fragments} == {0, 1}
+    assert final.message.content == whole.message.content == "Let me look. \n"
+    assert [(call.id.startswith("call_"), call.function.name, call.function.arguments)
+            for call in final.message.tool_calls or []] == [
+        (True, call.function.name, call.function.arguments) for call in whole.message.tool_calls or []]
+    assert [call.function.arguments for call in whole.message.tool_calls or []] == ['{"city": "Oslo"}', '{"hours": 7}']
+    assert final.finish_reason == whole.finish_reason == "tool_calls"
 
 
 def test_text_that_only_looks_like_a_call_stays_content(hermes_client: openai.OpenAI) -> None:

@@ -71,6 +71,19 @@ def test_auto_reads_the_model_s_own_call_format_and_keeps_the_text_before_it(cli
     assert json.loads(response.output[1].arguments) == {"city": "Oslo"}
 
 
+def test_auto_streams_a_call_s_arguments_as_they_are_generated(client: openai.OpenAI, model: str) -> None:
+    request = {"input": QUESTION, "tools": [WEATHER], "temperature": 0, "max_output_tokens": 96,
+               "extra_body": forced("Let me check. " + HERMES_CALL)}
+    whole = _call(client, model, **{key: value for key, value in request.items() if key != "input"})
+    events = list(client.responses.create(model=model, stream=True, **request))
+    added = [event.item for event in events if event.type == "response.output_item.added"]
+    assert [(item.type, getattr(item, "arguments", None)) for item in added] == [("message", None),
+                                                                                 ("function_call", "")]
+    deltas = [event.delta for event in events if event.type == "response.function_call_arguments.delta"]
+    done = next(event for event in events if event.type == "response.function_call_arguments.done")
+    assert len(deltas) > 1 and "".join(deltas) == done.arguments == whole.output[1].arguments == '{"city": "Oslo"}'
+
+
 def test_none_leaves_a_call_looking_answer_as_text(client: openai.OpenAI, model: str) -> None:
     response = _call(client, model, tool_choice="none", extra_body=forced(HERMES_CALL))
     assert [item.type for item in response.output] == ["message"] and response.output_text == HERMES_CALL
