@@ -2,6 +2,7 @@
 large hostile bodies are posted at once; prints the good stream's token gaps alone and during the burst.
 
     python benchmarks/hostile_stall.py --model builtin
+    python benchmarks/hostile_stall.py --model builtin --redis-url redis://127.0.0.1:6379   # through a gateway
 
 The bodies (each under the 4 MiB body limit, each refused with a 400): 10,000 DRY sequence breakers,
 100,000 stop strings, a 3 MB prompt of many tokens past the context, a logit_bias of 290,000 entries,
@@ -79,11 +80,16 @@ def free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="builtin")
+    parser.add_argument("--redis-url", default=None, help="serve as a gateway in front of one worker on this Redis")
     args = parser.parse_args()
     port = free_port()
     aqueduct = os.path.join(os.path.dirname(sys.executable), "aqueduct")
-    server = subprocess.Popen([aqueduct, "serve", "--model", args.model, "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    redis = ["--redis-url", args.redis_url, "--prefix", f"bench-stall-{port}"] if args.redis_url else []
+    processes = [subprocess.Popen([aqueduct, "serve", "--model", args.model, "--port", str(port), *redis],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    if args.redis_url:
+        processes.append(subprocess.Popen([aqueduct, "worker", "--model", args.model, *redis],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     try:
         for _ in range(600):
             try:
@@ -94,8 +100,9 @@ def main() -> None:
             time.sleep(0.5)
         asyncio.run(measure(port))
     finally:
-        server.terminate()
-        server.wait(30)
+        for process in processes:
+            process.terminate()
+            process.wait(30)
 
 
 if __name__ == "__main__":

@@ -56,9 +56,17 @@ _KEPT_FINISHED_STREAMS = 1024  # embedded: finished reply streams kept for retri
 WORKER_DIED = "worker_died"  # the error code of requests whose engine died under them (HTTP 503)
 
 
+# Placement tokenizes at most this much of a prompt (about 8k tokens of English): its leading blocks
+# are what placement needs, and tokenizing a 3 MB prompt here held the GIL for seconds, stalling
+# every stream through the gateway. Of a cut prompt, the last ids are dropped: a token may span the cut.
+PLACEMENT_MAX_CHARS = 32_768
+PLACEMENT_CUT_MARGIN = 64
+
+
 def prompt_renderer(tokenizer: Any, max_model_len: int | None) -> PromptRenderer | None:
     """Text and messages -> the token ids a worker will compute (pipeline/intake/request_builder.py),
-    for placement; a message with image parts is not rendered (its blocks depend on the image)."""
+    for placement: of a long prompt, those of its first PLACEMENT_MAX_CHARS characters; a message with
+    image parts is not rendered (its blocks depend on the image)."""
     if tokenizer is None:
         return None
     # Only text and messages come here (token ids are placed as they are): the vocabulary bound is moot.
@@ -70,8 +78,10 @@ def prompt_renderer(tokenizer: Any, max_model_len: int | None) -> PromptRenderer
         if messages and any(isinstance(m["content"], list) and any(part["type"] != "text" for part in m["content"])
                             for m in messages):
             raise ValueError("images: placed by any worker")
-        return builder.rendered_prompt(request.prompt, request.prompt_token_ids, messages, request.tools,
-                                       request.chat_template_kwargs)[1]
+        text, ids = builder.rendered_prompt(request.prompt, request.prompt_token_ids, messages, request.tools,
+                                            request.chat_template_kwargs, max_chars=PLACEMENT_MAX_CHARS)
+        # Cut: the ids near the cut may not be the whole prompt's; those before it are.
+        return ids[:-PLACEMENT_CUT_MARGIN] if text is not None and len(text) >= PLACEMENT_MAX_CHARS else ids
 
     return render
 

@@ -98,16 +98,21 @@ class RequestBuilder:
 
     def rendered_prompt(self, prompt: str | None, prompt_token_ids: Sequence[int] | None,
                         messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None = None,
-                        chat_template_kwargs: dict[str, Any] | None = None) -> tuple[str | None, list[int]]:
+                        chat_template_kwargs: dict[str, Any] | None = None,
+                        max_chars: int | None = None) -> tuple[str | None, list[int]]:
         """(the prompt text, its token ids) from exactly one of the three inputs: messages through the
         chat template, text tokenized, ids checked. Image placeholders are not expanded yet. Entry
-        points call this too, to name a prompt's blocks as the workers will (queue_adapters/placement.py)."""
+        points call this too, to name a prompt's blocks as the workers will (queue_adapters/placement.py),
+        with `max_chars`: only that much of the text is tokenized (the last ids may then differ from
+        the whole text's, where a token spans the cut)."""
         literals: list[str] = []
         if messages is not None:
             chat = self._chat_messages(messages)
             if self.content_guard is not None:
                 chat, tools, literals = self.content_guard.protect_with_tools(chat, tools)
             prompt = self._apply_chat_template(chat, tools, chat_template_kwargs or {})
+        if prompt is not None and max_chars is not None:
+            prompt = prompt[:max_chars]
         if prompt is not None and literals:
             assert self.content_guard is not None
             self._check_prompt_chars(prompt)

@@ -58,3 +58,13 @@ async def test_the_next_turn_is_offered_to_the_worker_caching_the_conversation(d
             assert [await redis.xlen(stream) - count for stream, count in zip(streams, before, strict=True)] == [1, 0]
             assert second.usage.prompt_tokens_details.cached_tokens >= 16 * len(keys) - 16
             await client.close()
+
+
+def test_a_long_prompt_is_named_by_its_first_blocks_without_tokenizing_it_whole(default_model_path: Path) -> None:
+    """Tokenizing a 3 MB prompt for placement held the gateway's GIL for seconds (every stream stalled):
+    only its first PLACEMENT_MAX_CHARS are tokenized, and the ids near the cut dropped."""
+    tokenizer = load_tokenizer(default_model_path)
+    text = " ".join(f"word{index % 97}" for index in range(40_000))  # ~270k characters
+    ids = prompt_renderer(tokenizer, None)(WireRequest(id="long", prompt=text))
+    whole = tokenizer.encode(text)
+    assert 1_000 < len(ids) < len(whole) and ids == whole[:len(ids)]
