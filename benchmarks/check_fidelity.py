@@ -1,7 +1,8 @@
 """Greedy `aqueduct batch` vs HF transformers on tiny random models no test has seen.
 
 Each case draws an architecture (any of tests/support/hf_models.py: llama, llama3, qwen2, qwen3, mistral,
-phi3, mixtral, gemma2, gemma3, gemma4, olmo2, granite, smollm3, glm4, deepseek_v2, deepseek_v3, gpt_oss, with a sliding
+phi3, mixtral, gemma2, gemma3, gemma4, olmo2, granite, smollm3, glm4, deepseek_v2, deepseek_v3, gpt_oss, llama4,
+qwen3_next, qwen3_5, qwen3_5_moe, with a sliding
 window drawn for the families that have one and latent sizes for DeepSeek's), a head layout,
 sizes, a weight
 seed and tight engine limits (KV blocks, token budget, sequences per step, block size) from
@@ -32,14 +33,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.support.hf_models import ARCHS, make_tiny_hf_model
+from tests.support.hf_models import ARCHS, RECURRENT_ARCHS, make_tiny_hf_model
 
 NEAR_TIE_MARGIN = 1e-3
 WINDOWED_ARCHS = ("mistral", "gemma2", "gemma3", "gemma4", "phi3", "mixtral", "gpt_oss")  # configs carry sliding_window
 # A window is drawn, never None (Gemma 3's and gpt-oss's sliding layers need one).
 ALWAYS_WINDOWED_ARCHS = ("mistral", "gemma3", "gemma4", "gpt_oss")
 # Their layer_types name each layer, so the layer count is tests/support/hf_models.py's (Gemma 4: 6).
-FIXED_DEPTH_ARCHS = ("gemma4",)
+FIXED_DEPTH_ARCHS = ("gemma4", *RECURRENT_ARCHS)
 # Run in float32 where --dtype auto would pick bfloat16: Gemma 4's unscaled attention over random
 # unit-weight q/k norms is so peaked that bfloat16 moves HF's own logits by up to 0.65 (HF bfloat16
 # vs float32, |logits| < 3.3), so greedy runs part at no near-tie; ours in bfloat16 is HF's bfloat16
@@ -48,6 +49,7 @@ FLOAT32_ARCHS = ("gemma4",)
 UNSHARDED_ARCHS = ("mixtral", "olmo2", "gpt_oss")  # tensor parallelism refuses them
 # (experts; q/k norms over all heads)
 UNSHARDED_ARCHS += ("gemma4",)  # layers of several head sizes, reused keys and values: not sharded yet
+UNSHARDED_ARCHS += RECURRENT_ARCHS  # a recurrent state per sequence: not sharded yet
 MLA_ARCHS = ("deepseek_v2", "deepseek_v3")
 MAX_PROMPT, MAX_OUTPUT = 70, 40
 

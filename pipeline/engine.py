@@ -60,6 +60,7 @@ class LLMEngine:
         resolved = resolve_model(config.model.model, dtype)
         self.model_dir, self.model_name = resolved.path, resolved.name
         self.runner = ModelRunner(config.model, config.cache, config.scheduler, str(self.model_dir), config.lora)
+        self._check_recurrent_state(config)
         self.lora_registry = self.runner.lora_registry
         self.lora_slots = LoRASlots(config.lora.max_loras) if config.lora is not None else None
         if config.lora is not None and self.lora_registry is not None:
@@ -68,8 +69,9 @@ class LLMEngine:
         self.tokenizer = load_served_tokenizer(self.model_dir, config.model.tokenizer, config.model.chat_template)
         self.vocab_size = self.runner.vocab_size
         self.eos_token_ids = frozenset(self.runner.eos_token_ids)
+        # A cached prefix would need the recurrent state at its end, which is not kept (docs/design.md §4).
         kv_cache = KVCacheManager(self.runner.num_kv_blocks, config.cache.block_size,
-                                  config.cache.enable_prefix_caching,
+                                  config.cache.enable_prefix_caching and not self.runner.has_recurrent_state,
                                   sliding_window=self.runner.info.attention.kv_window)
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids) \
             if self.tokenizer is not None else None
@@ -91,6 +93,19 @@ class LLMEngine:
         self.stats = EngineStats()
         log.info("engine ready", model=str(self.model_dir), num_kv_blocks=self.runner.num_kv_blocks,
                  block_size=config.cache.block_size, max_model_len=self.max_model_len)
+
+    def _check_recurrent_state(self, config: EngineConfig) -> None:
+        """A model with a state per sequence (linear-attention layers) runs without prefix caching, and
+        refuses speculative decoding: a rejected draft would need the state from before it."""
+        if not self.runner.has_recurrent_state:
+            return
+        architecture = self.runner.info.architecture
+        if config.speculative is not None:
+            self.runner.close()
+            raise ValueError(f"speculative decoding is not supported for {architecture}: its linear-attention "
+                             "layers keep a state per sequence that a rejected draft would have to undo")
+        if config.cache.enable_prefix_caching:
+            log.info("prefix caching off: the model keeps a recurrent state per sequence", architecture=architecture)
 
     def _features(self, config: EngineConfig) -> SchedulerFeatures:
         adapters = AdapterGate(self.lora_registry, self.lora_slots) \

@@ -7,7 +7,8 @@ Rooms, each importing only from those listed after it (pyproject.toml's contract
   `lora` (LoRA slot tensors wrapped around a Llama-form model's linears) and `native_decode` (a
   Llama-form decoder layer chained in C on the CPU);
 - models/ (one module per family) and parallel/ (tensor parallelism), apart;
-- attention/ (paged backends, fp8 KV) and layers/ (norms, rope, MLP, MoE, quantized linears), apart;
+- attention/ (paged backends, fp8 KV) and layers/ (norms, rope, MLP, MoE, quantized linears, linear
+  attention and its per-sequence state), apart;
 - cpu/ (the native kernels: csrc/ and their Python side).
 Only the top and models/ name a model family.
 

@@ -30,6 +30,9 @@ def _cdiv(a: int, b: int) -> int:
 class DecoderPooling:
     def __init__(self, runner: ModelRunner, pooling: PoolingConfig, max_num_batched_tokens: int,
                  max_num_seqs: int) -> None:
+        if runner.has_recurrent_state:  # its steps would need state slots, which only generation hands out
+            raise ValueError(f"pooling is not supported for models with linear-attention layers "
+                             f"({runner.info.architecture}): use --runner generate")
         self.runner, self.pooling = runner, pooling
         self.block_size = runner.block_size
         self.max_num_batched_tokens, self.max_num_seqs = max_num_batched_tokens, max_num_seqs

@@ -19,6 +19,7 @@ from pipeline.model.attention.fp8_kv import split_kv_scales
 from pipeline.model.attention.paged import AttentionBackend
 from pipeline.model.attention.shape import AttentionShape
 from pipeline.model.cpu.library import cpu_has_bfloat16_arithmetic
+from pipeline.model.layers.recurrent_state import RecurrentStateShape
 from pipeline.model.models import family_of
 
 log = structlog.get_logger(__name__)
@@ -41,6 +42,8 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]
     dtype: torch.dtype
     attention: AttentionShape
+    # What linear-attention layers keep per sequence (Qwen3-Next, Qwen3.5: layers/recurrent_state.py); None: nothing.
+    recurrent_state: RecurrentStateShape | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -86,6 +89,12 @@ def attention_shape(config: dict[str, Any]) -> AttentionShape:
     return family_of(architecture_of(config)).attention_shape(config)
 
 
+def recurrent_state_shape(config: dict[str, Any]) -> RecurrentStateShape | None:
+    """The per-sequence state of a family with linear-attention layers; None for the others."""
+    family = family_of(architecture_of(config))
+    return family.recurrent_state_shape(config) if hasattr(family, "recurrent_state_shape") else None
+
+
 def language_config(config: dict[str, Any]) -> dict[str, Any]:
     """The language model's part of config.json: a vision-language model's text_config, else all of it."""
     family = family_of(architecture_of(config))
@@ -114,7 +123,8 @@ def read_model_info(model_dir: str | Path, dtype: torch.dtype) -> ModelInfo:
         hidden_size=text["hidden_size"], num_layers=shape.num_layers, num_heads=shape.num_heads,
         num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
         max_position_embeddings=text["max_position_embeddings"],
-        eos_token_ids=read_eos_token_ids(model_dir, config), dtype=dtype, attention=shape)
+        eos_token_ids=read_eos_token_ids(model_dir, config), dtype=dtype, attention=shape,
+        recurrent_state=recurrent_state_shape(config))
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:

@@ -5,6 +5,11 @@ attention: [blocks, block_size, 1, latent row], attention/latent.py), in the mod
 bytes wrapped with the layer's scales (attention/fp8_kv.py). When CUDA graphs are used, one extra
 block past num_kv_blocks is a scratch block that graph padding rows write into; the scheduler never
 sees it.
+
+Models with linear-attention layers (Qwen3-Next, Qwen3.5) also keep a recurrent state per running
+sequence: a pool of max_num_seqs slots (layers/recurrent_state.py), allocated before the KV cache is
+sized (the CPU budget and the CUDA profile both count it), indexed by each step's state_slots. Such a
+model runs eager (no CUDA graphs), on one rank, and serves generation only (decoder_pooling.py refuses it).
 """
 
 from __future__ import annotations
@@ -31,12 +36,14 @@ from pipeline.model.graphs import CUDAGraphRunner
 from pipeline.model.layers.norms import use_native_norms
 from pipeline.model.layers.quantize import auto_quantization, quantize_linears
 from pipeline.model.layers.quantized_linear import native_kernel_for, quantized_kernels_work
+from pipeline.model.layers.recurrent_state import RecurrentStatePool
 from pipeline.model.loader import (
     ModelInfo,
     attention_shape,
     language_config,
     load_model,
     read_config,
+    recurrent_state_shape,
     resolve_device,
     resolve_dtype,
 )
@@ -72,7 +79,7 @@ def dummy_prefill_inputs(num_tokens: int, num_seqs: int, max_len: int) -> StepIn
         slot_mapping=np.full(total, -1, dtype=np.int64), query_start_loc=starts.astype(np.int32),
         seq_lens=lens.astype(np.int32), block_tables=np.zeros((num_seqs, 1), dtype=np.int32),
         logits_indices=(starts[1:] - 1).astype(np.int64), num_tokens=total,
-        max_query_len=int(lens.max()), max_seq_len=int(lens.max()))
+        max_query_len=int(lens.max()), max_seq_len=int(lens.max()), state_slots=np.arange(num_seqs, dtype=np.int32))
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -111,6 +118,9 @@ class ModelRunner:
         self.tp_group: DriverGroup | None = None
         if self.tp_world > 1 and tp_rank == 0:
             config = read_config(model_dir)
+            if recurrent_state_shape(config) is not None:
+                raise ValueError(f"tensor parallelism does not support models with linear-attention layers "
+                                 f"({config['architectures'][0]}) yet (run them with tensor_parallel_size 1)")
             check_tensor_parallel(config, attention_shape(config), self.tp_world)  # errors before any rank starts
             check_world(self.tp_world, self.device)
             self.tp_group = DriverGroup(self.tp_world, _rank_main,
@@ -138,8 +148,11 @@ class ModelRunner:
         self._use_native_decoder()
         self.vocab_size = self.info.vocab_size
         self.eos_token_ids = self.info.eos_token_ids
-        # Tensor-parallel steps run eager: capturing NCCL collectives in CUDA graphs is not built yet.
-        self.use_graphs = self.device.type == "cuda" and not model_config.enforce_eager and self.tp_world == 1
+        self.state_pool = self._allocate_state_pool()  # before the KV cache is sized: both count it
+        # Tensor-parallel steps run eager: capturing NCCL collectives in CUDA graphs is not built yet; nor
+        # are graphs that read and write the recurrent-state pool.
+        self.use_graphs = (self.device.type == "cuda" and not model_config.enforce_eager and self.tp_world == 1
+                           and self.state_pool is None)
         self.num_kv_blocks = self._decide_num_blocks(cache_config)
         self.kv_caches = self._allocate_kv_caches(self.num_kv_blocks + int(self.use_graphs))
         self.graph_runner = self._capture_graphs() if self.use_graphs else None
@@ -147,7 +160,8 @@ class ModelRunner:
                  num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
                  max_model_len=self.max_model_len, cuda_graphs=self.use_graphs,
                  attention_backend=type(self.backend).__name__, kv_cache_dtype=cache_config.kv_cache_dtype,
-                 checkpoint_kv_scales=len(self.kv_scales))
+                 checkpoint_kv_scales=len(self.kv_scales),
+                 recurrent_state_bytes=self.state_pool.num_bytes if self.state_pool is not None else 0)
 
     def _load(self, model_config: ModelConfig, model_dir: str) -> tuple[torch.nn.Module, ModelInfo]:
         config = read_config(model_dir)
@@ -215,6 +229,18 @@ class ModelRunner:
         info = VisionInfo(spec.image_token_id, spec.num_image_tokens, (size, size))
         return info, EncoderCache(self.model.encode_images, self.device)
 
+    @property
+    def has_recurrent_state(self) -> bool:
+        """The model keeps a state per sequence (linear-attention layers): no prefix caching, forks or drafts."""
+        return self.state_pool is not None
+
+    def _allocate_state_pool(self) -> RecurrentStatePool | None:
+        shape = self.info.recurrent_state
+        if shape is None:
+            return None
+        zeros = lazy_zeros if self.device.type == "cpu" else None  # pages touched as slots are first used
+        return RecurrentStatePool(shape, self.scheduler_config.max_num_seqs, self.dtype, self.device, zeros)
+
     # ---- KV cache sizing -----------------------------------------------------------------------
 
     @property
@@ -233,8 +259,20 @@ class ModelRunner:
         if cache_config.num_kv_blocks is not None:
             return cache_config.num_kv_blocks
         if self.device.type != "cuda":
-            return max(1, cache_config.kv_cache_memory // self.bytes_per_block)
+            return max(1, self._cpu_kv_budget(cache_config.kv_cache_memory) // self.bytes_per_block)
         return self._profile_num_blocks(cache_config.gpu_memory_utilization)
+
+    def _cpu_kv_budget(self, kv_cache_memory: int) -> int:
+        """kv_cache_memory less the recurrent-state pool, which it covers too."""
+        if self.state_pool is None:
+            return kv_cache_memory
+        budget = kv_cache_memory - self.state_pool.num_bytes
+        if budget < self.bytes_per_block:
+            raise ValueError(f"kv_cache_memory ({kv_cache_memory / 2**20:.0f} MiB) must hold the recurrent state of "
+                             f"max_num_seqs {self.scheduler_config.max_num_seqs} sequences "
+                             f"({self.state_pool.num_bytes / 2**20:.0f} MiB) and at least one KV block "
+                             f"({self.bytes_per_block} bytes): raise kv_cache_memory or lower max_num_seqs")
+        return budget
 
     def _profile_num_blocks(self, gpu_memory_utilization: float) -> int:
         """Measure a max-size step (and a max-batch decode when graphs are on) without a KV cache;
@@ -299,6 +337,9 @@ class ModelRunner:
         input_ids = to_device(inputs.input_ids, self.device, torch.long)
         positions = to_device(inputs.positions, self.device, torch.long)
         metadata = self.backend.build_metadata(inputs, self.device)
+        if self.state_pool is not None:
+            states = self.state_pool.step(inputs.positions, inputs.query_start_loc, inputs.seq_lens, inputs.state_slots)
+            return self.model(input_ids, positions, metadata, kv_caches, states=states)
         if inputs.images and self.encoder_cache is not None:
             images = self.encoder_cache.embeddings(inputs.images)
             return self.model(input_ids, positions, metadata, kv_caches, images=images)

@@ -81,6 +81,10 @@ class DraftModelProposer:
                          target_num_blocks + num_drafting * tail)
         runner = ModelRunner(draft_model, replace(cache, num_kv_blocks=num_blocks, enable_prefix_caching=False),
                              scheduler, str(resolved.path))
+        if runner.has_recurrent_state:  # it drafts over cached prefixes and truncates them: no state could follow
+            runner.close()
+            raise ValueError(f"speculative_config.model: {runner.info.architecture} keeps a recurrent state per "
+                             "sequence and cannot draft; use a draft model with attention layers only")
         log.info("draft model ready", model=spec.model, num_kv_blocks=num_blocks, k=spec.num_speculative_tokens)
         return cls(runner)
 

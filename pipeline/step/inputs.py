@@ -49,6 +49,9 @@ class StepInputs:
     lora_slots: np.ndarray | None = None  # [T] int32 LoRA slot per token (-1 = base); None: no adapter this step
     lora_loads: dict[int, int] = field(default_factory=dict)  # slot -> adapter id to load before the forward
     images: list[ImageSlice] = field(default_factory=list)  # vision-language models: image placeholders this step
+    # [B] int32: each sequence's slot in the runner's recurrent-state pool (its persistent-batch row), for
+    # models with linear-attention layers (pipeline/model/layers/recurrent_state.py); None: no slots sent.
+    state_slots: np.ndarray | None = None
 
     @property
     def num_seqs(self) -> int:

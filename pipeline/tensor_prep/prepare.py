@@ -95,6 +95,7 @@ class TensorPrep:
             max_seq_len=max_seq_len,
             lora_slots=token_lora_slots if (token_lora_slots >= 0).any() else None,
             images=images,
+            state_slots=rows.astype(np.int32),  # a row is its sequence's state slot while it runs
         )
 
     def _image_slices(self, rows: np.ndarray, num_computed: np.ndarray, num_scheduled: np.ndarray,

@@ -1,6 +1,6 @@
 """Tiny random-weight HF checkpoints for tests (Llama, llama3 rope, Qwen2, Qwen3, Mistral, Phi-3,
 Mixtral, Gemma 2, Gemma 3, Gemma 4 (text), OLMo 2, Granite, SmolLM3, GLM-4, Qwen3-MoE, Qwen2-MoE,
-DeepSeek-V2, DeepSeek-V3, gpt-oss, Llama 4).
+DeepSeek-V2, DeepSeek-V3, gpt-oss, Llama 4, Qwen3-Next, Qwen3.5, Qwen3.5-MoE).
 
 HF's default init (std 0.02, zero biases, unit norms) gives near-tied logits and leaves biases
 and norm weights untested, so every parameter is re-drawn: matrices with std 1/sqrt(fan_in)
@@ -148,7 +148,25 @@ _ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
         "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
 }
+# Qwen3-Next and Qwen3.5: linear-attention (gated DeltaNet) layers 0, 2 and 3 around a full-attention layer 1;
+# 2 key heads serving 4 value heads each of another width than the keys (16 vs 24), so a transposed or
+# ungrouped head shows; a conv window of 4; full attention with 32-wide heads, a quarter of them rotated.
+_HYBRID: dict[str, Any] = {
+    "num_hidden_layers": 4, "head_dim": 32, "intermediate_size": 96, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 24, "linear_conv_kernel_dim": 4,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+    "pad_token_id": None,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+}
+_HYBRID_MOE: dict[str, Any] = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                               "shared_expert_intermediate_size": 48}
+# Qwen3-Next: layer 2 dense (mlp_only_layers), the others routed with a shared expert; Qwen3.5 dense;
+# Qwen3.5-MoE routed on every layer.
+_ARCHS["qwen3_next"] = ("Qwen3NextConfig", "Qwen3NextForCausalLM", {**_HYBRID, **_HYBRID_MOE, "mlp_only_layers": [2]})
+_ARCHS["qwen3_5"] = ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", _HYBRID)
+_ARCHS["qwen3_5_moe"] = ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", {**_HYBRID, **_HYBRID_MOE})
 ARCHS = tuple(_ARCHS)
+RECURRENT_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")  # a state per sequence: no prefix caching
 # _randomize settings that differ by family. Gemma multiplies embeddings by sqrt(hidden_size), so
 # std 1/sqrt(hidden_size) gives the O(1) activations that std 1 gives the others; with std 1 the
 # input token would dominate the residual stream and the tied head would repeat it every step.
@@ -161,10 +179,18 @@ _INIT: dict[str, dict[str, Any]] = {gemma: {"embed_std": _COMMON["hidden_size"] 
 # biases with std 1 route unevenly; its expert matrices are input-major ([experts, in, out]).
 _INIT["gpt_oss"] = {"sink_mean": 2.0, "router_bias_std": 1.0, "input_major_experts": True}
 _INIT["llama4"] = {"input_major_experts": True}  # feed_forward.experts: [experts, in, out]
+# Qwen3-Next / Qwen3.5: gated DeltaNet decay rates A = exp(A_log) drawn from U(0.01, 1) (HF draws U(0.01, 16)):
+# per token the state keeps exp(-A softplus(a + dt_bias)) of itself, from about 0.99 (long memory) down to
+# about 0.05. Their zero-centred norms (scale 1 + weight) are drawn around their default, 0: around 1 (a
+# scale of 2 at every norm and 4 on the attention scores) HF's own float32 logprobs drifted 2e-4 to 7e-4
+# from its float64 ones over 120 tokens, past the 1e-4 the fidelity tests hold; so drawn, 1e-5.
+for _hybrid in RECURRENT_ARCHS:
+    _INIT[_hybrid] = {"decay_rates": (0.01, 1.0), "zero_centred_norms": True}
 
 
 def _randomize(model: torch.nn.Module, seed: int, embed_std: float = 1.0, sink_mean: float = 0.0,
-               router_bias_std: float = 0.1, input_major_experts: bool = False) -> None:
+               router_bias_std: float = 0.1, input_major_experts: bool = False,
+               decay_rates: tuple[float, float] = (0.01, 16.0), zero_centred_norms: bool = False) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -177,6 +203,11 @@ def _randomize(model: torch.nn.Module, seed: int, embed_std: float = 1.0, sink_m
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
             elif name.endswith("sinks"):  # attention sink logits, one per head
                 param.copy_(sink_mean + torch.randn(param.shape, generator=generator))
+            elif name.endswith("A_log"):  # gated DeltaNet's log decay rates, one per value head
+                low, high = decay_rates
+                param.copy_((low + (high - low) * torch.rand(param.shape, generator=generator)).log())
+            elif zero_centred_norms and name.endswith("norm.weight") and "linear_attn" not in name:
+                param.copy_(0.1 * torch.randn(param.shape, generator=generator))  # scale 1 + weight
             else:  # norm weights
                 param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=generator))
         for name, buffer in model.named_buffers():

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from pipeline.request.sampling_params import SamplingParams
 from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
-from tests.support.hf_models import ARCHS, make_tiny_hf_model
+from tests.support.hf_models import ARCHS, RECURRENT_ARCHS, make_tiny_hf_model
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -64,7 +64,9 @@ def test_prefix_cache_hits_give_the_same_tokens(arch_model):
     second = {f"b{i}": (shared + [rng.randrange(3, 512) for _ in range(i + 1)],
                         SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)) for i in range(4)}
     results = run_requests(engine, second)
-    assert all(results[r]["usage"].cached_tokens == 40 for r in second)
+    # Models with a recurrent state per sequence (Qwen3-Next, Qwen3.5) run without prefix caching.
+    cached = 0 if arch in RECURRENT_ARCHS else 40
+    assert all(results[r]["usage"].cached_tokens == cached for r in second)
     _check_against_hf(hf, second, results, arch)
 
 

@@ -8,8 +8,10 @@ Every family module provides
 `config` is the checkpoint's config.json as a dict. A vision-language family also provides
 `text_config(config)`, its language model's config, and its model `encode_images(pixel_values)` and
 an `images` argument to `forward` (pipeline/model/models/llava.py); a family that serves such
-checkpoints text only provides `text_config` alone (gemma3.py). An encoder family (bert.py) instead
-sets `ENCODER = True` and provides `build_encoder(config)`, whose model takes a padded batch
+checkpoints text only provides `text_config` alone (gemma3.py). A family with linear-attention layers
+(qwen3_next.py) also provides `recurrent_state_shape(config)`, what it keeps per sequence outside the KV
+cache, and its model's `forward` takes `states` (layers/recurrent_state.py's StateStep). An encoder
+family (bert.py) instead sets `ENCODER = True` and provides `build_encoder(config)`, whose model takes a padded batch
 (`forward(input_ids, attention_mask)`) and `load_weights(named_tensors)`: it serves embeddings only.
 
 May import: pipeline.model.attention, pipeline.model.layers.
@@ -49,19 +51,20 @@ _FAMILIES: dict[str, str] = {
     "Qwen3ForCausalLM": "llama",
     "Qwen3Model": "llama",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForCausalLM": "qwen3_next",
+    "Qwen3_5ForConditionalGeneration": "qwen3_next",  # served text only
+    "Qwen3_5MoeForCausalLM": "qwen3_next",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_next",  # served text only
     "SmolLM3ForCausalLM": "smollm3",
     "XLMRobertaModel": "bert",
 }
 
 SUPPORTED_ARCHITECTURES = tuple(_FAMILIES)
 
-# Architectures transformers builds that are refused on purpose, and why (docs/models.md, "Not served yet").
-_RECURRENT_STATE = ("its gated DeltaNet (linear attention) layers carry a recurrent state per sequence, which "
-                    "the paged KV cache cannot hold: per-sequence state slots in the scheduler, with prefix "
-                    "caching, forks and speculative decoding handled for them, are not built yet")
-_REFUSED: dict[str, str] = dict.fromkeys(
-    ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
-     "Qwen3_5MoeForConditionalGeneration"), _RECURRENT_STATE)
+# Architectures transformers builds that are refused on purpose, and why (docs/models.md, "Not served yet");
+# none at present.
+_REFUSED: dict[str, str] = {}
 
 
 def family_of(architecture: str) -> ModuleType:

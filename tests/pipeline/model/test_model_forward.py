@@ -104,7 +104,8 @@ class Seqs:
             query_start_loc=np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32),
             seq_lens=np.array(seq_lens, dtype=np.int32), block_tables=tables,
             logits_indices=np.arange(num_tokens, dtype=np.int64), num_tokens=num_tokens,
-            max_query_len=max(query_lens), max_seq_len=max(seq_lens))
+            max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+            state_slots=np.array([seq for seq, _ in chunks], dtype=np.int32))  # a sequence's index is its slot
 
     def expected(self, ref: Reference, chunks: list[tuple[int, int]]) -> torch.Tensor:
         """HF logits for the rows `step(chunks)` produced (call after step)."""
