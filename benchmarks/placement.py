@@ -28,6 +28,7 @@ import uuid
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from worker_fleet import stop_and_clear, wait_ready
 
 from actors.http.backends import prompt_renderer
 from actors.kit.device import load_model_tokenizer
@@ -105,15 +106,6 @@ def _start_workers(args: argparse.Namespace, prefix: str, count: int, placement:
     ]
 
 
-async def _wait_ready(redis: aioredis.Redis, prefix: str, count: int, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if len([key async for key in redis.scan_iter(f"{prefix}:worker:*")]) >= count:
-            return
-        await asyncio.sleep(0.5)
-    raise TimeoutError("workers did not start")
-
-
 def _conversations(args: argparse.Namespace) -> list[list[dict]]:
     rng = random.Random(args.seed)
     return [
@@ -170,7 +162,7 @@ async def _setting(args: argparse.Namespace, count: int, placement: str, render)
     redis = aioredis.Redis.from_url(args.redis_url)
     workers = _start_workers(args, prefix, count, placement)
     try:
-        await _wait_ready(redis, prefix, count)
+        await wait_ready(redis, prefix, count)
         placer = Placement(PrefixDirectory(redis, prefix), args.block_size, render) if placement == "prefix" else None
         slots, rng = asyncio.Semaphore(args.in_flight), random.Random(args.seed + 1)
         async with AqueductClient(args.redis_url, prefix, redis=redis, placement=placer) as client:
@@ -186,14 +178,7 @@ async def _setting(args: argparse.Namespace, count: int, placement: str, render)
         outcomes = dict(placer.outcomes) if placer is not None else {}
         return Outcome(sum(c for c, _ in results), sum(p for _, p in results), wall_s, sources, outcomes)
     finally:
-        for worker in workers:
-            worker.terminate()
-        for worker in workers:
-            worker.wait(timeout=60)
-        keys = [key async for key in redis.scan_iter(f"{prefix}:*")]
-        for start in range(0, len(keys), 1000):
-            await redis.delete(*keys[start : start + 1000])
-        await redis.aclose()
+        await stop_and_clear(workers, redis, prefix)
 
 
 async def main(args: argparse.Namespace) -> None:

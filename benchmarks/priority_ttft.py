@@ -28,6 +28,7 @@ import time
 import uuid
 
 import redis.asyncio as aioredis
+from worker_fleet import stop_and_clear, wait_ready
 
 from queue_adapters.client import AqueductClient
 from queue_adapters.codec import WireRequest
@@ -40,15 +41,6 @@ def _start_workers(args: argparse.Namespace, prefix: str, flags: tuple[str, ...]
     threads = max(1, (os.cpu_count() or 1) // args.workers)
     return [subprocess.Popen([*command, "--name", f"bench-{index}", "--cpu-threads", str(threads)])
             for index in range(args.workers)]
-
-
-async def _wait_ready(redis: aioredis.Redis, prefix: str, count: int, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if len([key async for key in redis.scan_iter(f"{prefix}:worker:*")]) >= count:
-            return
-        await asyncio.sleep(0.5)
-    raise TimeoutError("workers did not start")
 
 
 def _requests(tag: str, count: int, priority: int, max_tokens: int, prompt_words: int) -> list[WireRequest]:
@@ -78,7 +70,7 @@ async def _setting(args: argparse.Namespace, flags: tuple[str, ...], bulk_priori
     workers = _start_workers(args, prefix, flags)
     redis = aioredis.from_url(args.redis_url)
     try:
-        await _wait_ready(redis, prefix, args.workers)
+        await wait_ready(redis, prefix, args.workers)
         async with AqueductClient(args.redis_url, prefix) as client:
             await _ttfts(client, _requests("warm", 2, 0, 4, args.prompt_words))
             if bulk_priority is None:
@@ -91,14 +83,7 @@ async def _setting(args: argparse.Namespace, flags: tuple[str, ...], bulk_priori
                 await client.cancel(request.id)
             return ttfts
     finally:
-        for worker in workers:
-            worker.terminate()
-        for worker in workers:
-            worker.wait(timeout=60)
-        keys = [key async for key in redis.scan_iter(f"{prefix}:*")]
-        if keys:
-            await redis.delete(*keys)
-        await redis.aclose()
+        await stop_and_clear(workers, redis, prefix)
 
 
 SETTINGS = (  # label, worker flags, the bulk requests' priority

@@ -5,8 +5,8 @@ At the top, the server: the app (app.py) that mounts each protocol's routes, `se
 the OpenAPI document; the Batch API (batches/: /v1/files, /v1/batches), whose lines run through
 openai/'s parsers and answers; below them the protocols, one package each (openai/, kobold/, anthropic/,
 responses/); below those generation/ (submit, first entry, stream, cancel, its metrics), and under it
-the protocol-neutral plumbing: backends, body limits, request ids, errors, options, the one-send
-transport, tenancy/ (API keys, one or a file of tenants' keys, and a request's tenant), tool_parsers/
+the protocol-neutral plumbing: backends, cursor pages of lists, body limits, request ids, errors, options,
+the one-send transport, tenancy/ (API keys, one or a file of tenants' keys, and a request's tenant), tool_parsers/
 (answers -> tool calls) and reasoning/ (answers -> reasoning and content). A protocol imports generation/ and the
 plumbing, never another protocol; neither imports a protocol.
 

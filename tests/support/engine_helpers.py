@@ -1,7 +1,9 @@
-"""Test helpers: build an engine on a model directory, run requests to completion, HF greedy oracle."""
+"""Test helpers: build an engine on a model directory, run requests to completion, HF greedy oracle (and
+the check of greedy tokens and logprobs against it)."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +97,28 @@ def resumed_tokens(engine: LLMEngine, request: Any, cut: list[list[int]]) -> dic
             for choice in delta.choices:
                 rest[choice.index] += choice.token_ids
     return rest
+
+
+def logprob_workload(seed: int, count: int, max_prompt: int) -> dict[str, tuple[list[int], SamplingParams]]:
+    """`count` greedy requests r0, r1, ... of 1 to `max_prompt` random tokens and 4 to 16 new ones, asking
+    for the 2 most likely tokens' logprobs beside each chosen one."""
+    rng = random.Random(seed)
+    return {f"r{i}": ([rng.randrange(3, 512) for _ in range(rng.randint(1, max_prompt))],
+                      SamplingParams(max_tokens=rng.randint(4, 16), temperature=0.0, ignore_eos=True, logprobs=2))
+            for i in range(count)}
+
+
+def assert_tokens_and_logprobs_match_hf(hf: torch.nn.Module, requests: dict, results: dict,
+                                        tolerance: float) -> None:
+    """Each request's greedy tokens are HF's (up to a near-tie divergence), and the chosen and top tokens'
+    logprobs are HF's log-softmax within `tolerance` up to that divergence."""
+    for request_id, (prompt, params) in requests.items():
+        choice = results[request_id]["choices"][0]
+        theirs, logits = hf_greedy(hf, prompt, params.max_tokens)
+        assert_greedy_equal(choice["token_ids"], theirs, logits, request_id)
+        expected = torch.log_softmax(logits, dim=-1)
+        same = next((i for i, (a, b) in enumerate(zip(choice["token_ids"], theirs, strict=True)) if a != b),
+                    len(theirs))  # logprobs are comparable up to a near-tie divergence
+        for step, entry in enumerate(choice["logprobs"][:same]):
+            for token_id, logprob in [(entry.token_id, entry.logprob), *entry.top]:
+                assert abs(logprob - float(expected[step, token_id])) < tolerance, (request_id, step)

@@ -13,7 +13,7 @@ Files and batches belong to the tenant of the API key (owner.py). They are store
 (file_store.py, batch_store.py). listing.py pages lists; store_errors.py makes an unreachable store a 503.
 The reference is docs/deployment.md#batches and docs/http-api.md#batches.
 
-May import: actors.http.backends, actors.http.errors, actors.http.generation, actors.http.limits,
-actors.http.openai, actors.http.options, actors.http.tenancy, pipeline, queue_adapters. Nothing of
+May import: actors.http.backends, actors.http.cursor_pages, actors.http.errors, actors.http.generation,
+actors.http.limits, actors.http.openai, actors.http.options, actors.http.tenancy, pipeline, queue_adapters. Nothing of
 actors.http.anthropic, actors.http.kobold or actors.http.responses, nor the app that mounts these routes.
 """

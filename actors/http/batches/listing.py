@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from actors.http.cursor_pages import cursor_page
 from actors.http.errors import invalid
 
 
@@ -24,10 +25,8 @@ def page(items: list[dict[str, Any]], query: Mapping[str, str], default_limit: i
     if order not in ("asc", "desc"):
         raise invalid(f"order must be asc or desc, got {order[:100]!r}", "order")
     ordered = items if order == "desc" else items[::-1]
-    start = _after(ordered, query.get("after"))
-    chosen = ordered[start:start + limit]
-    return {"object": "list", "data": chosen, "first_id": chosen[0]["id"] if chosen else None,
-            "last_id": chosen[-1]["id"] if chosen else None, "has_more": start + limit < len(ordered)}
+    return cursor_page(ordered, query.get("after"), limit,
+                       lambda after: f"after: no such id in the list, {after[:100]!r}")
 
 
 def _limit(value: str | None, default_limit: int, max_limit: int) -> int:
@@ -36,12 +35,3 @@ def _limit(value: str | None, default_limit: int, max_limit: int) -> int:
     if not (value.isascii() and value.isdigit() and len(value) <= 9) or not 1 <= int(value) <= max_limit:
         raise invalid(f"limit must be an integer from 1 to {max_limit}, got {value[:100]!r}", "limit")
     return int(value)
-
-
-def _after(items: list[dict[str, Any]], after: str | None) -> int:
-    if after is None:
-        return 0
-    for index, item in enumerate(items):
-        if item["id"] == after:
-            return index + 1
-    raise invalid(f"after: no such id in the list, {after[:100]!r}", "after")

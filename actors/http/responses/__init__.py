@@ -10,8 +10,8 @@ shapes.py's `ResponseShape`. Stored responses (store.py in memory, redis_store.p
 records.py's records, listing.py's pages) carry conversations across requests and gateways. The
 reference is docs/http-api.md.
 
-May import: actors.http.generation, actors.http.backends, actors.http.errors, actors.http.limits,
-actors.http.options, actors.http.reasoning, actors.http.tool_parsers (the plumbing), pipeline,
+May import: actors.http.generation, actors.http.backends, actors.http.cursor_pages, actors.http.errors,
+actors.http.limits, actors.http.options, actors.http.reasoning, actors.http.tool_parsers (the plumbing), pipeline,
 queue_adapters. Nothing of actors.http.openai, actors.http.anthropic or actors.http.kobold, nor the app
 that mounts these routes.
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from actors.http.cursor_pages import cursor_page
 from actors.http.errors import invalid
 
 _DEFAULT_LIMIT, _MAX_LIMIT = 20, 100
@@ -20,10 +21,8 @@ def input_items_page(items: list[dict[str, Any]], query: Mapping[str, str]) -> d
     if order not in ("asc", "desc"):
         raise invalid(f"order must be asc or desc, got {order!r}", "order")
     ordered = items if order == "asc" else items[::-1]
-    start = _after(ordered, query.get("after"))
-    page = ordered[start:start + limit]
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(ordered)}
+    return cursor_page(ordered, query.get("after"), limit,
+                       lambda after: f"after: the response has no input item {after!r}")
 
 
 def _limit(value: str | None) -> int:
@@ -32,13 +31,3 @@ def _limit(value: str | None) -> int:
     if not value.isdigit() or not 1 <= int(value) <= _MAX_LIMIT:
         raise invalid(f"limit must be an integer from 1 to {_MAX_LIMIT}, got {value!r}", "limit")
     return int(value)
-
-
-def _after(items: list[dict[str, Any]], after: str | None) -> int:
-    """Where the page starts: past the item `after` names."""
-    if after is None:
-        return 0
-    for index, item in enumerate(items):
-        if item["id"] == after:
-            return index + 1
-    raise invalid(f"after: the response has no input item {after!r}", "after")

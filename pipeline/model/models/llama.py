@@ -243,30 +243,9 @@ class LlamaForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors into the (possibly fused) parameters; raise if any part is missing."""
-        params = dict(self.named_parameters(remove_duplicate=False))
-        # Elements written per parameter: a fused parameter is complete once its shards add up to it.
-        loaded = dict.fromkeys(params, 0)
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue  # old checkpoints store the rope table; it is recomputed
-            param_name, index = self.locate(_with_model_prefix(name))
-            if param_name not in params:
-                raise ValueError(f"unexpected weight in checkpoint: {name}")
-            target = params[param_name].data[index]
-            if target.shape != tensor.shape:
-                raise ValueError(f"weight {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
-            with torch.no_grad():
-                target.copy_(tensor)
-            loaded[param_name] += tensor.numel()
-        missing = {name for name, param in params.items() if loaded[name] < param.numel()}
-        if self.config.tie_word_embeddings:
-            missing.discard("lm_head.weight")
-        if "lm_head.weight" in missing and "model.embed_tokens.weight" not in missing:
-            # No lm_head in the checkpoint: the embeddings double as the head.
-            self.lm_head.weight = self.model.embed_tokens.weight
-            missing.discard("lm_head.weight")
-        if missing:
-            raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
+        # Old checkpoints store the rope table; it is recomputed.
+        kept = ((name, tensor) for name, tensor in weights if "rotary_emb.inv_freq" not in name)
+        copy_weights_in(self, kept, lambda name: self.locate(_with_model_prefix(name)), self.config.tie_word_embeddings)
 
     def locate(self, name: str) -> tuple[str, Index]:
         """The parameter a checkpoint tensor belongs to, and which part of it.
@@ -290,6 +269,34 @@ class LlamaForCausalLM(nn.Module):
 
 
 _BASE_MODEL_PARTS = ("layers.", "embed_tokens.", "norm.")
+
+
+def copy_weights_in(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                    locate: Callable[[str], tuple[str, Index]], tie_word_embeddings: bool) -> None:
+    """Copy checkpoint tensors into `model`'s (possibly fused) parameters, each where `locate` puts its name;
+    raise on a name no parameter takes, a shape that does not fit, or a part missing. A checkpoint without
+    lm_head has the embeddings double as the head (`model` has `lm_head` and `model.embed_tokens`)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    # Elements written per parameter: a fused parameter is complete once its shards add up to it.
+    loaded = dict.fromkeys(params, 0)
+    for name, tensor in weights:
+        param_name, index = locate(name)
+        if param_name not in params:
+            raise ValueError(f"unexpected weight in checkpoint: {name}")
+        target = params[param_name].data[index]
+        if target.shape != tensor.shape:
+            raise ValueError(f"weight {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
+        with torch.no_grad():
+            target.copy_(tensor)
+        loaded[param_name] += tensor.numel()
+    missing = {name for name, param in params.items() if loaded[name] < param.numel()}
+    if tie_word_embeddings:
+        missing.discard("lm_head.weight")
+    if "lm_head.weight" in missing and "model.embed_tokens.weight" not in missing:
+        model.lm_head.weight = model.model.embed_tokens.weight
+        missing.discard("lm_head.weight")
+    if missing:
+        raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
 
 
 def _with_model_prefix(name: str) -> str:

@@ -44,7 +44,7 @@ from pipeline.model.layers.moe import SharedExpertMoE, fused_expert_slot
 from pipeline.model.layers.norms import GemmaRMSNorm
 from pipeline.model.layers.recurrent_state import RecurrentStateShape, StateStep
 from pipeline.model.layers.rope import RotaryEmbedding, apply_rotary
-from pipeline.model.models.llama import Index
+from pipeline.model.models.llama import Index, copy_weights_in
 from pipeline.model.models.qwen3_next_config import HybridConfig, hybrid_config
 from pipeline.model.models.qwen3_next_config import text_config as text_config  # the loader's language_config
 
@@ -186,26 +186,7 @@ class HybridForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors into the (possibly fused) parameters; raise if any part is missing."""
-        params = dict(self.named_parameters(remove_duplicate=False))
-        loaded = dict.fromkeys(params, 0)  # a fused parameter is complete once its parts add up to it
-        for name, tensor in self._language_model_weights(weights):
-            param_name, index = self.locate(name)
-            if param_name not in params:
-                raise ValueError(f"unexpected weight in checkpoint: {name}")
-            target = params[param_name].data[index]
-            if target.shape != tensor.shape:
-                raise ValueError(f"weight {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
-            with torch.no_grad():
-                target.copy_(tensor)
-            loaded[param_name] += tensor.numel()
-        missing = {name for name, param in params.items() if loaded[name] < param.numel()}
-        if self.config.tie_word_embeddings:
-            missing.discard("lm_head.weight")
-        if "lm_head.weight" in missing and "model.embed_tokens.weight" not in missing:
-            self.lm_head.weight = self.model.embed_tokens.weight  # no head in the checkpoint: the embeddings serve
-            missing.discard("lm_head.weight")
-        if missing:
-            raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
+        copy_weights_in(self, self._language_model_weights(weights), self.locate, self.config.tie_word_embeddings)
 
     def _language_model_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
                                 ) -> Iterator[tuple[str, torch.Tensor]]:

@@ -24,22 +24,27 @@ from transformers import AutoModelForCausalLM
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
-from pipeline.model.attention.paged import TorchPagedAttention
 from pipeline.model.layers.rope import RopeParams
-from pipeline.model.loader import attention_shape, load_model, read_config
+from pipeline.model.loader import attention_shape, read_config
 from pipeline.model.lora import lora_model_shapes
 from pipeline.model.models import llama
 from pipeline.model.models.gpt_oss import SinkAttention, gpt_oss_config
 from pipeline.model.parallel.sharding import check_tensor_parallel
 from pipeline.model.runner import ModelRunner
 from pipeline.request.sampling_params import SamplingParams
+from tests.pipeline.model.family_checks import check_prefills_then_decodes, load_float32, prefill_logits_and_expected
 from tests.pipeline.model.test_model_forward import NUM_BLOCKS, Reference, Seqs, make_runner
 from tests.pipeline.model.window_checks import (
     check_across_the_window,
     check_chunks_over_cached_context,
     check_decode_path,
 )
-from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
+from tests.support.engine_helpers import (
+    assert_tokens_and_logprobs_match_hf,
+    logprob_workload,
+    make_engine,
+    run_requests,
+)
 from tests.support.hf_models import make_tiny_hf_model
 
 WINDOW = 19  # tests/support/hf_models.py's gpt_oss sliding_window
@@ -76,45 +81,18 @@ def test_bfloat16_logits_match_hf_bfloat16(gpt_oss: Reference, decode_path: str)
     runner = ModelRunner(ModelConfig(quantization="none", device="cpu", dtype="bfloat16"),
                          CacheConfig(block_size=16, num_kv_blocks=NUM_BLOCKS), SchedulerConfig(), str(gpt_oss.path))
     reference = Reference(gpt_oss.path, AutoModelForCausalLM.from_pretrained(gpt_oss.path, dtype=torch.bfloat16))
-    seqs = Seqs(runner.block_size, seed=3)
-    chunks = [(seqs.add(n), n) for n in (18, 45, 70)]
-    for _ in range(2):
-        logits = runner.execute(seqs.step(chunks))
-        torch.testing.assert_close(logits, seqs.expected(reference, chunks), atol=tolerance, rtol=0)
-        for seq, _ in chunks:
-            seqs.append_token(seq)
-        chunks = [(seq, 1) for seq, _ in chunks]
+    check_prefills_then_decodes(runner, reference, Seqs(runner.block_size, seed=3), (18, 45, 70), num_steps=2,
+                                atol=tolerance)
 
 
 # --- greedy tokens and logprobs through the engine ----------------------------------------------------
 
-def _workload(seed: int, count: int) -> dict[str, tuple[list[int], SamplingParams]]:
-    rng = random.Random(seed)
-    return {f"r{i}": ([rng.randrange(3, 512) for _ in range(rng.randint(1, 70))],
-                      SamplingParams(max_tokens=rng.randint(4, 16), temperature=0.0, ignore_eos=True, logprobs=2))
-            for i in range(count)}
-
-
-def _check_tokens_and_logprobs(hf: torch.nn.Module, requests: dict, results: dict) -> None:
-    for request_id, (prompt, params) in requests.items():
-        choice = results[request_id]["choices"][0]
-        theirs, logits = hf_greedy(hf, prompt, params.max_tokens)
-        assert_greedy_equal(choice["token_ids"], theirs, logits, request_id)
-        expected = torch.log_softmax(logits, dim=-1)
-        same = next((i for i, (a, b) in enumerate(zip(choice["token_ids"], theirs, strict=True)) if a != b),
-                    len(theirs))  # logprobs are comparable up to a near-tie divergence
-        for step, entry in enumerate(choice["logprobs"][:same]):
-            assert abs(entry.logprob - float(expected[step, entry.token_id])) < LOGPROB_TOL, (request_id, step)
-            for token_id, logprob in entry.top:
-                assert abs(logprob - float(expected[step, token_id])) < LOGPROB_TOL, (request_id, step)
-
-
 def test_greedy_tokens_and_logprobs_match_hf_under_chunked_prefill_and_preemption(gpt_oss: Reference) -> None:
-    requests = _workload(seed=2, count=10)
+    requests = logprob_workload(seed=2, count=10, max_prompt=70)
     engine = make_engine(gpt_oss.path, block_size=4, num_kv_blocks=40, max_num_batched_tokens=24, max_num_seqs=8)
     results = run_requests(engine, requests)
     assert engine.scheduler.num_preemptions > 0
-    _check_tokens_and_logprobs(gpt_oss.hf, requests, results)
+    assert_tokens_and_logprobs_match_hf(gpt_oss.hf, requests, results, LOGPROB_TOL)
     assert engine.scheduler.kv_cache.num_free_blocks == 40
 
 
@@ -127,7 +105,7 @@ def test_prefix_cache_hits_give_hf_tokens_and_logprobs(gpt_oss: Reference) -> No
                         SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=2)) for i in range(3)}
     results = run_requests(engine, second)
     assert all(results[r]["usage"].cached_tokens == 40 for r in second)
-    _check_tokens_and_logprobs(gpt_oss.hf, second, results)
+    assert_tokens_and_logprobs_match_hf(gpt_oss.hf, second, results, LOGPROB_TOL)
 
 
 # --- each distinctive part is caught --------------------------------------------------------------------
@@ -159,10 +137,7 @@ def test_each_distinctive_part_is_caught_when_switched_off(
         switch_off: Callable[[torch.nn.Module, pytest.MonkeyPatch], None]) -> None:
     runner = make_runner(gpt_oss.path, block_size=4)
     switch_off(runner.model, monkeypatch)
-    seqs = Seqs(runner.block_size, seed=3)
-    chunks = [(seqs.add(n), n) for n in (18, 45, 70)]
-    logits = runner.execute(seqs.step(chunks))
-    expected = seqs.expected(gpt_oss, chunks)
+    logits, expected = prefill_logits_and_expected(runner, gpt_oss)
     assert (logits - expected).abs().max() > 0.5  # measured 1.9-4.6, against 3e-6 switched on
     assert (logits.argmax(-1) != expected.argmax(-1)).float().mean() > 0.2  # measured 45-76% of greedy picks
 
@@ -214,14 +189,6 @@ def test_other_quantization_methods_are_refused() -> None:
         gpt_oss_config(config, max_positions=8)
 
 
-def _load(path: Path) -> torch.nn.Module:
-    shape = attention_shape(read_config(path))
-    backend = TorchPagedAttention(shape.num_heads, shape.num_kv_heads, shape.head_dim, 16, scale=shape.scale,
-                                  windows=shape.windows)
-    model, _ = load_model(path, backend, dtype=torch.float32, device=torch.device("cpu"), max_positions=64)
-    return model
-
-
 def _with_weights(path: Path, tmp_path: Path, name: str, weights: dict[str, torch.Tensor],
                   config_update: dict[str, Any] | None = None) -> Path:
     copy = shutil.copytree(path, tmp_path / name)
@@ -245,8 +212,8 @@ def test_mxfp4_experts_load_as_transformers_dequantizes_them(gpt_oss: Reference,
         quantized[f"{name}_scales"], quantized[f"{name}_blocks"] = scales, blocks  # scales first: order is free
         dequantized[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
     mxfp4 = {"quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}}
-    ours = _load(_with_weights(gpt_oss.path, tmp_path, "mxfp4", quantized, mxfp4)).state_dict()
-    reference = _load(_with_weights(gpt_oss.path, tmp_path, "dequantized", dequantized)).state_dict()
+    ours = load_float32(_with_weights(gpt_oss.path, tmp_path, "mxfp4", quantized, mxfp4)).state_dict()
+    reference = load_float32(_with_weights(gpt_oss.path, tmp_path, "dequantized", dequantized)).state_dict()
     assert ours.keys() == reference.keys()
     for name, tensor in ours.items():
         assert torch.equal(tensor, reference[name]), name
@@ -258,12 +225,12 @@ def test_mxfp4_blocks_without_scales_are_an_error(gpt_oss: Reference, tmp_path: 
     del weights[name]
     weights[f"{name}_blocks"] = torch.zeros(4, 64, 1, 16, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"MXFP4 tensors without their blocks or scales.*down_proj_blocks"):
-        _load(_with_weights(gpt_oss.path, tmp_path, "broken", weights))
+        load_float32(_with_weights(gpt_oss.path, tmp_path, "broken", weights))
 
 
 def test_lora_and_tensor_parallelism_are_refused(gpt_oss: Reference) -> None:
     with pytest.raises(ValueError, match=r"LoRA is not supported for mixture-of-experts models \(GptOssForCausalLM\)"):
-        lora_model_shapes(_load(gpt_oss.path))
+        lora_model_shapes(load_float32(gpt_oss.path))
     config = read_config(gpt_oss.path)
     with pytest.raises(ValueError, match="tensor parallelism does not support mixture-of-experts models"):
         check_tensor_parallel(config, attention_shape(config), world=2)

@@ -23,24 +23,31 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
-from pipeline.model.attention.paged import TorchPagedAttention
 from pipeline.model.attention.windows import Chunk
 from pipeline.model.layers import rope
 from pipeline.model.layers.scored_input_moe import InputMajorExperts
-from pipeline.model.loader import attention_shape, language_config, load_model, read_config
+from pipeline.model.loader import attention_shape, language_config, read_config
 from pipeline.model.lora import lora_model_shapes
 from pipeline.model.models import llama4
 from pipeline.model.models.llama4_config import llama4_config
 from pipeline.model.parallel.sharding import check_tensor_parallel
 from pipeline.model.runner import ModelRunner
 from pipeline.request.sampling_params import SamplingParams
+from tests.pipeline.model.family_checks import check_prefills_then_decodes, load_float32, prefill_logits_and_expected
 from tests.pipeline.model.test_model_forward import NUM_BLOCKS, Reference, Seqs, make_runner, run_and_check
 from tests.pipeline.model.window_checks import (
     check_across_the_window,
     check_chunks_over_cached_context,
     check_decode_path,
 )
-from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
+from tests.support.engine_helpers import (
+    assert_greedy_equal,
+    assert_tokens_and_logprobs_match_hf,
+    hf_greedy,
+    logprob_workload,
+    make_engine,
+    run_requests,
+)
 from tests.support.hf_models import make_tiny_hf_model
 
 CHUNK = 13  # tests/support/hf_models.py's llama4 attention_chunk_size
@@ -127,45 +134,18 @@ def test_bfloat16_logits_match_hf_bfloat16(model: Reference, decode_path: str) -
     runner = ModelRunner(ModelConfig(quantization="none", device="cpu", dtype="bfloat16"),
                          CacheConfig(block_size=4, num_kv_blocks=NUM_BLOCKS), SchedulerConfig(), str(model.path))
     reference = Reference(model.path, AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.bfloat16).eval())
-    seqs = Seqs(runner.block_size, seed=6)
-    chunks = [(seqs.add(n), n) for n in (18, 45)]
-    for _ in range(3):
-        logits = runner.execute(seqs.step(chunks))
-        torch.testing.assert_close(logits, seqs.expected(reference, chunks), atol=tolerance, rtol=0)
-        for seq, _ in chunks:
-            seqs.append_token(seq)
-        chunks = [(seq, 1) for seq, _ in chunks]
+    check_prefills_then_decodes(runner, reference, Seqs(runner.block_size, seed=6), (18, 45), num_steps=3,
+                                atol=tolerance)
 
 
 # --- greedy tokens and logprobs through the engine ----------------------------------------------------
 
-def _workload(seed: int, count: int) -> dict[str, tuple[list[int], SamplingParams]]:
-    rng = random.Random(seed)
-    return {f"r{i}": ([rng.randrange(3, 512) for _ in range(rng.randint(1, 60))],
-                      SamplingParams(max_tokens=rng.randint(4, 16), temperature=0.0, ignore_eos=True, logprobs=2))
-            for i in range(count)}
-
-
-def _check_tokens_and_logprobs(hf: torch.nn.Module, requests: dict, results: dict) -> None:
-    for request_id, (prompt, params) in requests.items():
-        choice = results[request_id]["choices"][0]
-        theirs, logits = hf_greedy(hf, prompt, params.max_tokens)
-        assert_greedy_equal(choice["token_ids"], theirs, logits, request_id)
-        expected = torch.log_softmax(logits, dim=-1)
-        same = next((i for i, (a, b) in enumerate(zip(choice["token_ids"], theirs, strict=True)) if a != b),
-                    len(theirs))  # logprobs are comparable up to a near-tie divergence
-        for step, entry in enumerate(choice["logprobs"][:same]):
-            assert abs(entry.logprob - float(expected[step, entry.token_id])) < LOGPROB_TOL, (request_id, step)
-            for token_id, logprob in entry.top:
-                assert abs(logprob - float(expected[step, token_id])) < LOGPROB_TOL, (request_id, step)
-
-
 def test_greedy_tokens_and_logprobs_match_hf_under_chunked_prefill_and_preemption(model: Reference) -> None:
-    requests = _workload(seed=2, count=8)
+    requests = logprob_workload(seed=2, count=8, max_prompt=60)
     engine = make_engine(model.path, block_size=4, num_kv_blocks=40, max_num_batched_tokens=24, max_num_seqs=8)
     results = run_requests(engine, requests)
     assert engine.scheduler.num_preemptions > 0
-    _check_tokens_and_logprobs(model.hf, requests, results)
+    assert_tokens_and_logprobs_match_hf(model.hf, requests, results, LOGPROB_TOL)
     assert engine.scheduler.kv_cache.num_free_blocks == 40
 
 
@@ -179,7 +159,7 @@ def test_prefix_cache_hits_give_hf_tokens_and_logprobs(model: Reference) -> None
                         SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True, logprobs=2)) for i in range(3)}
     results = run_requests(engine, second)
     assert all(results[r]["usage"].cached_tokens == 40 for r in second)
-    _check_tokens_and_logprobs(model.hf, second, results)
+    assert_tokens_and_logprobs_match_hf(model.hf, second, results, LOGPROB_TOL)
 
 
 def test_a_model_of_chunked_layers_only_holds_the_blocks_of_its_chunks(tmp_path: Path) -> None:
@@ -255,10 +235,7 @@ def test_each_distinctive_part_is_caught_when_switched_off(
         switch_off: Callable[[ModelRunner, pytest.MonkeyPatch], None]) -> None:
     runner = make_runner(model.path, block_size=4)
     switch_off(runner, monkeypatch)
-    seqs = Seqs(runner.block_size, seed=3)
-    chunks = [(seqs.add(n), n) for n in (18, 45, 70)]
-    logits = runner.execute(seqs.step(chunks))
-    expected = seqs.expected(model, chunks)
+    logits, expected = prefill_logits_and_expected(runner, model)
     assert (logits - expected).abs().max() > 0.5  # measured 1.2-5.4, against 4e-6 switched on
     assert (logits.argmax(-1) != expected.argmax(-1)).float().mean() > 0.15  # measured 25-65% of greedy picks
 
@@ -331,17 +308,9 @@ def test_unserved_variants_are_refused_by_name(override: dict[str, Any], message
         llama4_config({"architectures": ["Llama4ForCausalLM"], **_SMALL, **override}, max_positions=1)
 
 
-def _load(path: Path) -> torch.nn.Module:
-    shape = attention_shape(read_config(path))
-    backend = TorchPagedAttention(shape.num_heads, shape.num_kv_heads, shape.head_dim, 16, scale=shape.scale,
-                                  windows=shape.windows)
-    loaded, _ = load_model(path, backend, dtype=torch.float32, device=torch.device("cpu"), max_positions=64)
-    return loaded
-
-
 def test_lora_and_tensor_parallelism_are_refused(model: Reference, multimodal: Reference) -> None:
     with pytest.raises(ValueError, match=r"LoRA is not supported for mixture-of-experts models \(Llama4ForCausalLM\)"):
-        lora_model_shapes(_load(model.path))
+        lora_model_shapes(load_float32(model.path))
     config = read_config(model.path)
     with pytest.raises(ValueError, match="tensor parallelism does not support mixture-of-experts models"):
         check_tensor_parallel(config, attention_shape(config), world=2)
@@ -373,8 +342,8 @@ def test_multimodal_checkpoint_logits_match_hf_text_only(multimodal: Reference) 
 
 
 def test_multimodal_greedy_tokens_match_hf_under_preemption_and_chunked_prefill(multimodal: Reference) -> None:
-    requests = _workload(seed=4, count=8)
+    requests = logprob_workload(seed=4, count=8, max_prompt=60)
     engine = make_engine(multimodal.path, block_size=4, num_kv_blocks=40, max_num_batched_tokens=24, max_num_seqs=8)
     results = run_requests(engine, requests)
     assert engine.scheduler.num_preemptions > 0
-    _check_tokens_and_logprobs(multimodal.hf, requests, results)
+    assert_tokens_and_logprobs_match_hf(multimodal.hf, requests, results, LOGPROB_TOL)

@@ -15,9 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from pipeline.model.attention.paged import TorchPagedAttention
-from pipeline.model.loader import attention_shape, load_model, read_config
 from pipeline.model.models import family_of
+from tests.pipeline.model.family_checks import load_float32
 from tests.support.hf_models import make_tiny_hf_model
 
 _PHI3: dict[str, Any] = {
@@ -59,14 +58,6 @@ def test_phi3_uses_its_window_on_every_layer_and_never_biases() -> None:
     assert not (decoder.qkv_bias or decoder.o_bias or decoder.mlp_bias)
 
 
-def _load(path: Path) -> torch.nn.Module:
-    shape = attention_shape(read_config(path))
-    backend = TorchPagedAttention(shape.num_heads, shape.num_kv_heads, shape.head_dim, 16, scale=shape.scale,
-                                  windows=shape.windows)
-    model, _ = load_model(path, backend, dtype=torch.float32, device=torch.device("cpu"), max_positions=64)
-    return model
-
-
 @pytest.fixture(scope="module")
 def mixtral_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_hf_model("mixtral", tmp_path_factory.mktemp("mixtral"))
@@ -89,7 +80,7 @@ def test_mixtral_fused_expert_names_load_the_same_weights(mixtral_path: Path, tm
     fused = {name: tensor.contiguous() for name, tensor in hf.state_dict().items()}
     assert "model.layers.0.mlp.experts.gate_up_proj" in fused  # HF v5's in-memory names
     fused_path = _copy_with_weights(mixtral_path, tmp_path / "fused", fused)
-    per_expert, from_fused = _load(mixtral_path).state_dict(), _load(fused_path).state_dict()
+    per_expert, from_fused = load_float32(mixtral_path).state_dict(), load_float32(fused_path).state_dict()
     assert per_expert.keys() == from_fused.keys()
     for name, tensor in per_expert.items():
         assert torch.equal(tensor, from_fused[name]), name
@@ -102,7 +93,7 @@ def test_mixtral_missing_expert_weight_is_an_error(mixtral_path: Path, tmp_path:
     del weights["model.layers.1.block_sparse_moe.experts.2.w3.weight"]
     path = _copy_with_weights(mixtral_path, tmp_path / "m", weights)
     with pytest.raises(ValueError, match=r"missing weights: \['model.layers.1.mlp.experts.gate_up_proj'\]"):
-        _load(path)
+        load_float32(path)
 
 
 def test_mixtral_expert_beyond_the_config_is_an_error(mixtral_path: Path, tmp_path: Path) -> None:
@@ -110,7 +101,7 @@ def test_mixtral_expert_beyond_the_config_is_an_error(mixtral_path: Path, tmp_pa
     weights["model.layers.0.block_sparse_moe.experts.4.w1.weight"] = torch.zeros(128, 64)
     path = _copy_with_weights(mixtral_path, tmp_path / "m", weights)
     with pytest.raises(ValueError, match=r"unexpected weight in checkpoint: .*experts\.4\.w1\.weight"):
-        _load(path)
+        load_float32(path)
 
 
 def test_wrongly_shaped_weight_is_an_error(mixtral_path: Path, tmp_path: Path) -> None:
@@ -118,4 +109,4 @@ def test_wrongly_shaped_weight_is_an_error(mixtral_path: Path, tmp_path: Path) -
     weights["model.layers.0.block_sparse_moe.experts.0.w2.weight"] = torch.zeros(128, 64)  # transposed
     path = _copy_with_weights(mixtral_path, tmp_path / "m", weights)
     with pytest.raises(ValueError, match=r"experts.0.w2.weight has shape \(128, 64\), expected \(64, 128\)"):
-        _load(path)
+        load_float32(path)

@@ -41,9 +41,15 @@ from pipeline.model.models.qwen3_next_config import hybrid_config
 from pipeline.model.runner import ModelRunner
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.step.inputs import StepInputs
+from tests.pipeline.model.family_checks import check_prefills_then_decodes
 from tests.pipeline.model.test_model_forward import NUM_BLOCKS, Reference, Seqs, make_runner
 from tests.pipeline.test_beam_search import MAX_NEW_TOKENS, hf_beam_search
-from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
+from tests.support.engine_helpers import (
+    assert_tokens_and_logprobs_match_hf,
+    logprob_workload,
+    make_engine,
+    run_requests,
+)
 from tests.support.hf_models import make_tiny_hf_model
 
 ARCHS = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
@@ -134,14 +140,8 @@ def test_bfloat16_logits_match_hf_bfloat16(arch: str, tmp_path: Path) -> None:
     runner = ModelRunner(ModelConfig(quantization="none", device="cpu", dtype="bfloat16"),
                          CacheConfig(block_size=4, num_kv_blocks=NUM_BLOCKS), SchedulerConfig(), str(path))
     reference = Reference(path, AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval())
-    seqs = Seqs(runner.block_size, seed=6)
-    chunks = [(seqs.add(n), n) for n in (18, 45)]
-    for _ in range(3):
-        logits = runner.execute(seqs.step(chunks))
-        torch.testing.assert_close(logits, seqs.expected(reference, chunks), atol=1 / 16, rtol=0)
-        for seq, _ in chunks:
-            seqs.append_token(seq)
-        chunks = [(seq, 1) for seq, _ in chunks]
+    check_prefills_then_decodes(runner, reference, Seqs(runner.block_size, seed=6), (18, 45), num_steps=3,
+                                atol=1 / 16)
 
 
 # --- each distinctive part is caught ----------------------------------------------------------------------
@@ -221,34 +221,14 @@ def test_the_qwen3_next_grouped_projections_are_regrouped(tmp_path: Path, monkey
 
 # --- greedy tokens and logprobs through the engine ---------------------------------------------------------
 
-def _workload(seed: int, count: int, max_prompt: int = 90) -> dict[str, tuple[list[int], SamplingParams]]:
-    rng = random.Random(seed)
-    return {f"r{i}": ([rng.randrange(3, 512) for _ in range(rng.randint(1, max_prompt))],
-                      SamplingParams(max_tokens=rng.randint(4, 16), temperature=0.0, ignore_eos=True, logprobs=2))
-            for i in range(count)}
-
-
-def _check_tokens_and_logprobs(hf: torch.nn.Module, requests: dict, results: dict) -> None:
-    for request_id, (prompt, params) in requests.items():
-        choice = results[request_id]["choices"][0]
-        theirs, logits = hf_greedy(hf, prompt, params.max_tokens)
-        assert_greedy_equal(choice["token_ids"], theirs, logits, request_id)
-        expected = torch.log_softmax(logits, dim=-1)
-        same = next((i for i, (a, b) in enumerate(zip(choice["token_ids"], theirs, strict=True)) if a != b),
-                    len(theirs))  # logprobs are comparable up to a near-tie divergence
-        for step, entry in enumerate(choice["logprobs"][:same]):
-            for token_id, logprob in [(entry.token_id, entry.logprob), *entry.top]:
-                assert abs(logprob - float(expected[step, token_id])) < LOGPROB_TOL, (request_id, step)
-
-
 def test_greedy_tokens_and_logprobs_match_hf_under_chunked_prefill_and_preemption(model: Reference) -> None:
     """Prompts up to 90 tokens against a budget of 24 a step, 8 sequences at once, too few blocks for all."""
-    requests = _workload(seed=2, count=8)
+    requests = logprob_workload(seed=2, count=8, max_prompt=90)
     engine = make_engine(model.path, block_size=4, num_kv_blocks=40, max_num_batched_tokens=24, max_num_seqs=8)
     results = run_requests(engine, requests)
     assert engine.scheduler.num_preemptions > 0
     assert max(len(prompt) for prompt, _ in requests.values()) > 24
-    _check_tokens_and_logprobs(model.hf, requests, results)
+    assert_tokens_and_logprobs_match_hf(model.hf, requests, results, LOGPROB_TOL)
     assert engine.scheduler.kv_cache.num_free_blocks == 40
 
 
@@ -262,7 +242,7 @@ def test_prefix_caching_is_off_and_shared_prefixes_still_give_hf_tokens(model: R
                         SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=2)) for i in range(3)}
     results = run_requests(engine, second)
     assert all(results[r]["usage"].cached_tokens == 0 for r in second)
-    _check_tokens_and_logprobs(model.hf, second, results)
+    assert_tokens_and_logprobs_match_hf(model.hf, second, results, LOGPROB_TOL)
 
 
 def test_beam_search_forks_recompute_and_equal_hf(model: Reference) -> None:
@@ -415,6 +395,6 @@ def test_multimodal_checkpoints_serve_text_like_hf(arch: str, tmp_path: Path) ->
     _run_and_check(runner, seqs, reference, [(long_prompt, 23), (short, 9)])
     seqs.append_token(short)
     _run_and_check(runner, seqs, reference, [(short, 1), (long_prompt, 27)])
-    requests = _workload(seed=4, count=4, max_prompt=40)
+    requests = logprob_workload(seed=4, count=4, max_prompt=40)
     engine = make_engine(reference.path, block_size=4, num_kv_blocks=40, max_num_batched_tokens=24, max_num_seqs=4)
-    _check_tokens_and_logprobs(reference.hf, requests, run_requests(engine, requests))
+    assert_tokens_and_logprobs_match_hf(reference.hf, requests, run_requests(engine, requests), LOGPROB_TOL)

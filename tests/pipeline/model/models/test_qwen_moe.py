@@ -20,13 +20,13 @@ from transformers import AutoModelForCausalLM
 from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-from pipeline.model.attention.paged import TorchPagedAttention
 from pipeline.model.layers.moe import SharedExpertMoE, SparseMoE
-from pipeline.model.loader import attention_shape, load_model, read_config
+from pipeline.model.loader import attention_shape, read_config
 from pipeline.model.lora import lora_model_shapes
 from pipeline.model.models.qwen2_moe import qwen2_moe_config
 from pipeline.model.models.qwen3_moe import qwen3_moe_config
 from pipeline.model.parallel.sharding import shard_model
+from tests.pipeline.model.family_checks import load_float32
 from tests.support.hf_models import make_tiny_hf_model
 
 FAMILIES = ["qwen3_moe", "qwen2_moe"]
@@ -36,14 +36,6 @@ _SMALL: dict[str, Any] = {"vocab_size": 64, "hidden_size": 64, "intermediate_siz
                           "num_experts_per_tok": 2, "moe_intermediate_size": 16,
                           "shared_expert_intermediate_size": 24}
 _HF_BLOCKS = {"Qwen3Moe": Qwen3MoeSparseMoeBlock, "Qwen2Moe": Qwen2MoeSparseMoeBlock}
-
-
-def _load(path: Path) -> torch.nn.Module:
-    shape = attention_shape(read_config(path))
-    backend = TorchPagedAttention(shape.num_heads, shape.num_kv_heads, shape.head_dim, 16, scale=shape.scale,
-                                  windows=shape.windows)
-    model, _ = load_model(path, backend, dtype=torch.float32, device=torch.device("cpu"), max_positions=64)
-    return model
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -98,7 +90,7 @@ def test_fused_expert_names_load_the_same_weights(family_path: tuple[str, Path],
     assert f"model.layers.{layer}.mlp.experts.gate_up_proj" in fused  # HF v5's in-memory names
     fused_path = shutil.copytree(path, tmp_path / "fused")
     save_file(fused, fused_path / "model.safetensors", metadata={"format": "pt"})
-    per_expert, from_fused = _load(path).state_dict(), _load(fused_path).state_dict()
+    per_expert, from_fused = load_float32(path).state_dict(), load_float32(fused_path).state_dict()
     assert per_expert.keys() == from_fused.keys()
     for name, tensor in per_expert.items():
         assert torch.equal(tensor, from_fused[name]), name
@@ -112,7 +104,7 @@ def test_expert_beyond_the_config_is_an_error(family_path: tuple[str, Path], tmp
     broken = shutil.copytree(path, tmp_path / "m")
     save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=rf"unexpected weight in checkpoint: .*experts\.{experts}\.gate_proj"):
-        _load(broken)
+        load_float32(broken)
 
 
 # --- bfloat16 routing --------------------------------------------------------------------------------
@@ -152,11 +144,11 @@ def test_bfloat16_block_equals_transformers_block(arch: str, norm_topk_prob: boo
 
 def test_lora_is_refused(family_path: tuple[str, Path]) -> None:
     with pytest.raises(ValueError, match="LoRA is not supported for mixture-of-experts models"):
-        lora_model_shapes(_load(family_path[1]))
+        lora_model_shapes(load_float32(family_path[1]))
 
 
 def test_tensor_parallel_is_refused_when_sharding(family_path: tuple[str, Path]) -> None:
     path = family_path[1]
     shape = attention_shape(read_config(path))
     with pytest.raises(ValueError, match="mixture-of-experts models run with tensor_parallel_size 1"):
-        shard_model(_load(path), shape, rank=0, world=2)
+        shard_model(load_float32(path), shape, rank=0, world=2)
