@@ -71,6 +71,13 @@ def _run_offline_interruptibly(device: Any, engine: Any, requests: list[Any], pr
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from actors.cli.bench_serve.args import resolve_bench_defaults
+
+    resolve_bench_defaults(args)
+    if args.serve:
+        from actors.cli.bench_serve.run import run_bench_serve
+
+        return run_bench_serve(args)
     from actors.cli.bench import run_bench
 
     run_bench(args)
@@ -163,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     log_level = argparse.ArgumentParser(add_help=False)
     log_level.add_argument("--log-level", default=argparse.SUPPRESS)
 
+    from actors.cli.bench_serve.args import add_bench_serve_args
     from actors.http.serve_args import add_serve_args, add_tool_args
 
     batch = commands.add_parser("batch", parents=[log_level],
@@ -187,14 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", parents=[log_level],
                                  help="synthetic throughput: this engine vs HF transformers generate")
-    bench.add_argument("--num-requests", type=int, default=128)
+    bench.add_argument("--num-requests", type=int, default=None, help="default 128; with --serve 32")
     bench.add_argument("--prompt-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
-    bench.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
+    bench.add_argument("--output-len", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                       help="default 16 256; with --serve 128 128")
     bench.add_argument("--hf-batch-size", type=int, default=None, help="HF static batch size (default: all)")
     bench.add_argument("--skip-hf", action="store_true", help="no HF transformers baseline")
     bench.add_argument("--skip-peer", action="store_true",
-                       help="no llama.cpp column (run only when llama-cpp-python is installed and the model is GGUF)")
+                       help="no llama.cpp column (run only when llama-cpp-python is installed and the model is GGUF); "
+                            "with --serve, no peer servers")
     bench.add_argument("--workload-seed", type=int, default=0)
+    add_bench_serve_args(bench)
     add_engine_args(bench)
     bench.set_defaults(handler=_bench)
 
