@@ -7,9 +7,11 @@
 - alone: the few requests, sent together, on an idle deployment;
 - beside the flood: the flood's requests sent together, then after --lead-s the few, each tenant
   with its own key (the gateway's fair gate and the workers' fair share keep them apart);
+- the same with the workers' step shares off (`--fair-step-tokens 0`: seats and order only);
 - one key: the same, both with the flood's key (one tenant: first come, first served).
 Every request is a completion of --max-tokens greedy tokens (ignore_eos). Printed: the few's
-end-to-end latency p50 and max, and p50 as a multiple of alone. With --kill-after-s and 2+ workers,
+end-to-end latency p50 and max, and p50 as a multiple of alone; the flood's last answer (what the
+shares cost it). With --kill-after-s and 2+ workers,
 worker 0 is killed with SIGKILL that long into each loaded round and every request must still come
 back whole, exactly once. Figures depend on the machine and on what else runs on it: compare the
 ratios of one run.
@@ -42,7 +44,7 @@ async def _complete(http: httpx.AsyncClient, base_url: str, key: str, tag: str, 
 
 
 async def _round(base_url: str, args: argparse.Namespace, flood_key: str | None, few_key: str,
-                 deployment: Deployment) -> list[float]:
+                 deployment: Deployment) -> tuple[list[float], float | None]:
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=1000)) as http:
         flood = [asyncio.create_task(_complete(http, base_url, flood_key, f"flood {i}", args))
                  for i in range(args.flood if flood_key else 0)]
@@ -50,10 +52,10 @@ async def _round(base_url: str, args: argparse.Namespace, flood_key: str | None,
             await asyncio.sleep(args.lead_s)
         killer = asyncio.create_task(_kill_later(deployment, args)) if flood and args.kill_after_s else None
         few = await asyncio.gather(*(_complete(http, base_url, few_key, f"few {i}", args) for i in range(args.few)))
-        await asyncio.gather(*flood)  # every one whole (each checks its tokens), or the round fails
+        flood_latencies = await asyncio.gather(*flood)  # every one whole (each checks its tokens), or it fails
         if killer is not None:
             await killer
-    return few
+    return few, max(flood_latencies, default=None)
 
 
 async def _kill_later(deployment: Deployment, args: argparse.Namespace) -> None:
@@ -69,17 +71,18 @@ def _keys_file() -> Path:
     return path
 
 
-def _report(label: str, latencies: list[float], alone_p50: float | None) -> float:
+def _report(label: str, latencies: list[float], flood_last: float | None, alone_p50: float | None) -> float:
     p50 = statistics.median(latencies)
     ratio = f" ({p50 / alone_p50:.1f}x alone)" if alone_p50 else ""
-    print(f"{label}: the few's latency p50 {p50:.2f} s{ratio}, max {max(latencies):.2f} s")
+    flood = f"; the flood's last answer at {flood_last:.2f} s" if flood_last is not None else ""
+    print(f"{label}: the few's latency p50 {p50:.2f} s{ratio}, max {max(latencies):.2f} s{flood}")
     return p50
 
 
-def _fresh(args: argparse.Namespace) -> tuple[Deployment, str]:
+def _fresh(args: argparse.Namespace, worker_flags: tuple[str, ...]) -> tuple[Deployment, str]:
     deployment = Deployment(args.redis_url, args.model)
     for _ in range(args.workers):
-        deployment.start_worker()
+        deployment.start_worker(*worker_flags)
     gateway = deployment.start_gateway("--api-keys", str(_keys_file()), "--max-pending", "1000")
     return deployment, gateway.url
 
@@ -97,18 +100,21 @@ def main() -> None:
     parser.add_argument("--kill-after-s", type=float, default=0.0, help="kill worker 0 this long into loaded rounds")
     args = parser.parse_args()
     args.model_name = args.model
-    rounds = (("alone", None, KEYS["few"]), ("beside the flood, own key", KEYS["flood"], KEYS["few"]),
-              ("beside the flood, one key", KEYS["flood"], KEYS["flood"]))
+    rounds = (("alone", None, KEYS["few"], ()),
+              ("beside the flood, own key", KEYS["flood"], KEYS["few"], ()),
+              ("beside the flood, own key, --fair-step-tokens 0", KEYS["flood"], KEYS["few"],
+               ("--fair-step-tokens", "0")),
+              ("beside the flood, one key", KEYS["flood"], KEYS["flood"], ()))
     alone_p50 = None
-    for label, flood_key, few_key in rounds:
-        deployment, base_url = _fresh(args)  # fresh processes: no cache or state carries over
+    for label, flood_key, few_key, worker_flags in rounds:
+        deployment, base_url = _fresh(args, worker_flags)  # fresh processes: no cache or state carries over
         try:
             args.model_name = httpx.get(f"{base_url}/v1/models", headers={
                 "Authorization": f"Bearer {KEYS['few']}"}).json()["data"][0]["id"]
-            latencies = asyncio.run(_round(base_url, args, flood_key, few_key, deployment))
+            latencies, flood_last = asyncio.run(_round(base_url, args, flood_key, few_key, deployment))
         finally:
             deployment.close()
-        p50 = _report(label, latencies, alone_p50)
+        p50 = _report(label, latencies, flood_last, alone_p50)
         alone_p50 = alone_p50 or p50
 
 

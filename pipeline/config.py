@@ -142,8 +142,14 @@ class SchedulerConfig:
     # Under "priority": prompt tokens of requests with priority > 0 (bulk) computed per step at most, so
     # a step of bulk prefill is short and a more urgent request arriving meanwhile waits for little.
     max_bulk_prefill_tokens: int | None = 512
+    # Under "priority", when several tenants have work in a step, the busiest is held to the next one's
+    # level of tokens, at least this many (pipeline/scheduling/tenant_shares.py); None: tenants share
+    # steps as they come (seats are still shared fairly).
+    fair_step_tokens: int | None = 8
 
     def __post_init__(self) -> None:
+        _require(self.fair_step_tokens is None or self.fair_step_tokens >= 1,
+                 f"fair_step_tokens must be >= 1 or None, got {self.fair_step_tokens}")
         _require(self.max_bulk_prefill_tokens is None or self.max_bulk_prefill_tokens >= 1,
                  f"max_bulk_prefill_tokens must be >= 1 or None, got {self.max_bulk_prefill_tokens}")
         _require(self.scheduling_policy in SCHEDULING_POLICIES,

@@ -25,7 +25,9 @@ from queue_adapters.chat_message import ChatMessage, check_tool_roles
 from queue_adapters.wire_limits import WireLimitError, WireLimits, check_wire_limits
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
-MAX_ID_LENGTH = 128
+# A client's id is at most 128 characters (X-Request-Id); the wire's allows a gateway's tenant namespace
+# (actors/http/tenancy/id_namespaces.py) and a prompt's `:index` after it.
+MAX_ID_LENGTH = 160
 MAX_KEY_LENGTH = 512  # reply_to is a Redis key; long enough for any prefix, short enough to refuse junk
 
 RequestId = Annotated[str, Meta(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)]

@@ -52,6 +52,7 @@ class Sequence:
     # The last token is a placeholder for one a step in flight is sampling (pipeline/scheduling/lookahead.py).
     has_placeholder: bool = False
     waiting_since_step: int = 0  # the scheduler step it last joined the waiting queue (priority aging)
+    last_scheduled_step: int = -1  # the last step that computed tokens of it (tenants' decode rows rotate by it)
     # Draft tokens a step in flight is verifying after the last token (pipeline/speculative/speculator.py);
     # not part of token_ids until accepted.
     draft_token_ids: list[int] = field(default_factory=list)

@@ -18,6 +18,10 @@ input id: no penalties, DRY or mirostat (they read the output history or N's mu)
 a sequence is in step N, nothing is planned ahead and the scheduler waits for N, as the plain step
 loop does. A sequence that N surely finishes (it reaches max_tokens or the context length) gets no
 placeholder and simply sits N + 1 out.
+
+Nor is anything planned ahead of a step of more than PLAN_AHEAD_MAX_TOKENS tokens (prefill): such a
+step runs long (2,048 prompt tokens take ~2 s on a 2-core CPU) against the milliseconds planning saves,
+and a request arriving during it would otherwise wait for the step planned ahead as well.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from __future__ import annotations
 from pipeline.request.request import Sequence
 from pipeline.request.sampling_params import SamplingParams
 from pipeline.step.plan import PLACEHOLDER_TOKEN
+
+PLAN_AHEAD_MAX_TOKENS = 512
 
 
 def plans_ahead(params: SamplingParams) -> bool:

@@ -27,9 +27,10 @@ from pipeline.scheduling.beam_scheduling import BeamStep, new_beam_search, on_be
 from pipeline.scheduling.failures import FailedRequests, RequestFailure
 from pipeline.scheduling.grammar_masks import token_bitmasks
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
-from pipeline.scheduling.lookahead import add_placeholders, drop_placeholder, fill_placeholder
+from pipeline.scheduling.lookahead import PLAN_AHEAD_MAX_TOKENS, add_placeholders, drop_placeholder, fill_placeholder
 from pipeline.scheduling.stop_checks import check_stop
-from pipeline.scheduling.waiting_queue import WaitingQueue, urgency
+from pipeline.scheduling.tenant_shares import StepShares
+from pipeline.scheduling.waiting_queue import WaitingQueue
 from pipeline.speculative.speculator import Speculator
 from pipeline.step.plan import RunningSequence, StepPlan
 from pipeline.step.result import StepResult
@@ -59,7 +60,10 @@ class Scheduler(WaitingAdmission):
         if blocks_per_seq is None or blocks_per_seq > kv_cache.pool.num_blocks:
             max_model_len = min(max_model_len, kv_cache.pool.num_blocks * kv_cache.block_size)
         self.max_model_len = max_model_len
-        self._bulk_prefill_left: int | None = None  # this step's share left (see _bulk_capped)
+        self._bulk_prefill_left: int | None = None  # this step's share left (see _step_capped)
+        self._step_shares: StepShares | None = None  # what each tenant may compute this step
+        self._last_plan_tokens = 0  # tokens of the last plan made (schedule_ahead plans after short steps only)
+        self._seats_reserved: dict[str | None, int] = {}  # free seats kept this step for tenants under their share
         self.waiting = WaitingQueue(config.scheduling_policy, config.priority_aging_steps)
         self.by_priority = self.waiting.by_priority
         self.running: list[Sequence] = []
@@ -143,9 +147,10 @@ class Scheduler(WaitingAdmission):
         self._removed_seq_ids = []
         budget = self.config.max_num_batched_tokens
         self._bulk_prefill_left = self.config.max_bulk_prefill_tokens if self.by_priority else None
-        self.waiting.settle(plan.step_id)
         if self.by_priority:
-            self.running.sort(key=urgency)  # stable; preemption takes running[-1], the least urgent
+            self._share_between_tenants(plan, budget)
+        else:
+            self.waiting.settle(plan.step_id)
         budget, preempted = self._schedule_running(plan, budget)
         if not preempted:
             self._schedule_waiting(plan, budget)
@@ -159,6 +164,7 @@ class Scheduler(WaitingAdmission):
         self._add_token_bitmasks(plan)
         if plan.is_empty:  # not sent: the next plan tells tensor prep of the removed rows
             self._removed_seq_ids = plan.removed_seq_ids + self._removed_seq_ids
+        self._last_plan_tokens = sum(plan.num_scheduled_tokens.values())
         return plan
 
     def _add_token_bitmasks(self, plan: StepPlan) -> None:
@@ -173,6 +179,8 @@ class Scheduler(WaitingAdmission):
     def schedule_ahead(self) -> StepPlan | None:
         """The next plan while a step is still running (pipeline/scheduling/lookahead.py); None when a
         sequence of the running step needs its result before it can be planned."""
+        if self._last_plan_tokens > PLAN_AHEAD_MAX_TOKENS:
+            return None  # a long step: requests arriving during it may join the next
         if self.speculator is not None and self.speculator.holds_back_lookahead(self.running):
             return None
         if not add_placeholders(self.running, self.max_model_len):
@@ -191,9 +199,9 @@ class Scheduler(WaitingAdmission):
                 if index >= len(self.running) or budget <= 0:
                     break
             seq = self.running[index]
-            num_new = self._bulk_capped(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))
+            num_new = self._step_capped(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))
             if num_new == 0:  # a beam waiting for its siblings' candidates (only beam search parks), or
-                index += 1    # bulk prefill past this step's share
+                index += 1    # bulk prefill past this step's share, or its tenant's share of the step
                 continue
             num_blocks_before = len(seq.block_ids)
             draft = self._draft(seq, budget)
@@ -251,9 +259,12 @@ class Scheduler(WaitingAdmission):
     def take_failures(self) -> list[RequestFailure]:
         return self.failures.take()
 
-    def _bulk_capped(self, seq: Sequence, num_new: int) -> int:
-        """A bulk request's prefill chunk within what is left of the step's bulk prefill share
-        (max_bulk_prefill_tokens); any other chunk, and a decode, as it is."""
+    def _step_capped(self, seq: Sequence, num_new: int) -> int:
+        """`num_new` within what the sequence's tenant may still compute this step (tenant_shares.py)
+        and, for a bulk request's prefill chunk, what is left of the step's bulk prefill share
+        (max_bulk_prefill_tokens)."""
+        if self._step_shares is not None:
+            num_new = self._step_shares.allowed(seq, num_new)
         if self._bulk_prefill_left is None or num_new <= 1 or seq.request.priority <= 0:
             return num_new
         return min(num_new, self._bulk_prefill_left)
@@ -261,6 +272,9 @@ class Scheduler(WaitingAdmission):
     def _commit(self, seq: Sequence, num_new: int, plan: StepPlan) -> None:
         if self._bulk_prefill_left is not None and num_new > 1 and seq.request.priority > 0:
             self._bulk_prefill_left -= num_new
+        if self._step_shares is not None:
+            self._step_shares.commit(seq, num_new)
+        seq.last_scheduled_step = plan.step_id
         plan.num_scheduled_tokens[seq.seq_id] = num_new
         seq.num_computed_tokens += num_new
         seq.num_sent_tokens = seq.num_tokens

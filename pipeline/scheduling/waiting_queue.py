@@ -30,13 +30,17 @@ def aged_priority(seq: Sequence, step: int = 0, aging_steps: int = 0) -> int:
     return seq.request.priority - aged
 
 
-def urgency(seq: Sequence, step: int = 0, aging_steps: int = 0) -> tuple[int, float, int]:
-    """Sort key, smallest first: (priority less aging, the tenant's virtual start, the request's
-    arrival). The beams and choices of one request tie, so none of them ever takes another's place.
-    Only the first part may make one sequence take another's seat (Scheduler._admit_more_urgent): fair
-    share orders admission, it never preempts, or two tenants' requests would evict each other in turn."""
+def urgency(seq: Sequence, step: int = 0, aging_steps: int = 0,
+            over_share: frozenset[str | None] = frozenset()) -> tuple[int, bool, float, int]:
+    """Sort key, smallest first: (priority less aging, whether its tenant holds more seats than its
+    share (tenant_shares.py), the tenant's virtual start, the request's arrival). The beams and choices
+    of one request tie, so none of them ever takes another's place. Only the first part may make one
+    sequence take another's seat in general (Scheduler._admit_more_urgent); the second only lets a
+    tenant under its seat share take a seat of one over it (WaitingAdmission._take_fair_seats), so two
+    tenants never evict each other in turn."""
     start = seq.request.virtual_start
-    return aged_priority(seq, step, aging_steps), 0.0 if start is None else start, seq.request.arrival_order
+    return (aged_priority(seq, step, aging_steps), (seq.request.tenant or None) in over_share,
+            0.0 if start is None else start, seq.request.arrival_order)
 
 
 class WaitingQueue:
@@ -46,6 +50,7 @@ class WaitingQueue:
         self.by_priority = policy == "priority"
         self.aging_steps = aging_steps
         self.fair_share = FairShare()
+        self.over_share: frozenset[str | None] = frozenset()  # tenants over their seat share this step
         self._items: deque[Sequence] = deque()
         self._step = 0
 
@@ -58,8 +63,12 @@ class WaitingQueue:
         if len(self._items) > 1:
             self._items = deque(sorted(self._items, key=self.key))
 
-    def key(self, seq: Sequence) -> tuple[int, float, int]:
-        return urgency(seq, self._step, self.aging_steps)
+    def key(self, seq: Sequence) -> tuple[int, bool, float, int]:
+        return urgency(seq, self._step, self.aging_steps, self.over_share)
+
+    def running_key(self, seq: Sequence) -> tuple[int, bool, float, int]:
+        """A running sequence's place (unaged): the least urgent, then over its tenant's seat share, last."""
+        return urgency(seq, over_share=self.over_share)
 
     def aged_priority(self, seq: Sequence) -> int:
         return aged_priority(seq, self._step, self.aging_steps)
@@ -86,6 +95,10 @@ class WaitingQueue:
 
     def head(self) -> Sequence:
         return self._items[0]
+
+    def set_aside_head(self) -> Sequence:
+        """The head, taken out to let the ones behind it go first this step (`return_skipped` puts it back)."""
+        return self._items.popleft()
 
     def pop_head(self) -> Sequence:
         seq = self._items.popleft()

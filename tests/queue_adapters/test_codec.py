@@ -113,7 +113,7 @@ def test_reply_and_cancel_round_trip() -> None:
     ({"id": "", "prompt": "x"}, "id must have length >= 1"),
     ({"id": "a b", "prompt": "x"}, "id must match"),
     ({"id": "a/b", "prompt": "x"}, "id must match"),
-    ({"id": "a" * 129, "prompt": "x"}, "id must have length <= 128"),
+    ({"id": "a" * 161, "prompt": "x"}, "id must have length <= 160"),
     ({"id": "a", "prompt": "x", "reply_to": ""}, "reply_to must have length >= 1"),
     ({1: "a"}, "request keys must be a string, got an int"),
     (["id", "a"], "request must be a map, got a list"),

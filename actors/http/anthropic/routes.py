@@ -54,7 +54,7 @@ def add_anthropic_routes(app: FastAPI, generation: Generation, backend: Backend,
             log.warning("request fields ignored", request_id=parsed.wire.id,
                         fields=bounded_names(parsed.ignored_fields))
         if "x-request-id" in request.headers:
-            await generation.check_id_owner([parsed.response_id], caller(request), body)
+            generation.claim_ids(parsed, [parsed.response_id], caller(request), body)
         return parsed
 
     async def messages(request: Request) -> Response:

@@ -8,6 +8,7 @@ for the workers' fair share; metrics.py counts requests,
 their first entries and cancellations for /metrics.
 
 May import: actors.http.backends, actors.http.errors, actors.http.limits,
-actors.http.options, actors.http.request_ids, actors.http.tenancy.tenants, queue_adapters. Never a
+actors.http.options, actors.http.request_ids, actors.http.tenancy.tenants, actors.http.tenancy.id_namespaces,
+queue_adapters. Never a
 protocol package (openai/, kobold/), nor the app.
 """

@@ -28,10 +28,11 @@ from actors.http.generation.event_stream import EventStreamResponse
 from actors.http.generation.interrupts import ClientGone, DisconnectWatch, Interrupter, Watchdog
 from actors.http.generation.metrics import GatewayMetrics
 from actors.http.generation.reply_merge import merge_replies
-from actors.http.generation.request import GatewayRequest, ignored_fields_header
+from actors.http.generation.request import GatewayRequest, IdClaim, ignored_fields_header
 from actors.http.limits import PendingLimit
 from actors.http.options import GatewayOptions
 from actors.http.request_ids import MemoryRequestIds, request_fingerprint
+from actors.http.tenancy.id_namespaces import id_namespace
 from actors.http.tenancy.tenants import request_tenant, stamp_tenant
 from queue_adapters.client import assemble
 from queue_adapters.codec import CodecError, WireReply
@@ -109,7 +110,9 @@ class Generation:
 
     async def _handle(self, request: Request, parse: Parse[RequestT], shape: ResponseShape[RequestT]) -> Response:
         gateway_request = await parse(request)
-        stamp_tenant(gateway_request.wires, request_tenant(request, self.options.api_key, gateway_request.user))
+        tenant = request_tenant(request, self.options.api_key, gateway_request.user)
+        stamp_tenant(gateway_request.wires, tenant)
+        await self._bind_ids(gateway_request, id_namespace(tenant))
         self.pending.acquire()
         self.metrics.in_flight.inc()
         handed_over = False
@@ -133,13 +136,24 @@ class Generation:
                 watch.stop()
                 self._release()
 
-    async def check_id_owner(self, request_ids: list[str], authorization: str | None, body: Any) -> None:
+    @staticmethod
+    def claim_ids(parsed: GatewayRequest, request_ids: list[str], authorization: str | None, body: Any) -> None:
+        """Mark a request's ids as the client's own choice (`request_ids`: the client's id and every id
+        derived from it); they are bound to the client once its tenant is known (`_bind_ids`)."""
+        parsed.id_claim = IdClaim(list(dict.fromkeys(request_ids)), request_fingerprint(authorization, body))
+
+    async def _bind_ids(self, request: GatewayRequest, namespace: str) -> None:
         """A client-chosen id, and every id derived from it, attaches only the same client's retry of the
-        same request (request_ids.py)."""
+        same request (request_ids.py), within its tenant's namespace (tenancy/id_namespaces.py)."""
+        claim = request.id_claim
+        if claim is None:
+            return
+        if namespace:
+            for wire in request.wires:
+                wire.id = namespace + wire.id
         owners = getattr(self.backend, "request_ids", None) or self._local_ids
-        fingerprint = request_fingerprint(authorization, body)
-        for request_id in request_ids:
-            if not await owners.bind(request_id, fingerprint):
+        for request_id in claim.request_ids:
+            if not await owners.bind(namespace + request_id, claim.fingerprint):
                 raise ApiError(409, f"X-Request-Id {request_id!r} is in use by another request; choose another id",
                                param="X-Request-Id", code="request_id_conflict")
 

@@ -15,6 +15,12 @@ IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
 _MAX_NAMED = 32  # a header and a log line stay bounded whatever the body holds
 
 
+@dataclass(frozen=True, slots=True)
+class IdClaim:
+    request_ids: list[str]  # as the client named them, before its tenant's namespace
+    fingerprint: str  # request_ids.request_fingerprint of its key and body
+
+
 @dataclass(slots=True)
 class GatewayRequest:
     wires: list[WireRequest]  # one per prompt (chat: one)
@@ -23,6 +29,9 @@ class GatewayRequest:
     response_id: str = ""
     ignored_fields: tuple[str, ...] = ()  # unknown top-level fields taken off (actors/http/openai/unknown_fields.py)
     user: str | None = None  # OpenAI's `user`: splits a shared key's fair share (actors/http/tenancy/tenants.py)
+    # The client chose the id (X-Request-Id): the ids it names (its own and each prompt's) and who asked
+    # what, bound once its tenant is known (Generation.claim_ids, actors/http/tenancy/id_namespaces.py).
+    id_claim: IdClaim | None = None
 
     @property
     def wire(self) -> WireRequest:

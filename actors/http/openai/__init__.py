@@ -12,6 +12,7 @@ lora_openapi_paths.py documents them then).
 `aqueduct batch` takes the parsers and the answers through batch_lines.py alone. The reference is docs/http-api.md.
 
 May import: actors.http.generation, actors.http.backends, actors.http.errors, actors.http.limits,
-actors.http.options, actors.http.sampling_schema, actors.http.reasoning, actors.http.tool_parsers (the
+actors.http.options, actors.http.sampling_schema, actors.http.reasoning, actors.http.tool_parsers,
+actors.http.tenancy.id_namespaces (the
 plumbing), pipeline, queue_adapters. Never another protocol, nor the app that mounts these routes.
 """

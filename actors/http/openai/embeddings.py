@@ -80,8 +80,8 @@ def add_embedding_route(app: FastAPI, generation: Generation, backend: Backend, 
         parsed = parse_embedding_body(body, options.served_model_names or (backend.model_name,),
                                       request.headers.get("x-request-id"), options.request_timeout_s)
         if "x-request-id" in request.headers:
-            ids = list(dict.fromkeys([parsed.response_id, *(wire.id for wire in parsed.wires)]))
-            await generation.check_id_owner(ids, request.headers.get("authorization"), body)
+            ids = [parsed.response_id, *(wire.id for wire in parsed.wires)]
+            generation.claim_ids(parsed, ids, request.headers.get("authorization"), body)
         return parsed
 
     async def embeddings(request: Request) -> Response:

@@ -22,10 +22,12 @@ from actors.http.openai.chat_request import parse_chat_request
 from actors.http.openai.completion_request import Prompt, parse_completion_body, prompt_field
 from actors.http.openai.unknown_fields import take_unknown_fields
 from actors.http.reasoning import ReasoningFormat, decode_params, format_for_request
+from actors.http.tenancy.id_namespaces import NAMESPACE_LENGTH
 from actors.http.tool_parsers.plan import ToolPlan
 from queue_adapters.codec import MAX_ID_LENGTH, CodecError, WireRequest, check_request
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+MAX_CLIENT_ID_LENGTH = MAX_ID_LENGTH - NAMESPACE_LENGTH  # a prompt's `{id}:{index}`, before the tenant's namespace
 
 
 @dataclass(slots=True)
@@ -94,8 +96,8 @@ def prompt_ids(response_id: str, num_prompts: int) -> list[str]:
     """The wire ids of a request's prompts: its own id for one, `{id}:{index}` for several."""
     if num_prompts == 1:
         return [response_id]
-    if len(f"{response_id}:{num_prompts - 1}") > MAX_ID_LENGTH:
-        raise invalid(f"X-Request-Id must be at most {MAX_ID_LENGTH - 1 - len(str(num_prompts - 1))} characters "
+    if len(f"{response_id}:{num_prompts - 1}") > MAX_CLIENT_ID_LENGTH:
+        raise invalid(f"X-Request-Id must be at most {MAX_CLIENT_ID_LENGTH - 1 - len(str(num_prompts - 1))} characters "
                       f"for {num_prompts} prompts (each gets `:index` appended)", "X-Request-Id")
     return [f"{response_id}:{index}" for index in range(num_prompts)]
 

@@ -66,8 +66,8 @@ def _add_generation_routes(app: FastAPI, generation: Generation, backend: Backen
             log.warning("request fields ignored", request_id=parsed.wire.id,
                         fields=bounded_names(parsed.ignored_fields))
         if "x-request-id" in request.headers:  # the client's id and each prompt's `{id}:{index}`
-            ids = list(dict.fromkeys([parsed.response_id or parsed.wire.id, *(wire.id for wire in parsed.wires)]))
-            await generation.check_id_owner(ids, request.headers.get("authorization"), body)
+            ids = [parsed.response_id or parsed.wire.id, *(wire.id for wire in parsed.wires)]
+            generation.claim_ids(parsed, ids, request.headers.get("authorization"), body)
         return parsed
 
     async def completions(request: Request) -> Response:

@@ -52,7 +52,7 @@ def add_responses_routes(app: FastAPI, generation: Generation, backend: Backend,
             log.warning("request fields ignored", request_id=parsed.wire.id,
                         fields=bounded_names(parsed.ignored_fields))
         if "x-request-id" in request.headers:
-            await generation.check_id_owner([parsed.wire.id], request.headers.get("authorization"), body)
+            generation.claim_ids(parsed, [parsed.wire.id], request.headers.get("authorization"), body)
         return parsed
 
     async def create(request: Request) -> Response:

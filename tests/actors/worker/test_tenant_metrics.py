@@ -21,11 +21,11 @@ def test_queues_and_tokens_are_reported_per_tenant():
     for request in (_tenant_request("a0", "acme", n=2), _tenant_request("a1", "acme"), _tenant_request("x", None)):
         scheduler.add_request(request)
     metrics = WorkerMetrics()
-    run_step(scheduler)  # a0's two choices take both seats
+    run_step(scheduler)  # seat shares of 1 each: a0's first choice and x run
     metrics.tenants.set_queues(requests_by_tenant(scheduler.waiting), requests_by_tenant(scheduler.running))
-    assert _sample(metrics, "requests_running", "acme") == 1  # one request, though two choices
-    assert _sample(metrics, "requests_waiting", "acme") == 1
-    assert _sample(metrics, "requests_waiting", "(default)") == 1
+    assert _sample(metrics, "requests_running", "acme") == 1
+    assert _sample(metrics, "requests_waiting", "acme") == 2  # a0 (its second choice) and a1: requests, not choices
+    assert _sample(metrics, "requests_running", "(default)") == 1
     while scheduler.has_unfinished:
         run_step(scheduler)
     metrics.tenants.add_tokens(scheduler.take_tenant_tokens())

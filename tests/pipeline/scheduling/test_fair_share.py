@@ -1,5 +1,6 @@
 """Fair share between tenants under the priority policy: equal priorities are admitted by weighted
-start-time fair queueing, never by preempting each other; fcfs ignores tenants."""
+start-time fair queueing; a tenant under its seat share takes seats from one over it, never back;
+fcfs ignores tenants."""
 
 from pipeline.scheduling.fair_share import FairShare, request_cost
 from tests.support.engine_sim import make_request, make_scheduler, run_step
@@ -80,13 +81,29 @@ def test_priority_still_comes_before_fair_share():
     assert order[-1] == "b_low"  # bob's share does not lift a priority-1 request over priority 0
 
 
-def test_fair_share_never_preempts_at_equal_priority():
+def test_a_tenant_under_its_seat_share_takes_seats_only_from_one_over_it():
+    scheduler = make_scheduler(max_num_batched_tokens=64, max_num_seqs=4, scheduling_policy="priority")
+    alice = [_tenant_request(f"a{index}", "alice", first_token=index, max_tokens=6) for index in range(8)]
+    for request in alice:
+        scheduler.add_request(request)
+    run_step(scheduler)  # alice holds all 4 seats
+    bob = [_tenant_request(f"b{index}", "bob", first_token=40 + index, max_tokens=6) for index in range(6)]
+    for request in bob:
+        scheduler.add_request(request)
+    run_step(scheduler)
+    running = [seq.request.tenant for seq in scheduler.running]
+    assert running.count("bob") == 2 and running.count("alice") == 2  # shares of 4 seats: 2 and 2
+    _admission_order(scheduler)
+    # Bob's seats came from alice's newest sequences, never the reverse: no evictions in turn.
+    assert all(seq.num_preemptions == 0 for request in bob for seq in request.sequences)
+    assert 1 <= scheduler.num_preemptions <= 4
+    assert sum(seq.num_preemptions for request in alice for seq in request.sequences) == scheduler.num_preemptions
+
+
+def test_one_tenant_alone_never_preempts_itself_for_fairness():
     scheduler = make_scheduler(max_num_batched_tokens=64, max_num_seqs=2, scheduling_policy="priority")
     for index in range(6):
         scheduler.add_request(_tenant_request(f"a{index}", "alice", first_token=index))
-    run_step(scheduler)
-    for index in range(6):
-        scheduler.add_request(_tenant_request(f"b{index}", "bob", first_token=40 + index))
     _admission_order(scheduler)
     assert scheduler.num_preemptions == 0
 

@@ -81,18 +81,34 @@ async def test_a_long_or_unusual_user_is_hashed_into_a_bounded_tenant() -> None:
     assert len(set(tenants)) == 3 and tenants[0] == tenants[3]  # the same user, the same tenant
 
 
-async def test_two_tenants_reusing_one_x_request_id_get_a_409_never_the_others_answer() -> None:
-    # Wire ids are one namespace for the deployment (reply streams, cancels), so an X-Request-Id names
-    # one request: the first tenant's. Another tenant's reuse is refused; the owner's retry attaches.
+async def test_x_request_ids_are_per_tenant_and_bound_within_it() -> None:
+    # Two tenants may choose one X-Request-Id: each request gets its own wire id (its tenant's namespace
+    # before the client's id) and answers with the client's id. Within a tenant the id names one request:
+    # the owner's retry attaches, another body under the same id is refused.
     backend = ScriptedBackend()
     headers = {"X-Request-Id": "job-1"}
+    other_body = {**COMPLETION, "max_tokens": 2}
     async with _client(backend, parse_api_keys(KEY_FILE)) as client:
         first = await client.post("/v1/completions", json=COMPLETION, headers={**headers, **_bearer("sk-acme")})
         other = await client.post("/v1/completions", json=COMPLETION, headers={**headers, **_bearer("sk-globex")})
         retry = await client.post("/v1/completions", json=COMPLETION, headers={**headers, **_bearer("sk-acme")})
-    assert first.status_code == 200 and retry.status_code == 200
-    assert other.status_code == 409 and other.json()["error"]["code"] == "request_id_conflict"
-    assert [wire.tenant for wire in backend.submitted] == ["acme", "acme"]
+        changed = await client.post("/v1/completions", json=other_body, headers={**headers, **_bearer("sk-acme")})
+        longest = await client.post("/v1/completions", json=COMPLETION,
+                                    headers={"X-Request-Id": "x" * 128, **_bearer("sk-globex")})
+    assert [response.status_code for response in (first, other, retry, longest)] == [200] * 4
+    assert first.json()["id"] == other.json()["id"] == "job-1"
+    assert changed.status_code == 409 and changed.json()["error"]["code"] == "request_id_conflict"
+    acme, globex, acme_retry, long_wire = backend.submitted
+    assert [wire.tenant for wire in backend.submitted] == ["acme", "globex", "acme", "globex"]
+    assert acme.id == acme_retry.id != globex.id
+    assert acme.id.endswith(".job-1") and globex.id.endswith(".job-1") and long_wire.id.endswith("x" * 128)
+
+
+async def test_without_a_tenant_the_client_id_is_the_wire_id() -> None:
+    backend = ScriptedBackend()
+    async with _client(backend, None) as client:
+        response = await client.post("/v1/completions", json=COMPLETION, headers={"X-Request-Id": "job-2"})
+    assert response.status_code == 200 and [wire.id for wire in backend.submitted] == ["job-2"]
 
 
 async def test_anthropic_clients_use_a_file_key_in_x_api_key() -> None:
