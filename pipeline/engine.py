@@ -34,6 +34,7 @@ from pipeline.sampling.sampler import Sampler
 from pipeline.sampling.step_sampling import sample_step
 from pipeline.scheduling.adapter_gate import AdapterGate
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
+from pipeline.scheduling.lookahead import PLAN_AHEAD_MAX_TOKENS
 from pipeline.scheduling.scheduler import Scheduler, SchedulerFeatures
 from pipeline.speculative.draft_model import DraftModelProposer
 from pipeline.speculative.speculator import Speculator
@@ -77,6 +78,8 @@ class LLMEngine:
             if self.tokenizer is not None else None
         self.draft_model = self._draft_model(config)
         self.scheduler = Scheduler(config.scheduler, kv_cache, self.runner.max_model_len, self._features(config))
+        if self.runner.device.type == "cpu":
+            self.scheduler.plan_ahead_max_tokens = PLAN_AHEAD_MAX_TOKENS
         self.max_model_len = self.scheduler.max_model_len
         self.tensor_prep = TensorPrep(config.scheduler.max_num_seqs, self.max_model_len, config.cache.block_size)
         breakers = SequenceBreakers(token_decoder(self.tokenizer), self.vocab_size)

@@ -27,7 +27,7 @@ from pipeline.scheduling.beam_scheduling import BeamStep, new_beam_search, on_be
 from pipeline.scheduling.failures import FailedRequests, RequestFailure
 from pipeline.scheduling.grammar_masks import token_bitmasks
 from pipeline.scheduling.kv_cache_manager import KVCacheManager
-from pipeline.scheduling.lookahead import PLAN_AHEAD_MAX_TOKENS, add_placeholders, drop_placeholder, fill_placeholder
+from pipeline.scheduling.lookahead import add_placeholders, drop_placeholder, fill_placeholder
 from pipeline.scheduling.stop_checks import check_stop
 from pipeline.scheduling.tenant_shares import StepShares
 from pipeline.scheduling.waiting_queue import WaitingQueue
@@ -62,7 +62,8 @@ class Scheduler(WaitingAdmission):
         self.max_model_len = max_model_len
         self._bulk_prefill_left: int | None = None  # this step's share left (see _step_capped)
         self._step_shares: StepShares | None = None  # what each tenant may compute this step
-        self._last_plan_tokens = 0  # tokens of the last plan made (schedule_ahead plans after short steps only)
+        self._last_plan_tokens = 0  # tokens of the last plan made (see plan_ahead_max_tokens)
+        self.plan_ahead_max_tokens: int | None = None  # no plan ahead of a longer step (lookahead.py; CPUs)
         self._seats_reserved: dict[str | None, int] = {}  # free seats kept this step for tenants under their share
         self.waiting = WaitingQueue(config.scheduling_policy, config.priority_aging_steps)
         self.by_priority = self.waiting.by_priority
@@ -179,7 +180,7 @@ class Scheduler(WaitingAdmission):
     def schedule_ahead(self) -> StepPlan | None:
         """The next plan while a step is still running (pipeline/scheduling/lookahead.py); None when a
         sequence of the running step needs its result before it can be planned."""
-        if self._last_plan_tokens > PLAN_AHEAD_MAX_TOKENS:
+        if self.plan_ahead_max_tokens is not None and self._last_plan_tokens > self.plan_ahead_max_tokens:
             return None  # a long step: requests arriving during it may join the next
         if self.speculator is not None and self.speculator.holds_back_lookahead(self.running):
             return None

@@ -134,3 +134,17 @@ def test_nothing_is_planned_ahead_for_sampling_that_reads_the_last_token_or_a_su
     other.add_request(_request("last", [5, 6, 7], max_tokens=1))
     other.schedule()
     assert other.schedule_ahead().is_empty and not other.running[0].has_placeholder
+
+
+def test_nothing_is_planned_ahead_of_a_long_step_where_a_limit_is_set():
+    for limit, planned_ahead in ((None, True), (8, False)):
+        scheduler = _scheduler(num_blocks=32)
+        scheduler.plan_ahead_max_tokens = limit
+        scheduler.add_request(_request("long", list(range(3, 23))))  # a 20-token prefill step
+        scheduler.schedule()
+        assert (scheduler.schedule_ahead() is not None) is planned_ahead
+    short = _scheduler()
+    short.plan_ahead_max_tokens = 8
+    short.add_request(_request("short", [5, 6, 7]))
+    short.schedule()
+    assert short.schedule_ahead() is not None  # a 3-token step: planned ahead as ever
