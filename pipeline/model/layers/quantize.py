@@ -25,6 +25,7 @@ from pipeline.loading.gguf.quant_blocks import BLOCKS_FILE, KEPT_TYPES, GgufBloc
 from pipeline.model.cpu.gguf_kernel import load_gguf_linear_kernel
 from pipeline.model.cpu.kernels import QuantizedLinearKernel
 from pipeline.model.layers.gguf_linear import GGUF_KERNEL_TYPES, GgufLinear
+from pipeline.model.layers.packed_cache import Packed, load_packed, save_packed
 from pipeline.model.layers.quantized_linear import Int4Linear, Int8Linear
 
 log = structlog.get_logger(__name__)
@@ -47,7 +48,7 @@ def quantize_linears(model: nn.Module, mode: str, model_dir: str | Path,
         counts = {"int8": _replace(model, lambda _name, linear: Int8Linear.from_float(linear.weight, linear.bias,
                                                                                        native))}
     elif mode == "gguf":
-        counts = _quantize_from_gguf(model, GgufBlocks(model_dir), native)
+        counts = _quantize_from_gguf(model, GgufBlocks(model_dir), native, model_dir)
     else:
         raise ValueError(f"quantization must be 'gguf' or 'int8' here, got {mode!r}")
     log.info("linear layers quantized", mode=mode, kernel="native" if native is not None else "torch", **counts)
@@ -67,11 +68,13 @@ def _replace(model: nn.Module, make: Callable[[str, nn.Linear], nn.Module | None
     return replaced
 
 
-def _quantize_from_gguf(model: nn.Module, blocks: GgufBlocks,
-                        native: QuantizedLinearKernel | None) -> dict[str, int]:
+def _quantize_from_gguf(model: nn.Module, blocks: GgufBlocks, native: QuantizedLinearKernel | None,
+                        model_dir: str | Path) -> dict[str, int]:
     sources = _weight_sources(model, blocks)
     counts = {"int4": 0, "gguf_blocks": 0, "int8": 0}
     gguf_kernel = load_gguf_linear_kernel() if native is not None else None
+    cached = load_packed(model_dir) if native is not None else {}  # native layers packed by an earlier start
+    packed: Packed = {}
 
     def make(name: str, linear: nn.Linear) -> nn.Module | None:
         parts = sources.get(f"{name}.weight", [])
@@ -79,20 +82,44 @@ def _quantize_from_gguf(model: nn.Module, blocks: GgufBlocks,
             return None
         if all(blocks.qtypes[source] in KEPT_TYPES for _, source in parts):
             counts["int4"] += 1
-            decoded = [blocks.decoded(source) for _, source in parts]
-            values, scales, zeros = (torch.cat([part[i] for part in decoded]) for i in range(3))
-            return Int4Linear(values, scales, zeros, linear.bias, native)
+            return _native_or_made(name, linear, Int4Linear, cached, packed, native, lambda: _int4(blocks, parts))
         if gguf_kernel is not None and _keeps_blocks(name, [blocks.qtypes[source] for _, source in parts]):
             counts["gguf_blocks"] += 1
             segments = [(blocks.qtypes[source], blocks.raw(source)) for _, source in parts]
             return GgufLinear(segments, linear.in_features, linear.bias, gguf_kernel)
         if any(blocks.qtypes[source] not in _FLOAT_TYPES for _, source in parts):
             counts["int8"] += 1
-            return Int8Linear.from_float(linear.weight, linear.bias, native)
+            return _native_or_made(name, linear, Int8Linear, cached, packed, native, None)
         return None
 
     _replace(model, make)
+    if native is not None and packed.keys() != cached.keys():
+        save_packed(model_dir, packed)
     return counts
+
+
+def _int4(blocks: GgufBlocks, parts: list[tuple[int, str]]) -> tuple[torch.Tensor, ...]:
+    """A weight's Q4_0/Q4_1 parts as (values, scales, zeros), rows in order."""
+    decoded = [blocks.decoded(source) for _, source in parts]
+    return tuple(torch.cat([part[i] for part in decoded]) for i in range(3))
+
+
+def _native_or_made(name: str, linear: nn.Linear, cls: type[Int4Linear] | type[Int8Linear], cached: Packed,
+                    packed: Packed, native: QuantizedLinearKernel | None,
+                    int4_parts: Callable[[], tuple[torch.Tensor, ...]] | None) -> nn.Module:
+    """The layer from the packed cache when it holds one of this shape, else made (Int4Linear from the
+    file's blocks, Int8Linear from the dequantized weight); native layers are kept for the cache."""
+    entry = cached.get(name)
+    shape = [linear.out_features, linear.in_features]
+    if native is not None and entry is not None and entry.get("shape", torch.tensor([])).tolist() == shape:
+        layer = cls.from_packed(entry, linear.bias, native)
+    elif int4_parts is not None:
+        layer = Int4Linear(*int4_parts(), linear.bias, native)
+    else:
+        layer = Int8Linear.from_float(linear.weight, linear.bias, native)
+    if native is not None:
+        packed[name] = layer.packed_buffers()
+    return layer
 
 
 def _keeps_blocks(name: str, qtypes: list[str]) -> bool:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +56,7 @@ BLOCK_COLUMNS = 16  # output columns side by side in the native 4-bit layout (cs
 _CHUNKS, _BLOCK_GROUP_BYTES = 8, 256  # 4-bit, per block and group: 8 chunks of 32 bytes
 _INT8_BLOCK_GROUP_BYTES = 512  # int8, per block and group: 16 chunks of 32 bytes
 COMPUTE_DTYPE = torch.bfloat16
+LayerT = TypeVar("LayerT", bound=nn.Module)
 
 
 # (bits, dtype) -> rows, measured (module docstring); int8 in float32 was never faster dequantized.
@@ -128,6 +130,15 @@ class Int8Linear(nn.Module):
                    native: QuantizedLinearKernel | None = None) -> Int8Linear:
         """Symmetric per-channel quantization: scale = max |w| of the row / 127."""
         return cls(*quantize_per_channel(weight), bias, native)
+
+    @classmethod
+    def from_packed(cls, buffers: dict[str, torch.Tensor], bias: torch.Tensor | None,
+                    native: QuantizedLinearKernel) -> Int8Linear:
+        """A native layer from the buffers of one packed before (`packed_buffers()`, layers/packed_cache.py)."""
+        return _from_packed(cls, buffers, bias, native, ("column_blocks", "scales"))
+
+    def packed_buffers(self) -> dict[str, torch.Tensor]:
+        return _packed(self, ("column_blocks", "scales"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
@@ -234,6 +245,15 @@ class Int4Linear(nn.Module):
         # [N, G] scales and zeros -> [G, N, 2], the kernel's layout.
         pairs = torch.stack([scales.float().t(), zeros.float().t()], dim=-1)
         self.register_buffer("scales_and_zeros", pairs.to(COMPUTE_DTYPE).contiguous())
+
+    @classmethod
+    def from_packed(cls, buffers: dict[str, torch.Tensor], bias: torch.Tensor | None,
+                    native: QuantizedLinearKernel) -> Int4Linear:
+        """A native layer from the buffers of one packed before (`packed_buffers()`, layers/packed_cache.py)."""
+        return _from_packed(cls, buffers, bias, native, ("column_blocks", "block_scales"))
+
+    def packed_buffers(self) -> dict[str, torch.Tensor]:
+        return _packed(self, ("column_blocks", "block_scales"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
@@ -345,3 +365,21 @@ def quantized_kernels_work() -> bool:
     aten = torch.ops.aten
     return all(hasattr(aten, name) for name in ("_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu",
                                                  "_convert_weight_to_int4pack_for_cpu"))
+
+
+def _packed(layer: nn.Module, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """A native layer's buffers and its [out_features, in_features]."""
+    return {**{name: getattr(layer, name) for name in names},
+            "shape": torch.tensor([layer.out_features, layer.in_features])}
+
+
+def _from_packed(cls: type[LayerT], buffers: dict[str, torch.Tensor], bias: torch.Tensor | None,
+                 native: QuantizedLinearKernel, names: tuple[str, ...]) -> LayerT:
+    """`cls` with these buffers, as its constructor would have made it for the native kernel."""
+    layer = cls.__new__(cls)
+    nn.Module.__init__(layer)
+    layer.out_features, layer.in_features = (int(size) for size in buffers["shape"])
+    layer.native, layer.bias = native, bias
+    for name in names:
+        layer.register_buffer(name, buffers[name])
+    return layer
