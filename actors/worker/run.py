@@ -44,6 +44,7 @@ from actors.worker.recovery.resume import read_reply_stream
 from actors.worker.replies import RedisReplySink, ReplySink
 from actors.worker.scheduler import SchedulerActor
 from actors.worker.stages import GPUActor, SamplingActor, TensorPrepActor
+from actors.worker.stream_trimmer import StreamTrimmer
 from actors.worker.tenant_metrics import requests_by_tenant
 from pipeline.embedding_engine import EmbeddingEngine
 from pipeline.engine import LLMEngine
@@ -191,7 +192,9 @@ async def run_worker(engine: LLMEngine | EmbeddingEngine, options: WorkerOptions
                            worker_name=options.consumer_name, lora_root=options.lora_root),
               Heartbeat(redis, options.prefix, name, options.claim_idle_ms, max_in_flight),
               *(Claimer(redis, lane, graph.intake.admit, graph.admission, options.prefix, options.claim_idle_ms)
-                for lane in lanes)]
+                for lane in lanes),
+              StreamTrimmer(redis, [lane.stream_key for lane in lanes]
+                            + (affinity_keys(options.prefix, name) if affinity is not None else []))]
     publisher = None
     if affinity is not None:
         assert isinstance(engine, LLMEngine)
