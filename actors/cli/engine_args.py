@@ -71,6 +71,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-bulk-prefill-tokens", type=int, default=512,
                        help="priority policy: prompt tokens of requests with priority > 0 computed per step at most, "
                             "so bulk prefill steps stay short for urgent requests arriving (0: no limit)")
+    group.add_argument("--prefill-order", choices=("arrival", "shortest"), default="arrival",
+                       help="priority policy: equal priorities admitted by fair share and arrival, or the "
+                            "fewest prompt tokens first (sooner first tokens for a burst's short prompts)")
     group.add_argument("--fair-step-tokens", type=int, default=8,
                        help="priority policy: when tenants share a step, the busiest is held to the next one's "
                             "level of tokens, at least this many (0: no step shares; seats are still shared)")
@@ -261,7 +264,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                                   max_num_seqs=args.max_num_seqs, scheduling_policy=args.scheduling_policy,
                                   priority_aging_steps=args.priority_aging_steps,
                                   max_bulk_prefill_tokens=args.max_bulk_prefill_tokens or None,
-                                  fair_step_tokens=args.fair_step_tokens or None),
+                                  fair_step_tokens=args.fair_step_tokens or None,
+                                  prefill_order=args.prefill_order),
         lora=lora_config_from_args(args),
         speculative=speculative_config_from_args(args),
         limits=RequestLimits(max_stop_strings=args.max_stop_strings, max_dry_breakers=args.max_dry_breakers,

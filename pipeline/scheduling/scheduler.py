@@ -65,7 +65,8 @@ class Scheduler(WaitingAdmission):
         self._last_plan_tokens = 0  # tokens of the last plan made (see plan_ahead_max_tokens)
         self.plan_ahead_max_tokens: int | None = None  # no plan ahead of a longer step (lookahead.py; CPUs)
         self._seats_reserved: dict[str | None, int] = {}  # free seats kept this step for tenants under their share
-        self.waiting = WaitingQueue(config.scheduling_policy, config.priority_aging_steps)
+        self.waiting = WaitingQueue(config.scheduling_policy, config.priority_aging_steps,
+                                    shortest_first=config.prefill_order == "shortest")
         self.by_priority = self.waiting.by_priority
         self.running: list[Sequence] = []
         self.sequences: dict[int, Sequence] = {}

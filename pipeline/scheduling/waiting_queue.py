@@ -44,11 +44,14 @@ def urgency(seq: Sequence, step: int = 0, aging_steps: int = 0,
 
 
 class WaitingQueue:
-    def __init__(self, policy: str = "fcfs", aging_steps: int = 0) -> None:
+    def __init__(self, policy: str = "fcfs", aging_steps: int = 0, shortest_first: bool = False) -> None:
         if policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be one of {POLICIES}, got {policy!r}")
         self.by_priority = policy == "priority"
         self.aging_steps = aging_steps
+        # priority policy, prefill_order "shortest": within a priority (and seat share) the sequence with
+        # the fewest tokens to compute first, then fair share; aging still lifts a long one that waits.
+        self.shortest_first = shortest_first
         self.fair_share = FairShare()
         self.over_share: frozenset[str | None] = frozenset()  # tenants over their seat share this step
         self._items: deque[Sequence] = deque()
@@ -63,8 +66,11 @@ class WaitingQueue:
         if len(self._items) > 1:
             self._items = deque(sorted(self._items, key=self.key))
 
-    def key(self, seq: Sequence) -> tuple[int, bool, float, int]:
-        return urgency(seq, self._step, self.aging_steps, self.over_share)
+    def key(self, seq: Sequence) -> tuple[int | bool | float, ...]:
+        order = urgency(seq, self._step, self.aging_steps, self.over_share)
+        if self.shortest_first:
+            return (*order[:2], seq.num_tokens - seq.num_computed_tokens, *order[2:])
+        return order
 
     def running_key(self, seq: Sequence) -> tuple[int, bool, float, int]:
         """A running sequence's place (unaged): the least urgent, then over its tenant's seat share, last."""

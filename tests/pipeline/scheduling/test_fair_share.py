@@ -143,3 +143,19 @@ def test_a_request_preempted_by_aging_does_not_take_its_seat_back_at_equal_prior
     scheduler.add_request(_tenant_request("short", "bob", first_token=60))
     _admission_order(scheduler)
     assert scheduler.num_preemptions == 1
+
+
+def test_prefill_order_shortest_admits_the_fewest_prompt_tokens_first():
+    scheduler = make_scheduler(max_num_batched_tokens=64, max_num_seqs=1, scheduling_policy="priority",
+                               prefill_order="shortest")
+    for request_id, prompt_len in (("long", 20), ("short", 3), ("middle", 9)):
+        scheduler.add_request(make_request(request_id, prompt_len=prompt_len, max_tokens=2, first_token=prompt_len))
+    assert _admission_order(scheduler) == ["short", "middle", "long"]
+
+
+def test_prefill_order_shortest_still_puts_priority_first():
+    scheduler = make_scheduler(max_num_batched_tokens=64, max_num_seqs=1, scheduling_policy="priority",
+                               prefill_order="shortest")
+    scheduler.add_request(make_request("urgent-long", prompt_len=20, max_tokens=2, priority=-1))
+    scheduler.add_request(make_request("short", prompt_len=3, max_tokens=2, first_token=50))
+    assert _admission_order(scheduler) == ["urgent-long", "short"]
