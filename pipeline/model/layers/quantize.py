@@ -93,7 +93,9 @@ def _quantize_from_gguf(model: nn.Module, blocks: GgufBlocks, native: QuantizedL
         return None
 
     _replace(model, make)
-    if native is not None and packed.keys() != cached.keys():
+    fresh = [name for name, buffers in packed.items()  # packed now, not read from the cache
+             if buffers["column_blocks"] is not cached.get(name, {}).get("column_blocks")]
+    if native is not None and (fresh or packed.keys() != cached.keys()):
         save_packed(model_dir, packed)
     return counts
 

@@ -72,3 +72,5 @@ def test_an_entry_of_another_shape_is_packed_again(tmp_path, monkeypatch):
     again = _engine(str(path), "bfloat16", "gguf")
     assert made["int4"] + made["int8"] == 1  # that layer only
     assert _greedy(again, PROMPTS[:4], 4) == expected
+    _engine(str(path), "bfloat16", "gguf")
+    assert made["int4"] + made["int8"] == 1  # and the cache was written again with it
