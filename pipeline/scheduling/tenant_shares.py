@@ -10,18 +10,18 @@ it cannot do on its own:
   tenant within its share is never preempted for another, so two tenants never evict each other.
 - Step time. On a CPU a step's time grows with its rows: 128 decode rows take ~7x one of 10. With
   seats alone, a tenant's 10 sequences beside another's 118 run at the speed of 128-row steps.
-  So when several tenants have work in a step, the tenant with the most (tokens the step could
-  compute for it, per unit of weight) is held to half the next one's level (HELD_LEVEL), and to
-  what the others' work leaves of the step's budget, but never below `floor` tokens: its decode
-  rows take turns (least recently stepped first), its prefill chunks get what is left. The others
-  are not held, so a tenant with less work than the busiest runs in steps of its own work and at
-  most half as much again (the floor aside).
+  So when several tenants have work in a step, the tenant holding the most seats (per unit of
+  weight; then the most work: tokens the step could compute for it) is held to half the busiest
+  other tenant's level (HELD_LEVEL), and to what the others' work leaves of the step's budget, but
+  never below `floor` tokens: its decode rows take turns (least recently stepped first), its
+  prefill chunks get what is left. The others are not held, so a tenant with fewer seats runs in
+  steps of its own work and at most half as much again (the floor aside), its prefill included.
 
 Example: max_num_seqs 128, budget 2048; tenant A (weight 1) runs 128 sequences, B (weight 1) sends
 10 prompts of 130 tokens. Seat shares are 64 each: A's 10 newest sequences give their seats to B's.
-In the next step B's 1,300 prompt tokens are the next level after A's work: A gets 650 tokens (its
-118 decode rows and 532 tokens of prefill). Once B decodes (10 rows), A is held to max(floor 8,
-5) rows a step, in turn, so B's steps carry 18 rows, not 128. Throughput while B is here: that of
+A holds the most seats, so A is the one held: in the next step to half B's 1,300 prompt tokens,
+650 (its 118 decode rows and 532 tokens of prefill); once B decodes (10 rows), to max(floor 8, 5)
+rows a step, in turn, so B's steps carry 18 rows, not 128. Throughput while B is here: that of
 18-row steps.
 """
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pipeline.request.request import Sequence, SequenceStatus
 
 Tenant = str | None
-# The busiest tenant's share of a step: this fraction of the next busiest's tokens (per unit of weight).
+# The held tenant's share of a step: this fraction of the busiest other tenant's tokens (per unit of weight).
 # At 1 a tenant beside a flood would run at most 2x slower than alone only if nothing else cost time;
 # at 1/2 its steps carry at most half as much again as its own work, which leaves room for the step that
 # was running when its requests came and for the flood's preempted sequences' recomputation.
@@ -126,14 +126,23 @@ def step_shares(running: list[Sequence], admissible: list[Sequence], budget: int
             weights[tenant] = seq.request.tenant_weight
     if len(work) < 2:
         return None
-    next_level = sorted(work[tenant] / weights[tenant] for tenant in work)[-2]
+    seats: dict[Tenant, int] = {}
+    for seq in running:
+        seats[tenant_of(seq)] = seats.get(tenant_of(seq), 0) + 1
+
+    def served(tenant: Tenant) -> tuple[float, float]:  # seats held, then this step's work, per weight
+        return seats.get(tenant, 0) / weights[tenant], work[tenant] / weights[tenant]
+
+    *_, runner_up, held = sorted(work, key=served)
     shares = StepShares()
-    for tenant, tokens in work.items():
-        if tokens / weights[tenant] > next_level:  # the busiest (two tied at the top: neither is held)
-            others = sum(work.values()) - tokens
-            # Below the others' level, and never taking budget the others' work could use in this step.
-            cap = min(math.ceil(weights[tenant] * next_level * HELD_LEVEL), budget - min(others, budget))
-            shares.tokens_left[tenant] = min(tokens, max(floor, cap))
+    if served(held) == served(runner_up):
+        return shares  # two tied at the top: neither is held
+    others = sum(work.values()) - work[held]
+    next_level = max(work[tenant] / weights[tenant] for tenant in work if tenant != held)
+    # Below the others' level, and never taking budget the others' work could use in this step.
+    cap = min(math.ceil(weights[held] * next_level * HELD_LEVEL), budget - min(others, budget))
+    if work[held] > max(floor, cap):
+        shares.tokens_left[held] = max(floor, cap)
     _choose_decode_rows(running, shares)
     return shares
 

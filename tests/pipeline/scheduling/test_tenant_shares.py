@@ -1,6 +1,7 @@
-"""Tenants' shares of a step (pipeline/scheduling/tenant_shares.py): the busiest tenant is held to half
-the next one's level of tokens (at least the floor, at most what the others leave of the budget), its
-decode rows in turn; nobody is held with one tenant or with the shares off."""
+"""Tenants' shares of a step (pipeline/scheduling/tenant_shares.py): the tenant holding the most seats
+(then the most work) is held to half the busiest other's tokens (at least the floor, at most what the
+others leave of the budget), its decode rows in turn; nobody is held with one tenant or with the
+shares off."""
 
 import itertools
 
@@ -72,15 +73,30 @@ def test_the_floor_keeps_a_busy_tenant_moving_beside_a_single_request():
     assert _rows_by_tenant(scheduler, run_step(scheduler)) == {"alice": 8, "bob": 1}
 
 
-def test_a_prefill_bigger_than_the_others_work_is_chunked_to_half_their_level():
+def test_a_newcomers_prefill_beside_a_decoding_tenant_is_not_held():
     scheduler = make_scheduler(num_blocks=512, max_num_batched_tokens=256, max_num_seqs=32,
                                scheduling_policy="priority", fair_step_tokens=4)
     _decoding(scheduler, {"alice": 12})
     scheduler.add_request(_request("long", "bob", prompt_len=61))
     plan = run_step(scheduler)
     bob = next(seq for seq in scheduler.running if seq.request.tenant == "bob")
-    assert plan.num_scheduled_tokens[bob.seq_id] == 6  # alice's 12 decode rows set the level
-    assert _rows_by_tenant(scheduler, plan)["alice"] == 12
+    assert plan.num_scheduled_tokens[bob.seq_id] == 61  # alice holds the seats: she is the one held,
+    assert _rows_by_tenant(scheduler, plan)["alice"] == 12  # to half bob's 61, which her 12 rows are within
+
+
+def test_the_tenant_holding_more_seats_is_held_even_with_less_work():
+    scheduler = make_scheduler(num_blocks=512, max_num_batched_tokens=256, max_num_seqs=32,
+                               scheduling_policy="priority", fair_step_tokens=2)
+    _decoding(scheduler, {"alice": 20, "bob": 2})
+    scheduler.add_request(_request("bob-long", "bob", prompt_len=40))
+    plan = run_step(scheduler)
+    tokens = {}
+    for seq_id, count in plan.num_scheduled_tokens.items():
+        tenant = scheduler.sequences[seq_id].request.tenant
+        tokens[tenant] = tokens.get(tenant, 0) + count
+    assert tokens == {"alice": 20, "bob": 42}  # bob's 42 set the level: alice's 20 rows are within half of it
+    plan = run_step(scheduler)
+    assert _rows_by_tenant(scheduler, plan) == {"alice": 2, "bob": 3}  # decoding again: alice held to the floor
 
 
 def test_the_busiest_leaves_the_budget_to_the_others_work():
