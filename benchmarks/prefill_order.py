@@ -3,8 +3,8 @@ served) against `shortest` (fewest prompt tokens first), in one engine's step lo
 
     python benchmarks/prefill_order.py [--model smollm2] [--requests 32] [--rounds 3]
 
-The issue-37 workload: --requests prompts of 40-400 words (seeded), all arriving at once, 128 greedy
-tokens each (ignore_eos). Each round runs both orders on fresh engines, alternating which goes first;
+The workload of `aqueduct bench --serve`: --requests prompts of 40-400 words (seeded), all arriving at
+once, 128 greedy tokens each (ignore_eos). Each round runs both orders on fresh engines, alternating which goes first;
 printed per order: time to first token p50 and p99 (from the burst's arrival), and output tokens/s
 over the whole burst. The box's noise moves every figure: compare the orders within a round.
 """

@@ -114,8 +114,9 @@ def _is_decode(seq: Sequence) -> bool:
 
 
 def step_shares(running: list[Sequence], admissible: list[Sequence], budget: int, floor: int) -> StepShares | None:
-    """This step's shares; None when fewer than two tenants have work in it. `admissible`: the waiting
-    sequences that seats are free for this step, in admission order; `budget`: the step's tokens."""
+    """This step's shares; None when nobody is held (fewer than two tenants have work in it, or the held
+    one's work fits its share). `admissible`: the waiting sequences that seats are free for this step,
+    in admission order; `budget`: the step's tokens."""
     work: dict[Tenant, int] = {}
     weights: dict[Tenant, float] = {}
     for seq in [*running, *admissible]:
@@ -134,15 +135,15 @@ def step_shares(running: list[Sequence], admissible: list[Sequence], budget: int
         return seats.get(tenant, 0) / weights[tenant], work[tenant] / weights[tenant]
 
     *_, runner_up, held = sorted(work, key=served)
-    shares = StepShares()
     if served(held) == served(runner_up):
-        return shares  # two tied at the top: neither is held
+        return None  # two tied at the top: neither is held
     others = sum(work.values()) - work[held]
     next_level = max(work[tenant] / weights[tenant] for tenant in work if tenant != held)
     # Below the others' level, and never taking budget the others' work could use in this step.
-    cap = min(math.ceil(weights[held] * next_level * HELD_LEVEL), budget - min(others, budget))
-    if work[held] > max(floor, cap):
-        shares.tokens_left[held] = max(floor, cap)
+    cap = max(floor, min(math.ceil(weights[held] * next_level * HELD_LEVEL), budget - min(others, budget)))
+    if work[held] <= cap:
+        return None  # its work fits its share
+    shares = StepShares({held: cap})
     _choose_decode_rows(running, shares)
     return shares
 

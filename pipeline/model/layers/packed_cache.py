@@ -1,6 +1,6 @@
 """The native quantized layers of a GGUF model, packed once and kept beside its conversion, so a later
-start skips decoding and packing them (SmolLM2: ~0.8 s of a 2.4 s `aqueduct batch` of one request on
-a 2-core box, the Q8_0 head's int8 requantization most of it).
+start skips decoding and packing them (SmolLM2, a one-request `aqueduct batch` on a 2-core box: 2.1-2.2 s
+instead of 2.4-2.7 s; the Q8_0 head's int8 requantization was most of the packing).
 
 A GGUF file is converted once into a directory keyed by the file's hash and the dtype
 (pipeline/loading/model_source.py); the packed layers follow from that file and from the native

@@ -76,20 +76,34 @@ def _quantize_from_gguf(model: nn.Module, blocks: GgufBlocks, native: QuantizedL
     cached = load_packed(model_dir) if native is not None else {}  # native layers packed by an earlier start
     packed: Packed = {}
 
+    def cached_or(name: str, linear: nn.Linear, cls: type[Int4Linear] | type[Int8Linear],
+                  made: Callable[[], Int4Linear | Int8Linear]) -> nn.Module:
+        """The native layer from the packed cache when it holds one of this shape, else `made()`;
+        native layers are kept for the cache."""
+        entry = cached.get(name)
+        fits = entry is not None and entry.get("shape", torch.tensor([])).tolist() == [linear.out_features,
+                                                                                        linear.in_features]
+        layer = cls.from_packed(entry, linear.bias, native) if native is not None and fits else made()
+        if native is not None:
+            packed[name] = layer.packed_buffers()
+        return layer
+
     def make(name: str, linear: nn.Linear) -> nn.Module | None:
         parts = sources.get(f"{name}.weight", [])
         if not parts:
             return None
         if all(blocks.qtypes[source] in KEPT_TYPES for _, source in parts):
             counts["int4"] += 1
-            return _native_or_made(name, linear, Int4Linear, cached, packed, native, lambda: _int4(blocks, parts))
+            return cached_or(name, linear, Int4Linear,
+                             lambda: Int4Linear(*_int4(blocks, parts), linear.bias, native))
         if gguf_kernel is not None and _keeps_blocks(name, [blocks.qtypes[source] for _, source in parts]):
             counts["gguf_blocks"] += 1
             segments = [(blocks.qtypes[source], blocks.raw(source)) for _, source in parts]
             return GgufLinear(segments, linear.in_features, linear.bias, gguf_kernel)
         if any(blocks.qtypes[source] not in _FLOAT_TYPES for _, source in parts):
             counts["int8"] += 1
-            return _native_or_made(name, linear, Int8Linear, cached, packed, native, None)
+            return cached_or(name, linear, Int8Linear,
+                             lambda: Int8Linear.from_float(linear.weight, linear.bias, native))
         return None
 
     _replace(model, make)
@@ -104,24 +118,6 @@ def _int4(blocks: GgufBlocks, parts: list[tuple[int, str]]) -> tuple[torch.Tenso
     """A weight's Q4_0/Q4_1 parts as (values, scales, zeros), rows in order."""
     decoded = [blocks.decoded(source) for _, source in parts]
     return tuple(torch.cat([part[i] for part in decoded]) for i in range(3))
-
-
-def _native_or_made(name: str, linear: nn.Linear, cls: type[Int4Linear] | type[Int8Linear], cached: Packed,
-                    packed: Packed, native: QuantizedLinearKernel | None,
-                    int4_parts: Callable[[], tuple[torch.Tensor, ...]] | None) -> nn.Module:
-    """The layer from the packed cache when it holds one of this shape, else made (Int4Linear from the
-    file's blocks, Int8Linear from the dequantized weight); native layers are kept for the cache."""
-    entry = cached.get(name)
-    shape = [linear.out_features, linear.in_features]
-    if native is not None and entry is not None and entry.get("shape", torch.tensor([])).tolist() == shape:
-        layer = cls.from_packed(entry, linear.bias, native)
-    elif int4_parts is not None:
-        layer = Int4Linear(*int4_parts(), linear.bias, native)
-    else:
-        layer = Int8Linear.from_float(linear.weight, linear.bias, native)
-    if native is not None:
-        packed[name] = layer.packed_buffers()
-    return layer
 
 
 def _keeps_blocks(name: str, qtypes: list[str]) -> bool:
