@@ -15,18 +15,36 @@ from pipeline.model.cpu.kernels import _address, _float32_bias, _io_mode, _linea
 from pipeline.model.cpu.library import bind, pooled_library
 
 
+class ColumnSegment(ctypes.Structure):
+    """csrc/gguf_columns.h's ColumnSegment: rows of ggml type `type` held in column blocks."""
+
+    _fields_ = [("type", ctypes.c_int64), ("values", ctypes.c_void_p), ("high", ctypes.c_void_p),
+                ("halves", ctypes.c_void_p), ("bytes", ctypes.c_void_p), ("out_features", ctypes.c_int64)]
+
+
 class GgufSegment(ctypes.Structure):
-    """csrc/gguf_linear.c's Segment: `out_features` weight rows of ggml type `type` at `blocks`."""
+    """csrc/gguf_linear.c's Segment: `out_features` weight rows of ggml type `type`, the file's rows at
+    `blocks` or column blocks at `columns`."""
 
-    _fields_ = [("type", ctypes.c_int64), ("blocks", ctypes.c_void_p), ("out_features", ctypes.c_int64)]
+    _fields_ = [("type", ctypes.c_int64), ("blocks", ctypes.c_void_p), ("columns", ctypes.POINTER(ColumnSegment)),
+                ("out_features", ctypes.c_int64)]
 
 
-def segment_array(segments: list[tuple[int, torch.Tensor]]) -> ctypes.Array:
-    """[(ggml type id, raw rows uint8 [rows, bytes per row])] -> the C array, ended by an empty segment.
-    The tensors must outlive the array (the layer holds both)."""
+def segment_array(segments: list[tuple]) -> ctypes.Array:
+    """[(ggml type id, held[, rows])] -> the C array, ended by an empty segment. `held` is the file's rows
+    (uint8 [rows, bytes per row]) or a layer's column-block buffers (gguf_columns.pack, with `rows`).
+    The tensors must outlive the array (the layer holds both; the array holds its column descriptions)."""
     array = (GgufSegment * (len(segments) + 1))()
-    for entry, (qtype, rows) in zip(array, segments, strict=False):
-        entry.type, entry.blocks, entry.out_features = qtype, rows.data_ptr(), rows.shape[0]
+    array.column_segments = []  # kept alive with the array
+    for entry, (qtype, held, *rows) in zip(array, segments, strict=False):
+        entry.type, entry.out_features = qtype, rows[0] if rows else held.shape[0]
+        if isinstance(held, dict):
+            columns = ColumnSegment(qtype, held["values"].data_ptr(), _address(held.get("high")),
+                                    held["halves"].data_ptr(), _address(held.get("bytes")), entry.out_features)
+            array.column_segments.append(columns)
+            entry.columns = ctypes.pointer(columns)
+        else:
+            entry.blocks = held.data_ptr()
     return array
 
 
@@ -37,6 +55,8 @@ class GgufLinearKernel:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         self._linear = bind(library, "gguf_linear", [p, p, p, p, i64, i64, i32, i32, i32], i32)
         self._dequantize = bind(library, "gguf_dequantize", [p, p, i64, i32, i32, i32], i32)
+        # Column blocks multiply faster than the file's rows only where the build has AVX-512.
+        self.columns_fast = bool(bind(library, "gguf_columns_fast", [], i32)())
         self._scratch = torch.empty(0, dtype=torch.bfloat16)  # dequantized weights, one layer at a time
 
     def __call__(self, x: torch.Tensor, segments: ctypes.Array, out_features: int, in_features: int,

@@ -20,6 +20,7 @@ AVX512-BF16; CPUs without bfloat16 arithmetic keep the kernel, as quantized_line
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,8 @@ from torch import nn
 
 from pipeline.model.cpu.gguf_kernel import GgufLinearKernel, segment_array
 from pipeline.model.cpu.library import cpu_has_bfloat16_arithmetic
+from pipeline.model.layers import gguf_columns
+from pipeline.model.layers.gguf_columns import BLOCK_COLUMNS
 
 # ggml's (weights, bytes) per block of the types the kernel reads.
 GGUF_KERNEL_TYPES: dict[str, tuple[int, int]] = {
@@ -50,7 +53,8 @@ def dequantize_min_rows(dtype: torch.dtype) -> int:
 
 class GgufLinear(nn.Module):
     """y = x W^T + b, W = the segments' rows one after another: [(GGUF type name, raw rows uint8
-    [rows, in_features / block weights * block bytes])]."""
+    [rows, in_features / block weights * block bytes])]. Where the kernel multiplies column blocks fast
+    (AVX-512), the types that have them are held that way (gguf_columns.py), the others as the file's rows."""
 
     def __init__(self, segments: list[tuple[str, torch.Tensor]], in_features: int, bias: torch.Tensor | None,
                  kernel: GgufLinearKernel) -> None:
@@ -59,21 +63,35 @@ class GgufLinear(nn.Module):
             _check_segment(qtype, rows, in_features)
         self.in_features, self.kernel, self.bias = in_features, kernel, bias
         self.qtypes = [qtype for qtype, _ in segments]
-        self.out_features = sum(rows.shape[0] for _, rows in segments)
-        for index, (_, rows) in enumerate(segments):
-            self.register_buffer(f"blocks_{index}", rows.contiguous())
+        self.segment_rows = [rows.shape[0] for _, rows in segments]
+        self.out_features = sum(self.segment_rows)
+        self.column_parts: list[tuple[str, ...]] = []  # per segment: its column-block buffers, or () for rows
+        for index, (qtype, rows) in enumerate(segments):
+            if kernel.columns_fast and gguf_columns.fits(qtype, in_features):
+                packed = gguf_columns.pack(qtype, rows.numpy(), in_features)
+                for part, buffer in packed.items():
+                    self.register_buffer(f"columns_{index}_{part}", buffer)
+                self.column_parts.append(tuple(packed))
+            else:
+                self.register_buffer(f"blocks_{index}", rows.contiguous())
+                self.column_parts.append(())
         self._c_segments: tuple[tuple[int, ...], ctypes.Array] | None = None
 
-    def blocks(self) -> list[torch.Tensor]:
-        return [getattr(self, f"blocks_{index}") for index in range(len(self.qtypes))]
+    def held(self, index: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Segment `index`'s buffers: the file's rows, or its column blocks by part name."""
+        if not self.column_parts[index]:
+            return getattr(self, f"blocks_{index}")
+        return {part: getattr(self, f"columns_{index}_{part}") for part in self.column_parts[index]}
+
+    def _buffers_held(self) -> list[torch.Tensor]:
+        return [buffer for index in range(len(self.qtypes)) for buffer in _tensors(self.held(index))]
 
     def segments(self) -> ctypes.Array:
         """The C segment array, rebuilt when a buffer moved (after .to() or a load_state_dict)."""
-        blocks = self.blocks()
-        addresses = tuple(rows.data_ptr() for rows in blocks)
+        addresses = tuple(buffer.data_ptr() for buffer in self._buffers_held())
         if self._c_segments is None or self._c_segments[0] != addresses:
-            types = [int(GGMLQuantizationType[qtype]) for qtype in self.qtypes]
-            self._c_segments = (addresses, segment_array(list(zip(types, blocks, strict=True))))
+            self._c_segments = (addresses, segment_array([(_type_id(qtype), self.held(index), rows) for index, (qtype, rows)
+                                                          in enumerate(zip(self.qtypes, self.segment_rows, strict=True))]))
         return self._c_segments[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -106,38 +124,50 @@ class GgufLinear(nn.Module):
         dtype = torch.bfloat16 if rows.dtype == torch.bfloat16 else torch.float32
         x = rows.to(dtype)
         bias = None if self.bias is None else self.bias.to(dtype)
-        step = max(1, _DEQUANTIZE_CHUNK // self.in_features)
         parts = []
-        for begin in range(0, self.out_features, step):
-            end = min(begin + step, self.out_features)
-            weight = self.kernel.dequantize(self._segments_between(begin, end),
-                                            self.kernel.scratch(end - begin, self.in_features, dtype))
+        for begin, end, segments in self._row_chunks():
+            weight = self.kernel.dequantize(segments, self.kernel.scratch(end - begin, self.in_features, dtype))
             parts.append(F.linear(x, weight, None if bias is None else bias[begin:end]))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         return out.to(rows.dtype)
 
-    def _segments_between(self, begin: int, end: int) -> ctypes.Array:
-        """The C segments of output rows [begin, end)."""
-        if begin == 0 and end == self.out_features:
-            return self.segments()
-        picked, first = [], 0
-        for qtype, rows in zip(self.qtypes, self.blocks(), strict=True):
-            low, high = max(begin, first), min(end, first + rows.shape[0])
-            if low < high:
-                picked.append((int(GGMLQuantizationType[qtype]), rows[low - first:high - first]))
-            first += rows.shape[0]
-        return segment_array(picked)
+    def _row_chunks(self) -> Iterator[tuple[int, int, ctypes.Array]]:
+        """(begin, end, C segments) of output rows, at most _DEQUANTIZE_CHUNK weights each, whole
+        16-column blocks of one segment (the whole layer at once when it fits)."""
+        if self.out_features * self.in_features <= _DEQUANTIZE_CHUNK:
+            yield 0, self.out_features, self.segments()
+            return
+        step = max(BLOCK_COLUMNS, _DEQUANTIZE_CHUNK // self.in_features // BLOCK_COLUMNS * BLOCK_COLUMNS)
+        first = 0
+        for index, (qtype, count) in enumerate(zip(self.qtypes, self.segment_rows, strict=True)):
+            held = self.held(index)
+            for low in range(0, count, step):
+                high = min(low + step, count)
+                if isinstance(held, dict):  # buffers are [blocks, ...]: a slice of blocks is a slice of rows
+                    part = {name: buffer[low // BLOCK_COLUMNS:-(-high // BLOCK_COLUMNS)] for name, buffer in held.items()}
+                else:
+                    part = held[low:high]
+                yield first + low, first + high, segment_array([(_type_id(qtype), part, high - low)])
+            first += count
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight this layer multiplies by (for tests and accuracy checks)."""
         return self.kernel.dequantize(self.segments(), torch.empty(self.out_features, self.in_features))
 
     def resident_bytes(self) -> int:
-        return sum(rows.numel() for rows in self.blocks())
+        return sum(buffer.numel() * buffer.element_size() for buffer in self._buffers_held())
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"qtypes={'+'.join(self.qtypes)}, bias={self.bias is not None}")
+
+
+def _type_id(qtype: str) -> int:
+    return int(GGMLQuantizationType[qtype])
+
+
+def _tensors(held: torch.Tensor | dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    return list(held.values()) if isinstance(held, dict) else [held]
 
 
 def _check_segment(qtype: str, rows: torch.Tensor, in_features: int) -> None:

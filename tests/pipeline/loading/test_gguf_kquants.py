@@ -68,7 +68,9 @@ def test_linears_keep_the_files_types_and_bytes(kquant_file):
     linear_bytes = sum(size for name, (qtype, size) in files.items() if name != "token_embd.weight" and qtype != "F32")
     linear_bytes += files[head][1] if head == "token_embd.weight" else 0
     resident = sum(layer.resident_bytes() for layer in layers.values())
-    assert resident == linear_bytes  # the file's blocks as they are: 1.0x, within the 1.1x asked
+    # The file's blocks, or the same q and scales in column blocks (Q4_K's 12 scale bytes held as 16):
+    # within the 1.1x asked.
+    assert linear_bytes <= resident <= 1.03 * linear_bytes
 
 
 def _greedy_workload(seed: int, count: int = 6) -> dict[str, tuple[list[int], SamplingParams]]:

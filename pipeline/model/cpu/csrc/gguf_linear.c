@@ -35,6 +35,7 @@
 #include "bf16.h"
 #include "float_lanes.h"
 #include "gguf_blocks.h"
+#include "gguf_columns.h"
 #include "input_rows.h"
 #include "quantized_inputs.h"
 #include "threads.h"
@@ -58,7 +59,8 @@ static const BlockType *block_type(int64_t type, int portable) {
 
 typedef struct {
     int64_t type;         /* ggml's type id (gguf_blocks.h) */
-    const uint8_t *blocks; /* [out_features, in_features / block_size * block_bytes] */
+    const uint8_t *blocks; /* [out_features, in_features / block_size * block_bytes], or NULL when: */
+    const ColumnSegment *columns; /* the rows are held in column blocks (gguf_columns.c) */
     int64_t out_features;
 } Segment;
 
@@ -71,10 +73,19 @@ typedef struct {
     void *y;
     const float *x; /* [rows, in_features], widened */
     const Segment *segments;
-    const float *bias;
+    const float *bias;    /* the layer's, indexed from y_offset */
     int64_t rows, out_features, in_features;
+    int64_t y_stride, y_offset; /* y's row length, and where this segment's columns start in it */
     int io_bf16;
 } Problem;
+
+static inline int64_t out_index(const Problem *p, int64_t row, int64_t column) {
+    return row * p->y_stride + p->y_offset + column;
+}
+
+static inline float bias_at(const Problem *p, int64_t column) {
+    return p->bias ? p->bias[p->y_offset + column] : 0.0f;
+}
 
 /* Rows first .. first + M - 1 times C decoded weight rows (w: C rows of in_features floats), those of
  * outputs column .. column + C - 1. One row takes 4 columns at once and two rows 2, so that 16
@@ -104,9 +115,8 @@ typedef void (*pass_fn)(const Problem *, int64_t first, int64_t column, const fl
             }                                                                                          \
         for (int m = 0; m < M; m++)                                                                    \
             for (int c = 0; c < C; c++) {                                                              \
-                const float bias = p->bias ? p->bias[column + c] : 0.0f;                               \
-                store_output(p->y, p->io_bf16, (first + m) * p->out_features + column + c,              \
-                             chains_sum(acc[m][c]) + bias);                                            \
+                store_output(p->y, p->io_bf16, out_index(p, first + m, column + c),                    \
+                             chains_sum(acc[m][c]) + bias_at(p, column + c));                          \
             }                                                                                          \
     }
 
@@ -151,7 +161,7 @@ static inline void prefetch_next_group(const uint8_t *at, int64_t row_bytes) {
 
 static inline void store_fused(const Problem *p, int64_t column, Lanes acc[4][CHAINS]) {
     for (int c = 0; c < 4; c++)
-        store_output(p->y, p->io_bf16, column + c, chains_sum(acc[c]) + (p->bias ? p->bias[column + c] : 0.0f));
+        store_output(p->y, p->io_bf16, out_index(p, 0, column + c), chains_sum(acc[c]) + bias_at(p, column + c));
 }
 
 #define DEFINE_FUSED_PAIRS(NAME, BLOCK_BYTES)                                                          \
@@ -275,28 +285,62 @@ static void run_columns(void *context, int64_t begin, int64_t end) {
 static int64_t checked_columns(const Segment *segments, int64_t in_features) {
     int64_t total = 0;
     for (; segments->out_features > 0; segments++) {
-        const BlockType *type = block_type(segments->type, 1);
-        if (!type || in_features % type->block_size) return -1;
+        if (segments->columns) {
+            if (!gguf_columns_fits(segments->columns, in_features)) return -1;
+        } else {
+            const BlockType *type = block_type(segments->type, 1);
+            if (!type || in_features % type->block_size) return -1;
+        }
         total += segments->out_features;
     }
     return total;
 }
 
+static int any_segment(const Segment *segments, int columns) {
+    for (; segments->out_features > 0; segments++)
+        if ((segments->columns != NULL) == columns) return 1;
+    return 0;
+}
+
+/* One segment held as the file's rows: its outputs [y_offset, y_offset + its rows) of each y row. */
+static void file_segment_linear(void *y, const float *x_f32, const Segment *segment, const float *bias, int64_t rows,
+                                int64_t in_features, int64_t y_stride, int64_t y_offset, int io_bf16, int num_threads) {
+    const Segment one[2] = {*segment, {0}};
+    Problem p = {y, x_f32, one, bias, rows, segment->out_features, in_features, y_stride, y_offset, io_bf16};
+    /* Work in threads.h's units: decoding a row costs about what reading it as bfloat16 does. */
+    const int64_t passes = (rows + ROWS - 1) / ROWS;
+    const int threads = threads_for(segment->out_features * in_features * 2 * passes, num_threads);
+    pool_run(run_columns, &p, segment->out_features, columns_per_task(segment->out_features, threads, 16), threads);
+}
+
 /* Returns 0; 1 when a segment's type is unknown or in_features is not a multiple of its block size;
- * 2 when out of memory. */
+ * 2 when out of memory. Each segment is its own parallel call, the input prepared once for all: widened
+ * for the file's rows, quantized for column blocks. */
 int gguf_linear(void *y, const void *x, const Segment *segments, const float *bias, int64_t rows,
                 int64_t in_features, int io_bf16, int gated, int num_threads) {
     const int64_t out_features = checked_columns(segments, in_features);
     if (out_features < 0 || in_features % LANES) return 1;
-    float *x_f32 = widened(x, rows, in_features, in_features, io_bf16, gated);
-    if (!x_f32) return 2;
-    Problem p = {y, x_f32, segments, bias, rows, out_features, in_features, io_bf16};
-    /* Work in threads.h's units: decoding a row costs about what reading it as bfloat16 does. */
-    const int64_t passes = (rows + ROWS - 1) / ROWS;
-    const int threads = threads_for(out_features * in_features * 2 * passes, num_threads);
-    pool_run(run_columns, &p, out_features, columns_per_task(out_features, threads, 16), threads);
+    float *x_f32 = NULL;
+    QuantizedRows x_q = {0};
+    int32_t *x_sums = NULL;
+    int failed = 0;
+    if (any_segment(segments, 0)) failed |= !(x_f32 = widened(x, rows, in_features, in_features, io_bf16, gated));
+    if (any_segment(segments, 1) && !failed) {
+        failed |= quantize_rows(&x_q, x, rows, in_features, in_features, io_bf16, gated) != 0;
+        if (!failed) failed |= !(x_sums = gguf_columns_x_sums(&x_q, rows, in_features));
+    }
+    for (int64_t offset = 0; !failed && segments->out_features > 0; offset += segments->out_features, segments++) {
+        if (segments->columns)
+            gguf_columns_linear(y, &x_q, x_sums, segments->columns, bias, rows, in_features, out_features, offset,
+                                io_bf16, num_threads);
+        else
+            file_segment_linear(y, x_f32, segments, bias, rows, in_features, out_features, offset, io_bf16,
+                                num_threads);
+    }
     free(x_f32);
-    return 0;
+    free(x_sums);
+    if (x_q.x_q) free_quantized_rows(&x_q);
+    return failed ? 2 : 0;
 }
 
 /* The weight as a plain [O, I] matrix, float32 or (out_bf16) bfloat16 rounded to nearest even:
@@ -324,14 +368,22 @@ static void dequantize_columns(void *context, int64_t begin, int64_t end) {
     free(w);
 }
 
-/* portable: decode with gguf_blocks.h's plain C decoders, not the vector ones (for tests).
- * Returns 0, or 1 as gguf_linear. */
+/* portable: decode the file's rows with gguf_blocks.h's plain C decoders, not the vector ones (for
+ * tests). Returns 0, or 1 as gguf_linear. */
 int gguf_dequantize(void *out, const Segment *segments, int64_t in_features, int out_bf16, int portable,
                     int num_threads) {
-    const int64_t out_features = checked_columns(segments, in_features);
-    if (out_features < 0) return 1;
-    Dequantize context = {out, segments, in_features, out_bf16, portable};
-    const int threads = threads_for(out_features * in_features * 2, num_threads);
-    pool_run(dequantize_columns, &context, out_features, columns_per_task(out_features, threads, 16), threads);
+    if (checked_columns(segments, in_features) < 0) return 1;
+    for (int64_t offset = 0; segments->out_features > 0; offset += segments->out_features, segments++) {
+        void *at = (uint8_t *)out + offset * in_features * (out_bf16 ? 2 : 4);
+        if (segments->columns) {
+            gguf_columns_dequantize(at, segments->columns, in_features, out_bf16, num_threads);
+            continue;
+        }
+        const Segment one[2] = {*segments, {0}};
+        Dequantize context = {at, one, in_features, out_bf16, portable};
+        const int threads = threads_for(segments->out_features * in_features * 2, num_threads);
+        pool_run(dequantize_columns, &context, segments->out_features,
+                 columns_per_task(segments->out_features, threads, 16), threads);
+    }
     return 0;
 }

@@ -151,7 +151,8 @@ def test_layer_takes_the_kernel_for_few_rows_and_the_dequantized_weight_for_many
     bias = torch.randn(64, generator=torch.Generator().manual_seed(17))
     layer = GgufLinear(parts, 512, bias, KERNEL)
     weight = layer.dequantized()
-    assert layer.resident_bytes() == sum(raw.numel() for _, raw in parts)
+    file_bytes = sum(raw.numel() for _, raw in parts)  # column blocks hold Q4_K's 6-bit scales as bytes
+    assert file_bytes <= layer.resident_bytes() <= 1.03 * file_bytes
     many_rows = min(dequantize_min_rows(dtype), 256) + 3  # 256: where the kernel takes every row count
     x = torch.randn(many_rows, 512, generator=torch.Generator().manual_seed(18)).to(dtype)
     many = layer(x)
@@ -159,6 +160,8 @@ def test_layer_takes_the_kernel_for_few_rows_and_the_dequantized_weight_for_many
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(many, expected, rtol=tolerance, atol=tolerance)
     few = layer(x[:5])
+    if any(layer.column_parts):  # integer products of int16-rounded inputs (test_gguf_columns.py)
+        tolerance = max(tolerance, 5e-4)
     torch.testing.assert_close(few.float(), expected[:5].float(), rtol=tolerance, atol=tolerance)
     assert torch.equal(layer(x[:1]), few[:1])
 
