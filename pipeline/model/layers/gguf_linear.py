@@ -90,8 +90,9 @@ class GgufLinear(nn.Module):
         """The C segment array, rebuilt when a buffer moved (after .to() or a load_state_dict)."""
         addresses = tuple(buffer.data_ptr() for buffer in self._buffers_held())
         if self._c_segments is None or self._c_segments[0] != addresses:
-            self._c_segments = (addresses, segment_array([(_type_id(qtype), self.held(index), rows) for index, (qtype, rows)
-                                                          in enumerate(zip(self.qtypes, self.segment_rows, strict=True))]))
+            held = [(_type_id(qtype), self.held(index), rows)
+                    for index, (qtype, rows) in enumerate(zip(self.qtypes, self.segment_rows, strict=True))]
+            self._c_segments = (addresses, segment_array(held))
         return self._c_segments[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -144,7 +145,8 @@ class GgufLinear(nn.Module):
             for low in range(0, count, step):
                 high = min(low + step, count)
                 if isinstance(held, dict):  # buffers are [blocks, ...]: a slice of blocks is a slice of rows
-                    part = {name: buffer[low // BLOCK_COLUMNS:-(-high // BLOCK_COLUMNS)] for name, buffer in held.items()}
+                    blocks = slice(low // BLOCK_COLUMNS, -(-high // BLOCK_COLUMNS))
+                    part = {name: buffer[blocks] for name, buffer in held.items()}
                 else:
                     part = held[low:high]
                 yield first + low, first + high, segment_array([(_type_id(qtype), part, high - low)])

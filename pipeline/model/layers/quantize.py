@@ -4,7 +4,8 @@
 - "gguf": each linear as its GGUF file stored it. Weights whose every part (a fused qkv_proj has
   three) was Q4_0/Q4_1 take those blocks as they are (Int4Linear, no requantization); with the
   native kernel, weights whose parts are all Q5_0, Q8_0, Q4_K, Q5_K, Q6_K (or those mixed with
-  Q4_0/Q4_1) keep their blocks too (GgufLinear, the file's bytes); weights from any other quantized
+  Q4_0/Q4_1) keep their blocks too (GgufLinear: column blocks where the CPU has AVX-512, about the
+  file's bytes; else the file's rows); weights from any other quantized
   type (IQ-quants, Q2_K, Q3_K, ...), or any quantized weight without the native kernel, become
   per-channel int8 from their dequantized values; weights stored as F32/F16/BF16 stay float. A tied
   lm_head follows the embedding's type; the embedding itself stays dequantized (rows are looked up,
@@ -22,7 +23,7 @@ import torch
 from torch import nn
 
 from pipeline.loading.gguf.quant_blocks import BLOCKS_FILE, KEPT_TYPES, GgufBlocks
-from pipeline.model.cpu.gguf_kernel import load_gguf_linear_kernel
+from pipeline.model.cpu.gguf_kernel import GgufLinearKernel, load_gguf_linear_kernel
 from pipeline.model.cpu.kernels import QuantizedLinearKernel
 from pipeline.model.layers.gguf_linear import GGUF_KERNEL_TYPES, GgufLinear
 from pipeline.model.layers.packed_cache import Packed, load_packed, save_packed
@@ -75,6 +76,7 @@ def _quantize_from_gguf(model: nn.Module, blocks: GgufBlocks, native: QuantizedL
     gguf_kernel = load_gguf_linear_kernel() if native is not None else None
     cached = load_packed(model_dir) if native is not None else {}  # native layers packed by an earlier start
     packed: Packed = {}
+    held_as: dict[str, set[str]] = defaultdict(set)  # GGUF type -> how its weights are held (for the log)
 
     def cached_or(name: str, linear: nn.Linear, cls: type[Int4Linear] | type[Int8Linear],
                   made: Callable[[], Int4Linear | Int8Linear]) -> nn.Module:
@@ -92,26 +94,41 @@ def _quantize_from_gguf(model: nn.Module, blocks: GgufBlocks, native: QuantizedL
         parts = sources.get(f"{name}.weight", [])
         if not parts:
             return None
-        if all(blocks.qtypes[source] in KEPT_TYPES for _, source in parts):
+        qtypes = [blocks.qtypes[source] for _, source in parts]
+        if all(qtype in KEPT_TYPES for qtype in qtypes):
             counts["int4"] += 1
+            _note(held_as, qtypes, "4-bit column blocks")
             return cached_or(name, linear, Int4Linear,
                              lambda: Int4Linear(*_int4(blocks, parts), linear.bias, native))
-        if gguf_kernel is not None and _keeps_blocks(name, [blocks.qtypes[source] for _, source in parts]):
+        if gguf_kernel is not None and _keeps_blocks(name, qtypes, gguf_kernel):
             counts["gguf_blocks"] += 1
-            segments = [(blocks.qtypes[source], blocks.raw(source)) for _, source in parts]
-            return GgufLinear(segments, linear.in_features, linear.bias, gguf_kernel)
-        if any(blocks.qtypes[source] not in _FLOAT_TYPES for _, source in parts):
+            layer = GgufLinear([(qtype, blocks.raw(source)) for qtype, (_, source) in zip(qtypes, parts, strict=True)],
+                               linear.in_features, linear.bias, gguf_kernel)
+            for qtype, columns in zip(qtypes, layer.column_parts, strict=True):
+                _note(held_as, [qtype], "column blocks, integer products" if columns else "file blocks, float products")
+            return layer
+        if any(qtype not in _FLOAT_TYPES for qtype in qtypes):
             counts["int8"] += 1
+            _note(held_as, qtypes, "dequantized, int8 per channel")
             return cached_or(name, linear, Int8Linear,
                              lambda: Int8Linear.from_float(linear.weight, linear.bias, native))
         return None
 
     _replace(model, make)
+    for qtype, ways in sorted(held_as.items()):
+        log.info("GGUF weights held", qtype=qtype, held_as=", ".join(sorted(ways)))
     fresh = [name for name, buffers in packed.items()  # packed now, not read from the cache
              if buffers["column_blocks"] is not cached.get(name, {}).get("column_blocks")]
     if native is not None and (fresh or packed.keys() != cached.keys()):
         save_packed(model_dir, packed)
     return counts
+
+
+def _note(held_as: dict[str, set[str]], qtypes: list[str], how: str) -> None:
+    """Record how a weight's quantized parts are held; a float part is not a GGUF type to report."""
+    for qtype in qtypes:
+        if qtype not in _FLOAT_TYPES:
+            held_as[qtype].add(how)
 
 
 def _int4(blocks: GgufBlocks, parts: list[tuple[int, str]]) -> tuple[torch.Tensor, ...]:
@@ -120,12 +137,13 @@ def _int4(blocks: GgufBlocks, parts: list[tuple[int, str]]) -> tuple[torch.Tenso
     return tuple(torch.cat([part[i] for part in decoded]) for i in range(3))
 
 
-def _keeps_blocks(name: str, qtypes: list[str]) -> bool:
-    """Whether GgufLinear takes this weight. A Q8_0 output head (the largest matrix of a small model:
-    SmolLM2's is 49152 x 576) runs on the int8 kernel instead: measured on a 2-core Zen 4, 1.2-1.7 ms
-    a step there against 3.3-3.7 ms as blocks, a third of the default model's decode speed; its
-    logits move by int8's per-channel rounding, as they always have (docs/cli.md#gguf-k-quants)."""
-    if name == "lm_head" and set(qtypes) == {"Q8_0"}:
+def _keeps_blocks(name: str, qtypes: list[str], kernel: GgufLinearKernel) -> bool:
+    """Whether GgufLinear takes this weight. Where column blocks are not fast (no AVX-512), a Q8_0
+    output head (the largest matrix of a small model: SmolLM2's is 49152 x 576) runs on the int8
+    kernel instead, 1.2-1.7 ms a step there against 3.3-3.7 ms as the file's rows on a 2-core Zen 4,
+    its logits moved by int8's per-channel rounding (docs/cli.md#gguf-k-quants); as column blocks it
+    takes what the int8 kernel takes (1.2-1.3 ms on a 2-core Xeon VM) with the file's values."""
+    if name == "lm_head" and set(qtypes) == {"Q8_0"} and not kernel.columns_fast:
         return False
     return all(qtype in GGUF_KERNEL_TYPES for qtype in qtypes)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+from structlog.testing import capture_logs
 from torch import nn
 
 from pipeline.model.cpu.gguf_kernel import load_gguf_linear_kernel
@@ -55,7 +56,12 @@ def _file_bytes(path: Path) -> dict[str, tuple[str, int]]:
 
 
 def test_linears_keep_the_files_types_and_bytes(kquant_file):
-    engine = make_engine(kquant_file, quantization="gguf")
+    with capture_logs() as logs:
+        engine = make_engine(kquant_file, quantization="gguf")
+    held = {entry["qtype"]: entry["held_as"] for entry in logs if entry["event"] == "GGUF weights held"}
+    expected = "column blocks, integer products" if load_gguf_linear_kernel().columns_fast else "file blocks"
+    assert set(held) == {"Q4_K", "Q5_0", "Q5_K", "Q6_K", "Q8_0"}  # the start-up log names each type and how
+    assert all(way.startswith(expected) for way in held.values()), held
     model = engine.runner.model
     layers = {name: module for name, module in model.named_modules() if isinstance(module, GgufLinear)}
     assert not [name for name, module in model.named_modules() if type(module) is nn.Linear]

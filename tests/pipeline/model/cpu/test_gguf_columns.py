@@ -91,7 +91,8 @@ def test_product_is_within_int16_inputs_rounding_and_independent_of_row_count(qt
         assert torch.equal(KERNEL(x[:rows], segments, OUT, in_features, bias), full[:rows]), rows
         assert torch.equal(KERNEL(x[rows - 1:rows], segments, OUT, in_features, bias), full[rows - 1:rows]), rows
     as_bf16 = KERNEL(x.to(torch.bfloat16), segments, OUT, in_features, bias)
-    assert torch.equal(as_bf16, KERNEL(x.to(torch.bfloat16).float(), segments, OUT, in_features, bias).to(torch.bfloat16))
+    as_float = KERNEL(x.to(torch.bfloat16).float(), segments, OUT, in_features, bias)
+    assert torch.equal(as_bf16, as_float.to(torch.bfloat16))
 
 
 def test_column_segments_and_file_rows_make_one_weight():
@@ -108,7 +109,7 @@ def test_column_segments_and_file_rows_make_one_weight():
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(10))
     together = KERNEL(x, segments, 48, 256, bias)
     torch.testing.assert_close(together.double(), x.double() @ weight.double().T + bias.double(), rtol=0, atol=5e-4)
-    for index, (qtype, raw) in enumerate(parts):  # each part as a layer of its own: the same bits
+    for index, (_, raw) in enumerate(parts):  # each part as a layer of its own: the same bits
         first = sum(other.shape[0] for _, other in parts[:index])
         alone = segment_array([held[index]])
         part_bias = bias[first:first + raw.shape[0]].contiguous()
@@ -142,7 +143,7 @@ def test_the_portable_build_gives_the_native_builds_bits():
     for qtype in TYPES:
         in_features = _in_features(qtype)
         raw = _raw(qtype, 20, in_features, seed=13, random=True)
-        packed, segments = _columns(qtype, raw, in_features)
+        _, segments = _columns(qtype, raw, in_features)
         for rows in (1, 2, 9):
             x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
             assert torch.equal(KERNEL(x, segments, 20, in_features, None), other(x, segments, 20, in_features, None)), (
