@@ -38,7 +38,6 @@ from pipeline.model.attention.windows import Chunk
 from pipeline.model.cpu.kernels import FewRowsLinearKernel, load_decoder_layers
 from pipeline.model.cpu.linear import FewRowsLinear, PackedLinear
 from pipeline.model.layers.gguf_linear import GgufLinear
-from pipeline.model.layers.gguf_linear import dequantize_min_rows as gguf_dequantize_min_rows
 from pipeline.model.layers.mlp import GatedMLP
 from pipeline.model.layers.norms import RMSNorm
 from pipeline.model.layers.quantized_linear import Int4Linear, Int8Linear, dequantize_min_rows
@@ -197,7 +196,7 @@ def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
     if type(module) is GgufLinear:  # the segment array lives in the module (rebuilt only if its buffers move)
         segments = module.segments()
         return _Linear(_LINEAR_GGUF, 0, ctypes.addressof(segments), None, bias, module.out_features,
-                       module.in_features), min(ANY_ROWS, gguf_dequantize_min_rows(dtype) - 1)
+                       module.in_features), min(ANY_ROWS, module.dequantize_min_rows(dtype) - 1)
     if type(module) is PackedLinear and module.panels is not None:  # every row count it takes: the panels
         return _Linear(_LINEAR_FLOAT, int(module.panels.dtype == torch.bfloat16), None, None, bias,
                        module.out_features, module.in_features, module.panels.data_ptr()), PackedLinear.PANEL_ROWS

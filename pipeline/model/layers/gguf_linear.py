@@ -1,20 +1,26 @@
-"""A linear layer whose weight stays in its GGUF file's blocks: Q4_K, Q5_K, Q6_K, Q5_0, Q8_0 (and
-Q4_0/Q4_1 when a fused weight mixes them with those), decoded and multiplied by csrc/gguf_linear.c.
+"""A linear layer whose weight stays in its GGUF file's types: Q4_K, Q5_K, Q6_K, Q5_0, Q8_0 (and
+Q4_0/Q4_1 when a fused weight mixes them with those).
 
-The blocks are the file's bytes, rows in the file's order, so the layer holds what the file holds
-(1.0x its tensor bytes). The kernel decodes each weight row to float32 exactly as gguf-py
-dequantizes it and multiplies in float32: a float32 model computes what transformers computes with
-the file's dequantized weights, up to summation order (csrc/gguf_linear.c says why not llama.cpp's
-int8 activations). A fused weight (qkv_proj, gate_up_proj) may join parts of different types, e.g.
-a Q4_K_M file's Q4_K q/k rows and Q6_K v rows: each part is a segment of its own type.
+Where the native kernels are built with AVX-512, the Q5_0, Q8_0 and K-quant parts are held in column
+blocks (gguf_columns.py, csrc/gguf_columns.c): each weight's q and its block's scales as the file has
+them, 16 output columns side by side, multiplied in integers by inputs quantized to int16 per group
+of 32 as the 4-bit kernel does (about the file's bytes; 2.5-3.7x faster a row than float products).
+Elsewhere, and for Q4_0/Q4_1 parts, the layer holds the file's rows, decoded to float32 exactly as
+gguf-py dequantizes them and multiplied in float32 (csrc/gguf_linear.c). A fused weight (qkv_proj,
+gate_up_proj) may join parts of different types, e.g. a Q4_K_M file's Q4_K q/k rows and Q6_K v rows:
+each part is a segment of its own type.
 
 Many rows at once (a prefill) multiply faster by the weight dequantized into a scratch buffer
 (float32, or bfloat16 for bfloat16 inputs) with torch, up to 2^24 weights at a time: from
 dequantize_min_rows(dtype) rows on. Below that, a row's result is bit for bit the same whatever
-other rows share the call. Measured on a 5632 x 1024 Q4_K weight, 2 threads, Zen 4 (kernel vs
-dequantize + product): float32 16.5 vs 41 ms at 32 rows, 32 vs 44 at 64, 74 vs 75 at 128;
-bfloat16 14.2 vs 12.9 at 32, 30 vs 17.5 at 64, 65 vs 13 at 128 (oneDNN's bfloat16 product with
-AVX512-BF16; CPUs without bfloat16 arithmetic keep the kernel, as quantized_linear.py's layers do).
+other rows share the call. Measured with the file's rows on a 5632 x 1024 Q4_K weight, 2 threads,
+Zen 4 (kernel vs dequantize + product): float32 16.5 vs 41 ms at 32 rows, 32 vs 44 at 64, 74 vs 75
+at 128; bfloat16 14.2 vs 12.9 at 32, 30 vs 17.5 at 64, 65 vs 13 at 128 (oneDNN's bfloat16 product
+with AVX512-BF16; CPUs without bfloat16 arithmetic keep the kernel, as quantized_linear.py's layers
+do). With column blocks, 2-core Xeon VM: Q4_K 5632 x 1024 float32 1.4 vs 3.9 ms at 32 rows, 3.0 vs
+4.6 at 64, 6.2 vs 6.8 at 128, 12.9 vs 11.7 at 256; bfloat16 2.1 vs 4.0 at 32, 2.9 vs 3.7 at 64, 5.7
+vs 4.0 at 128 (Q5_0 1536 x 576 and Q6_K 1024 x 4096 alike: bfloat16 crosses between 32 and 64 rows,
+float32 about 128).
 """
 
 from __future__ import annotations
@@ -38,17 +44,20 @@ GGUF_KERNEL_TYPES: dict[str, tuple[int, int]] = {
     "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
 }
 # Rows from which a product goes through the dequantized weight (module docstring); other dtypes
-# compute in float32.
+# compute in float32. Column blocks' integer products stay ahead longer in bfloat16.
 _DEQUANTIZE_MIN_ROWS = {torch.float32: 128, torch.bfloat16: 32}
+_COLUMNS_DEQUANTIZE_MIN_ROWS = {torch.float32: 128, torch.bfloat16: 64}
 ALWAYS_KERNEL = 1 << 30
 _DEQUANTIZE_CHUNK = 1 << 24  # weights dequantized at a time: the scratch stays within 64 MiB
 
 
-def dequantize_min_rows(dtype: torch.dtype) -> int:
-    """The fewest rows of `dtype` that a GgufLinear multiplies by its dequantized weight."""
+def dequantize_min_rows(dtype: torch.dtype, columns: bool = False) -> int:
+    """The fewest rows of `dtype` that a GgufLinear multiplies by its dequantized weight (`columns`:
+    one whose every part is held in column blocks)."""
     if dtype == torch.bfloat16 and not cpu_has_bfloat16_arithmetic():
         return ALWAYS_KERNEL
-    return _DEQUANTIZE_MIN_ROWS.get(dtype, _DEQUANTIZE_MIN_ROWS[torch.float32])
+    limits = _COLUMNS_DEQUANTIZE_MIN_ROWS if columns else _DEQUANTIZE_MIN_ROWS
+    return limits.get(dtype, limits[torch.float32])
 
 
 class GgufLinear(nn.Module):
@@ -77,6 +86,10 @@ class GgufLinear(nn.Module):
                 self.column_parts.append(())
         self._c_segments: tuple[tuple[int, ...], ctypes.Array] | None = None
 
+    def dequantize_min_rows(self, dtype: torch.dtype) -> int:
+        """The fewest rows of `dtype` this layer multiplies by its dequantized weight."""
+        return dequantize_min_rows(dtype, columns=all(self.column_parts))
+
     def held(self, index: int) -> torch.Tensor | dict[str, torch.Tensor]:
         """Segment `index`'s buffers: the file's rows, or its column blocks by part name."""
         if not self.column_parts[index]:
@@ -97,7 +110,7 @@ class GgufLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] >= dequantize_min_rows(rows.dtype):
+        if rows.shape[0] >= self.dequantize_min_rows(rows.dtype):
             out = self._dequantized_product(rows)
         else:
             out = self.kernel(rows, self.segments(), self.out_features, self.in_features, self.bias)
@@ -106,7 +119,7 @@ class GgufLinear(nn.Module):
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """self(silu(gate) * up) from a gated MLP's [gate | up] in one native call, else None."""
         rows = gate_up.reshape(-1, 2 * self.in_features)
-        if rows.shape[0] >= dequantize_min_rows(rows.dtype):
+        if rows.shape[0] >= self.dequantize_min_rows(rows.dtype):
             return None
         out = self.kernel(rows, self.segments(), self.out_features, self.in_features, self.bias, gated=True)
         return out.view(*gate_up.shape[:-1], self.out_features)
@@ -114,7 +127,7 @@ class GgufLinear(nn.Module):
     def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
         """self(x).float() in one native call (an LM head's logits), else None."""
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] >= dequantize_min_rows(rows.dtype):
+        if rows.shape[0] >= self.dequantize_min_rows(rows.dtype):
             return None
         out = self.kernel(rows, self.segments(), self.out_features, self.in_features, self.bias, float32_out=True)
         return out.view(*x.shape[:-1], self.out_features)

@@ -333,7 +333,7 @@ typedef struct {
     void *out;
     const ColumnSegment *s;
     int64_t in_features;
-    int out_bf16;
+    int out_bf16, portable;
 } Dequantize;
 
 /* gguf_blocks.h's value for one weight, from its q and its group's scales. */
@@ -346,30 +346,142 @@ static float weight_value(int type, int q, float d, float min) {
     }
 }
 
+/* Block b, group g's q as [column][input], the layout's bytes read once (whole chunks and masks, not
+ * weight by weight as q_value does). */
+static void unpack_group(const ColumnSegment *s, int64_t groups, int64_t b, int64_t g, int8_t q[BLOCK][GROUP]) {
+    const int64_t at = b * groups + g;
+    if (s->type == Q8_0) {
+        const int8_t *values = (const int8_t *)s->values + at * 512;
+        for (int i = 0; i < 16; i++)
+            for (int c = 0; c < BLOCK; c++)
+                for (int h = 0; h < 2; h++) q[c][2 * i + h] = values[32 * i + 2 * c + h];
+        return;
+    }
+    const uint8_t *values = s->values + at * 256;
+    for (int i = 0; i < 8; i++)
+        for (int c = 0; c < BLOCK; c++)
+            for (int h = 0; h < 2; h++) {
+                const uint8_t byte = values[32 * i + 2 * c + h];
+                q[c][2 * i + h] = (int8_t)(byte & 0x0F);
+                q[c][2 * i + h + 16] = (int8_t)(byte >> 4);
+            }
+    const int bits = high_bytes((int)s->type) / 64;
+    const uint8_t *high = bits ? s->high + at * high_bytes((int)s->type) : NULL;
+    for (int i = 0; i < 8 && bits; i++)
+        for (int bit = 0; bit < bits; bit++)
+            for (int half = 0; half < 2; half++) {
+                uint32_t mask;
+                memcpy(&mask, high + 4 * (i * 2 * bits + 2 * bit + half), sizeof mask);
+                for (int c = 0; c < BLOCK; c++)
+                    for (int h = 0; h < 2; h++)
+                        q[c][2 * i + h + 16 * half] |= (int8_t)(((mask >> (2 * c + h)) & 1) << (4 + bit));
+            }
+}
+
+#if defined(COLUMN_BLOCKS_AVX512)
+/* 16 weights (one column, one half group) of floats into out as float32 or bfloat16 (bf16.h's rounding). */
+static inline void store_weights(void *out, int64_t at, __m512 w, int out_bf16) {
+    if (!out_bf16) {
+        _mm512_storeu_ps((float *)out + at, w);
+        return;
+    }
+    const __m512i bits = _mm512_castps_si512(w);
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
+                                                _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1)))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                  _mm512_set1_epi32(0x7F800000));
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256((__m256i *)((uint16_t *)out + at), _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet)));
+}
+
+/* As dequantize_blocks below, the AVX-512 way: a group's chunks widened as the kernel widens them
+ * (lane 2 c + h of chunk i's vector = column c's q[2 i + h (+ 16)]), stored, and gathered back a column
+ * at a time (8 pairs of 16 bits, 16 weights); then weight_value's float operations on 16 at once. */
+static void dequantize_blocks_vector(const Dequantize *c, int64_t begin, int64_t end) {
+    const ColumnSegment *s = c->s;
+    const int type = (int)s->type, offset = q_offset(type);
+    const int64_t groups = c->in_features / GROUP, hbytes = high_bytes(type);
+    const int bits = (int)(hbytes / 64);
+    const __m256i chunk_stride = _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112); /* uint32s between chunks */
+    for (int64_t b = begin; b < end; b++)
+        for (int64_t g = 0; g < groups; g++) {
+            uint32_t lanes[2][8][BLOCK]; /* [half][chunk][column]: a column's pair of 16-bit q */
+            if (type == Q8_0) {
+                const uint8_t *values = s->values + (b * groups + g) * 512;
+                for (int i = 0; i < 16; i++)
+                    _mm512_storeu_si512(lanes[i / 8][i % 8],
+                                        _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(values + 32 * i))));
+            } else {
+                const uint8_t *values = s->values + (b * groups + g) * 256;
+                const uint8_t *high = hbytes ? s->high + (b * groups + g) * hbytes : NULL;
+                for (int i = 0; i < 8; i++) {
+                    const __m512i wide = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(values + 32 * i)));
+                    __m512i low = _mm512_and_si512(wide, _mm512_set1_epi16(0x0F)), hi = _mm512_srli_epi16(wide, 4);
+                    for (int bit = 0; bit < bits; bit++) {
+                        low = masked_bits(low, high, i * 2 * bits + 2 * bit, 16 << bit);
+                        hi = masked_bits(hi, high, i * 2 * bits + 2 * bit + 1, 16 << bit);
+                    }
+                    _mm512_storeu_si512(lanes[0][i], low);
+                    _mm512_storeu_si512(lanes[1][i], hi);
+                }
+            }
+            __m512 d0, d1, mins;
+            vector_scales(s, c->in_features, b, g, type, &d0, &d1, &mins);
+            float d[2][BLOCK], min[BLOCK];
+            _mm512_storeu_ps(d[0], d0);
+            _mm512_storeu_ps(d[1], d1);
+            _mm512_storeu_ps(min, mins);
+            for (int column = 0; column < BLOCK && b * BLOCK + column < s->out_features; column++)
+                for (int half = 0; half < 2; half++) {
+                    const __m256i pairs = _mm256_i32gather_epi32((const int *)&lanes[half][0][column], chunk_stride, 4);
+                    __m512i q = _mm512_cvtepi16_epi32(pairs);
+                    if (offset) q = _mm512_sub_epi32(q, _mm512_set1_epi32(offset));
+                    const __m512 qf = _mm512_cvtepi32_ps(q), scale = _mm512_set1_ps(d[half][column]);
+                    __m512 w;
+                    if (type == Q8_0)
+                        w = _mm512_mul_ps(qf, scale);
+                    else if (type == Q4_K || type == Q5_K)
+                        w = _mm512_sub_ps(_mm512_mul_ps(scale, qf), _mm512_set1_ps(min[column]));
+                    else
+                        w = _mm512_mul_ps(scale, qf);
+                    store_weights(c->out, (b * BLOCK + column) * c->in_features + g * GROUP + 16 * half, w, c->out_bf16);
+                }
+        }
+}
+#endif
+
 static void dequantize_blocks(void *context, int64_t begin, int64_t end) {
     const Dequantize *c = (const Dequantize *)context;
+#if defined(COLUMN_BLOCKS_AVX512)
+    if (!c->portable) {
+        dequantize_blocks_vector(c, begin, end);
+        return;
+    }
+#endif
     const int64_t groups = c->in_features / GROUP;
+    const int type = (int)c->s->type;
     for (int64_t b = begin; b < end; b++)
         for (int64_t g = 0; g < groups; g++) {
             GroupScales k;
+            int8_t q[BLOCK][GROUP];
             group_scales(c->s, c->in_features, b, g, &k);
-            for (int column = 0; column < BLOCK && b * BLOCK + column < c->s->out_features; column++)
-                for (int half = 0; half < 2; half++)
-                    for (int i = 0; i < 8; i++)
-                        for (int h = 0; h < 2; h++) {
-                            const int q = q_value(c->s, groups, b, g, i, column, h, half);
-                            const float value = weight_value((int)c->s->type, q, k.d[half][column], k.min[column]);
-                            const int64_t at = (b * BLOCK + column) * c->in_features + g * GROUP + 16 * half + 2 * i + h;
-                            if (c->out_bf16)
-                                ((uint16_t *)c->out)[at] = float_to_bf16(value);
-                            else
-                                ((float *)c->out)[at] = value;
-                        }
+            unpack_group(c->s, groups, b, g, q);
+            for (int column = 0; column < BLOCK && b * BLOCK + column < c->s->out_features; column++) {
+                float w[GROUP];
+                for (int j = 0; j < GROUP; j++) w[j] = weight_value(type, q[column][j], k.d[j / 16][column], k.min[column]);
+                const int64_t at = (b * BLOCK + column) * c->in_features + g * GROUP;
+                if (c->out_bf16)
+                    for (int j = 0; j < GROUP; j++) ((uint16_t *)c->out)[at + j] = float_to_bf16(w[j]);
+                else
+                    memcpy((float *)c->out + at, w, sizeof w);
+            }
         }
 }
 
-void gguf_columns_dequantize(void *out, const ColumnSegment *s, int64_t in_features, int out_bf16, int num_threads) {
-    Dequantize context = {out, s, in_features, out_bf16};
+void gguf_columns_dequantize(void *out, const ColumnSegment *s, int64_t in_features, int out_bf16, int portable,
+                             int num_threads) {
+    Dequantize context = {out, s, in_features, out_bf16, portable};
     const int64_t blocks = blocks_of(s->out_features);
     const int threads = threads_for(s->out_features * in_features * 2, num_threads);
     pool_run(dequantize_blocks, &context, blocks, columns_per_task(blocks, threads, BLOCKS_PER_TASK), threads);

@@ -29,7 +29,9 @@ int32_t *gguf_columns_x_sums(const QuantizedRows *x, int64_t rows, int64_t in_fe
 void gguf_columns_linear(void *y, const QuantizedRows *x, const int32_t *x_sums, const ColumnSegment *s,
                          const float *bias, int64_t rows, int64_t in_features, int64_t y_stride, int64_t y_offset,
                          int io_bf16, int num_threads);
-/* The segment's weight as float32 (or bfloat16) [out_features, in_features] at out. */
-void gguf_columns_dequantize(void *out, const ColumnSegment *s, int64_t in_features, int out_bf16, int num_threads);
+/* The segment's weight as float32 (or bfloat16) [out_features, in_features] at out; portable: with the
+ * plain C code, not the vector one (the same values; for tests). */
+void gguf_columns_dequantize(void *out, const ColumnSegment *s, int64_t in_features, int out_bf16, int portable,
+                             int num_threads);
 
 #endif

@@ -1,5 +1,8 @@
 /* y = x W^T (+ b) with W kept as the GGUF file's blocks (Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, Q4_0, Q4_1;
  * gguf_blocks.h has the layouts), rows in the file's order, unchanged: resident bytes are the file's.
+ * This file multiplies those rows with float products; a segment may instead be held in column blocks
+ * (gguf_columns.c: the same q and scales re-laid for integer products, where the CPU has AVX-512),
+ * and gguf_linear() hands such segments to that kernel, each segment a parallel call of its own.
  *
  * Why float products, not llama.cpp's integer ones: llama.cpp quantizes x to int8 per block (q8_K /
  * q8_0), rounding each input to 1 part in 254 of its block's largest, and multiplies integers. A
@@ -376,7 +379,7 @@ int gguf_dequantize(void *out, const Segment *segments, int64_t in_features, int
     for (int64_t offset = 0; segments->out_features > 0; offset += segments->out_features, segments++) {
         void *at = (uint8_t *)out + offset * in_features * (out_bf16 ? 2 : 4);
         if (segments->columns) {
-            gguf_columns_dequantize(at, segments->columns, in_features, out_bf16, num_threads);
+            gguf_columns_dequantize(at, segments->columns, in_features, out_bf16, portable, num_threads);
             continue;
         }
         const Segment one[2] = {*segments, {0}};

@@ -70,10 +70,11 @@ def test_column_blocks_dequantize_to_gguf_py_bit_for_bit(qtype, random):
     raw = _raw(qtype, OUT, in_features, seed=2, random=random)
     _, segments = _columns(qtype, raw, in_features)
     reference = gguf.quants.dequantize(raw, qtype)
-    ours = KERNEL.dequantize(segments, torch.empty(OUT, in_features)).numpy()
-    assert np.array_equal(ours.view(np.uint32), reference.view(np.uint32))
-    as_bf16 = KERNEL.dequantize(segments, torch.empty(OUT, in_features, dtype=torch.bfloat16))
-    assert torch.equal(as_bf16, torch.from_numpy(reference).to(torch.bfloat16))
+    for portable in (False, True):  # this CPU's vector code, and the plain C
+        ours = KERNEL.dequantize(segments, torch.empty(OUT, in_features), portable=portable).numpy()
+        assert np.array_equal(ours.view(np.uint32), reference.view(np.uint32)), portable
+        as_bf16 = KERNEL.dequantize(segments, torch.empty(OUT, in_features, dtype=torch.bfloat16), portable=portable)
+        assert torch.equal(as_bf16, torch.from_numpy(reference).to(torch.bfloat16)), portable
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda qtype: qtype.name)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from pipeline.model.cpu import library as kernel_library
 from pipeline.model.cpu.gguf_kernel import GgufLinearKernel, load_gguf_linear_kernel, segment_array
-from pipeline.model.layers.gguf_linear import GgufLinear, dequantize_min_rows
+from pipeline.model.layers.gguf_linear import GgufLinear
 from tests.support.kquant_blocks import quantize, random_blocks
 
 Q = gguf.GGMLQuantizationType
@@ -153,7 +153,7 @@ def test_layer_takes_the_kernel_for_few_rows_and_the_dequantized_weight_for_many
     weight = layer.dequantized()
     file_bytes = sum(raw.numel() for _, raw in parts)  # column blocks hold Q4_K's 6-bit scales as bytes
     assert file_bytes <= layer.resident_bytes() <= 1.03 * file_bytes
-    many_rows = min(dequantize_min_rows(dtype), 256) + 3  # 256: where the kernel takes every row count
+    many_rows = min(layer.dequantize_min_rows(dtype), 256) + 3  # 256: where the kernel takes every row count
     x = torch.randn(many_rows, 512, generator=torch.Generator().manual_seed(18)).to(dtype)
     many = layer(x)
     expected = F.linear(x, weight.to(dtype), bias.to(dtype))
