@@ -5,7 +5,7 @@ as blocks too), and llama.cpp on the same file when
 llama-cpp-python is installed.
 
     python benchmarks/kquant_decode.py [--source FILE.gguf | --hf-dir DIR] [--output-len 64] [--rounds 3]
-        [--dtype float32]
+        [--dtype float32] [--llama-quantize Q4_K_M|Q6_K] [--check-greedy 8]
 
 `--hf-dir`: an HF Llama directory (benchmarks/make_llama.py writes random ones; one whose widths are
 multiples of 256 gets real K-quants throughout), written to a float32 GGUF file first.
@@ -16,7 +16,13 @@ for the head, for attn_v and ffn_down in the first and last eighth of the layers
 between, Q4_K elsewhere; rows whose length is not a multiple of 256 (SmolLM2's 576-wide inputs)
 take llama.cpp's fallbacks, Q5_0 for Q4_K and Q8_0 for Q6_K. The quantizer is
 tests/support/kquant_blocks.py's (range-based scales, not llama.cpp's search), which changes the
-values, not the speed. Each round runs every configuration once, in turn.
+values, not the speed. `--llama-quantize TYPE` makes the file with llama.cpp's own quantizer instead
+(llama-cpp-python's `llama_model_quantize`, from an F32 copy of the source). Each round runs every
+configuration once, in turn.
+
+`--check-greedy N`: before timing, N prompts of 16 random tokens, 32 greedy tokens each, from the
+engine in float32 against transformers reading the same file (its dequantization), token for token
+(a divergence at a near-tie of transformers' logits, top-2 margin under 1e-3, counts as equal).
 """
 
 from __future__ import annotations
@@ -87,6 +93,82 @@ def write_q4_k_m(source: Path, target: Path) -> None:
     writer.close()
 
 
+def write_f32(source: Path, target: Path) -> None:
+    """`source` with every tensor dequantized to F32, its metadata copied (llama-quantize's input)."""
+    reader = gguf.GGUFReader(source)
+    architecture = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(target), architecture)
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        sub_type = field.types[1] if len(field.types) > 1 else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type),
+                                                  dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def llama_quantize(source: Path, target: Path, file_type: str) -> None:
+    """llama.cpp's own quantizer (llama-cpp-python's binding) on an F32 copy of `source`."""
+    import llama_cpp
+
+    f32 = target.with_name(f"{source.stem}-F32-for-llama-quantize.gguf")
+    if not f32.exists():
+        write_f32(source, f32)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{file_type}")
+    params.nthread = torch.get_num_threads()
+    if llama_cpp.llama_model_quantize(str(f32).encode(), str(target).encode(), params) != 0:
+        raise SystemExit(f"llama.cpp could not quantize {f32} to {file_type}")
+
+
+def resident_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's weights as held: parameters (norms, float weights) and the quantized layers'
+    buffers (a layer shared by two names, a tied head and embedding, once)."""
+    from pipeline.model.layers.gguf_linear import GgufLinear
+
+    total = sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
+    for module in model.modules():
+        if isinstance(module, GgufLinear):
+            total += module.resident_bytes()
+        elif type(module).__name__ in ("Int4Linear", "Int8Linear"):
+            total += sum(buffer.numel() * buffer.element_size() for buffer in module.buffers(recurse=False))
+    return total
+
+
+def check_greedy(path: Path, count: int) -> None:
+    """Our float32 greedy tokens against transformers' reading of the file (module docstring)."""
+    from pipeline.request.sampling_params import SamplingParams
+    from tests.support.engine_helpers import NEAR_TIE_MARGIN, hf_greedy, make_engine, run_requests
+    from tests.support.gguf_files import hf_model_from_gguf
+
+    rng = np.random.default_rng(0)
+    vocab = len(gguf.GGUFReader(path).fields["tokenizer.ggml.tokens"].contents())
+    requests = {f"p{i}": (rng.integers(3, min(vocab, 4096), 16).tolist(),
+                          SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)) for i in range(count)}
+    engine = make_engine(path, quantization="gguf", max_model_len=512)
+    file_bytes = sum(int(tensor.n_bytes) for tensor in gguf.GGUFReader(path).tensors)
+    held = resident_weight_bytes(engine.runner.model)
+    print(f"weights held {held / 1e6:.1f} MB, the file's tensors {file_bytes / 1e6:.1f} MB ({held / file_bytes:.3f}x)")
+    ours = run_requests(engine, requests)
+    hf = hf_model_from_gguf(path)
+    equal = 0
+    for request_id, (prompt, params) in requests.items():
+        theirs, logits = hf_greedy(hf, prompt, params.max_tokens)
+        tokens = ours[request_id]["choices"][0]["token_ids"]
+        first = next((i for i, (a, b) in enumerate(zip(tokens, theirs, strict=True)) if a != b), None)
+        margin = None if first is None else float(torch.topk(logits[first], 2).values.diff().abs())
+        same = first is None or margin < NEAR_TIE_MARGIN
+        equal += same
+        print(f"  {request_id}: " + ("equal" if first is None else
+                                     f"first differs at {first}, transformers' top-2 margin {margin:.2e}"))
+    print(f"greedy tokens equal to transformers' reading of the file (float32): {equal} of {count}")
+
+
 def type_counts(path: Path) -> str:
     reader = gguf.GGUFReader(path)
     counts: dict[str, int] = {}
@@ -103,17 +185,26 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--llama-quantize", default=None, choices=["Q4_K_M", "Q6_K"],
+                        help="make the file with llama.cpp's quantizer, of this type")
+    parser.add_argument("--check-greedy", type=int, default=0, metavar="N")
     args = parser.parse_args()
     source = Path(args.source) if args.source else gguf_file_of("smollm2")
     if args.hf_dir:
         source = cache_dir() / "benchmarks" / f"{Path(args.hf_dir).name}-F32.gguf"
         if not source.exists():
             write_gguf(Path(args.hf_dir), source)
-    target = cache_dir() / "benchmarks" / f"{source.stem}-Q4_K_M-like.gguf"
+    suffix = f"llama.cpp-{args.llama_quantize}" if args.llama_quantize else "Q4_K_M-like"
+    target = cache_dir() / "benchmarks" / f"{source.stem}-{suffix}.gguf"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        write_q4_k_m(source, target)
+        if args.llama_quantize:
+            llama_quantize(source, target, args.llama_quantize)
+        else:
+            write_q4_k_m(source, target)
     print(f"{target.name}: {type_counts(target)}")
+    if args.check_greedy:
+        check_greedy(target, args.check_greedy)
     prompt = list(range(100, 116))
     runners = {"K-quants kept": engine_runner(str(target), args.dtype, "gguf", "auto", False, prompt)}
     with mock.patch("pipeline.model.layers.quantize.load_gguf_linear_kernel", lambda: None):  # today's int8

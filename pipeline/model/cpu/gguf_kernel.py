@@ -55,6 +55,7 @@ class GgufLinearKernel:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         self._linear = bind(library, "gguf_linear", [p, p, p, p, i64, i64, i32, i32, i32], i32)
         self._dequantize = bind(library, "gguf_dequantize", [p, p, i64, i32, i32, i32], i32)
+        self._rows = bind(library, "gguf_rows", [p, p, i64, p, i64, i32], i32)
         # Column blocks multiply faster than the file's rows only where the build has AVX-512.
         self.columns_fast = bool(bind(library, "gguf_columns_fast", [], i32)())
         self._scratch = torch.empty(0, dtype=torch.bfloat16)  # dequantized weights, one layer at a time
@@ -84,6 +85,16 @@ class GgufLinearKernel:
         if self._dequantize(out.data_ptr(), ctypes.addressof(segments), out.shape[1], int(out.dtype == torch.bfloat16),
                             int(portable), torch.get_num_threads()):
             raise ValueError(f"GGUF blocks: unknown type, or in_features {out.shape[1]} not a whole number of blocks")
+        return out
+
+    def rows(self, segments: ctypes.Array, in_features: int, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (int64, each below the weight's rows: checked by the caller) as float32
+        [len(ids), in_features], each value what dequantize() gives."""
+        ids = ids.to(torch.int64).contiguous()
+        out = torch.empty(ids.numel(), in_features)
+        if self._rows(out.data_ptr(), ctypes.addressof(segments), in_features, ids.data_ptr(), ids.numel(),
+                      torch.get_num_threads()):
+            raise ValueError(f"GGUF blocks: unknown type, or in_features {in_features} not a whole number of blocks")
         return out
 
     def scratch(self, out_features: int, in_features: int, dtype: torch.dtype) -> torch.Tensor:

@@ -8,8 +8,8 @@
   file's bytes; else the file's rows); weights from any other quantized
   type (IQ-quants, Q2_K, Q3_K, ...), or any quantized weight without the native kernel, become
   per-channel int8 from their dequantized values; weights stored as F32/F16/BF16 stay float. A tied
-  lm_head follows the embedding's type; the embedding itself stays dequantized (rows are looked up,
-  not multiplied).
+  lm_head follows the embedding's type; an embedding of a type GgufLinear holds stays in its blocks,
+  rows decoded when looked up (gguf_embedding.py; a tied one reads the head's), others dequantized.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from torch import nn
 from pipeline.loading.gguf.quant_blocks import BLOCKS_FILE, KEPT_TYPES, GgufBlocks
 from pipeline.model.cpu.gguf_kernel import GgufLinearKernel, load_gguf_linear_kernel
 from pipeline.model.cpu.kernels import QuantizedLinearKernel
+from pipeline.model.layers.gguf_embedding import GgufEmbedding
 from pipeline.model.layers.gguf_linear import GGUF_KERNEL_TYPES, GgufLinear
 from pipeline.model.layers.packed_cache import Packed, load_packed, save_packed
 from pipeline.model.layers.quantized_linear import Int4Linear, Int8Linear
@@ -115,6 +116,11 @@ def _quantize_from_gguf(model: nn.Module, blocks: GgufBlocks, native: QuantizedL
         return None
 
     _replace(model, make)
+    embedding = _gguf_embedding(model, blocks, sources, gguf_kernel) if gguf_kernel is not None else None
+    if embedding is not None:
+        model.model.embed_tokens = embedding
+        counts["gguf_embedding"] = 1
+        _note(held_as, embedding.table.qtypes, "embedding rows decoded when looked up")
     for qtype, ways in sorted(held_as.items()):
         log.info("GGUF weights held", qtype=qtype, held_as=", ".join(sorted(ways)))
     fresh = [name for name, buffers in packed.items()  # packed now, not read from the cache
@@ -122,6 +128,24 @@ def _quantize_from_gguf(model: nn.Module, blocks: GgufBlocks, native: QuantizedL
     if native is not None and (fresh or packed.keys() != cached.keys()):
         save_packed(model_dir, packed)
     return counts
+
+
+def _gguf_embedding(model: nn.Module, blocks: GgufBlocks, sources: dict[str, list[tuple[int, str]]],
+                    kernel: GgufLinearKernel) -> GgufEmbedding | None:
+    """model.model.embed_tokens kept in its file's blocks (gguf_embedding.py) when every part of it is
+    of a type GgufLinear holds; a tied head's layer is shared, not held twice."""
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    parts = sources.get("model.embed_tokens.weight", [])
+    qtypes = [blocks.qtypes[source] for _, source in parts]
+    if type(embed) is not nn.Embedding or not parts or not all(qtype in GGUF_KERNEL_TYPES for qtype in qtypes):
+        return None
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, GgufLinear) and sources.get("lm_head.weight") == parts:
+        table = head
+    else:
+        table = GgufLinear([(qtype, blocks.raw(source)) for qtype, (_, source) in zip(qtypes, parts, strict=True)],
+                           embed.embedding_dim, None, kernel)
+    return GgufEmbedding(table, embed.weight.dtype)
 
 
 def _note(held_as: dict[str, set[str]], qtypes: list[str], how: str) -> None:

@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 from torch import nn
 
 from pipeline.model.cpu.gguf_kernel import load_gguf_linear_kernel
+from pipeline.model.layers.gguf_embedding import GgufEmbedding
 from pipeline.model.layers.gguf_linear import GgufLinear
 from pipeline.request.sampling_params import SamplingParams
 from tests.support.engine_helpers import assert_greedy_equal, hf_greedy, make_engine, run_requests
@@ -62,6 +63,7 @@ def test_linears_keep_the_files_types_and_bytes(kquant_file):
     expected = "column blocks, integer products" if load_gguf_linear_kernel().columns_fast else "file blocks"
     assert set(held) == {"Q4_K", "Q5_0", "Q5_K", "Q6_K", "Q8_0"}  # the start-up log names each type and how
     assert all(way.startswith(expected) for way in held.values()), held
+    assert "embedding rows decoded when looked up" in held["Q4_K"]  # token_embd
     model = engine.runner.model
     layers = {name: module for name, module in model.named_modules() if isinstance(module, GgufLinear)}
     assert not [name for name, module in model.named_modules() if type(module) is nn.Linear]
@@ -71,9 +73,11 @@ def test_linears_keep_the_files_types_and_bytes(kquant_file):
     files = _file_bytes(kquant_file)
     head = "output.weight" if "output.weight" in files else "token_embd.weight"
     assert model.lm_head.qtypes == [files[head][0]]
-    linear_bytes = sum(size for name, (qtype, size) in files.items() if name != "token_embd.weight" and qtype != "F32")
-    linear_bytes += files[head][1] if head == "token_embd.weight" else 0
-    resident = sum(layer.resident_bytes() for layer in layers.values())
+    # The embedding stays in its blocks too, a tied one reading the head's (held once).
+    assert isinstance(model.model.embed_tokens, GgufEmbedding)
+    assert (model.model.embed_tokens.table is model.lm_head) == (head == "token_embd.weight")
+    linear_bytes = sum(size for qtype, size in files.values() if qtype != "F32")
+    resident = sum(layer.resident_bytes() for layer in layers.values())  # named_modules: a shared layer once
     # The file's blocks, or the same q and scales in column blocks (Q4_K's 12 scale bytes held as 16):
     # within the 1.1x asked.
     assert linear_bytes <= resident <= 1.03 * linear_bytes

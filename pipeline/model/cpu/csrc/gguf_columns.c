@@ -486,3 +486,19 @@ void gguf_columns_dequantize(void *out, const ColumnSegment *s, int64_t in_featu
     const int threads = threads_for(s->out_features * in_features * 2, num_threads);
     pool_run(dequantize_blocks, &context, blocks, columns_per_task(blocks, threads, BLOCKS_PER_TASK), threads);
 }
+
+/* Row `row` of the segment (column `row` of its blocks) as float32 into out [in_features]: an
+ * embedding's lookup, a few rows a step, so one weight at a time. */
+void gguf_columns_row(float *out, const ColumnSegment *s, int64_t in_features, int64_t row) {
+    const int64_t groups = in_features / GROUP, b = row / BLOCK;
+    const int column = (int)(row % BLOCK), type = (int)s->type;
+    for (int64_t g = 0; g < groups; g++) {
+        GroupScales k;
+        group_scales(s, in_features, b, g, &k);
+        for (int half = 0; half < 2; half++)
+            for (int i = 0; i < 8; i++)
+                for (int h = 0; h < 2; h++)
+                    out[g * GROUP + 16 * half + 2 * i + h] =
+                        weight_value(type, q_value(s, groups, b, g, i, column, h, half), k.d[half][column], k.min[column]);
+    }
+}

@@ -33,5 +33,7 @@ void gguf_columns_linear(void *y, const QuantizedRows *x, const int32_t *x_sums,
  * plain C code, not the vector one (the same values; for tests). */
 void gguf_columns_dequantize(void *out, const ColumnSegment *s, int64_t in_features, int out_bf16, int portable,
                              int num_threads);
+/* Row `row` of the segment as float32 into out [in_features] (an embedding's lookup). */
+void gguf_columns_row(float *out, const ColumnSegment *s, int64_t in_features, int64_t row);
 
 #endif

@@ -390,3 +390,38 @@ int gguf_dequantize(void *out, const Segment *segments, int64_t in_features, int
     }
     return 0;
 }
+
+/* Rows ids[0 .. count) of the weight as float32 [count, in_features] (an embedding's lookup: ids are
+ * checked by the caller). Returns 0, or 1 as gguf_linear. */
+typedef struct {
+    float *out;
+    const Segment *segments;
+    const int64_t *ids;
+    int64_t in_features;
+} Rows;
+
+static void rows_task(void *context, int64_t begin, int64_t end) {
+    const Rows *r = (const Rows *)context;
+    for (int64_t n = begin; n < end; n++) {
+        int64_t row = r->ids[n];
+        const Segment *segment = r->segments;
+        while (row >= segment->out_features) row -= (segment++)->out_features;
+        float *target = r->out + n * r->in_features;
+        if (segment->columns) {
+            gguf_columns_row(target, segment->columns, r->in_features, row);
+        } else {
+            const BlockType *type = block_type(segment->type, 0);
+            type->decode(segment->blocks + row * (r->in_features / type->block_size * type->block_bytes),
+                         r->in_features / type->block_size, target);
+        }
+    }
+}
+
+int gguf_rows(float *out, const Segment *segments, int64_t in_features, const int64_t *ids, int64_t count,
+              int num_threads) {
+    if (checked_columns(segments, in_features) < 0) return 1;
+    Rows context = {out, segments, ids, in_features};
+    const int threads = threads_for(count * in_features * 8, num_threads);
+    pool_run(rows_task, &context, count, columns_per_task(count, threads, 1), threads);
+    return 0;
+}
