@@ -56,6 +56,9 @@ class ModelConfig:
     # gguf: keep a GGUF file's Q4_0/Q4_1/Q8_0 weights; int8: per-channel at load; auto: gguf for a model
     # converted from a GGUF file, on the CPU, with one rank (model/runner.py), else none
     quantization: str = "auto"
+    # Quantized layers keep bfloat16 copies for many-row products on AMX CPUs, when they fit this many
+    # GiB (bfloat16 models; 0 = never: model/layers/bf16_copies.py)
+    bf16_copy_gib: float = 1.0
     logprobs_mode: str = "processed_logprobs"  # returned logprobs: after the sampler chain, or the model's
     max_logprobs: int = 20  # the largest `logprobs` / `prompt_logprobs` a request may ask for
     tensor_parallel_size: int = 1  # ranks one model is split over (model/parallel/)
@@ -89,6 +92,7 @@ class ModelConfig:
         _require(self.logprobs_mode in LOGPROBS_MODES,
                  f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         _require(bool(self.generation_config), "generation_config must be auto, vllm or a directory")
+        _require(self.bf16_copy_gib >= 0, f"bf16_copy_gib must be >= 0, got {self.bf16_copy_gib}")
         _require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
         _require(self.tensor_parallel_size >= 1,
                  f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")

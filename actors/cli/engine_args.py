@@ -95,6 +95,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                             "are (other quantized types as int8), int8 = quantize every linear per channel at "
                             "load; with --cpu-linear auto both run the native quantized kernel in any dtype, "
                             "otherwise torch's kernels in bfloat16 (pair with --dtype bfloat16)")
+    group.add_argument("--bf16-copy-gib", type=float, default=1.0,
+                       help="on CPUs with AMX, a bfloat16 model's quantized layers also keep bfloat16 copies of "
+                            "their weights, for products of 24 rows or more (AMX multiplies those several times "
+                            "faster than the quantized kernels), when the copies fit in this many GiB; 0 = never")
     group.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                        help="auto = flex (torch FlexAttention over the paged cache) on CUDA, torch (SDPA + the "
                             "native decode kernel) on CPU")
@@ -247,7 +251,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                           request_seed=args.seed, generation_config=args.generation_config,
                           max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                           cpu_linear=args.cpu_linear, quantization=args.quantization,
-                          logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,
+                          bf16_copy_gib=args.bf16_copy_gib, logprobs_mode=args.logprobs_mode,
+                          max_logprobs=args.max_logprobs,
                           max_image_bytes=parse_size(args.max_image_bytes),
                           max_image_pixels=args.max_image_pixels, attention_backend=args.attention_backend,
                           tensor_parallel_size=args.tensor_parallel_size,

@@ -37,6 +37,7 @@ from pipeline.model.attention.paged import TorchPagedAttention
 from pipeline.model.attention.windows import Chunk
 from pipeline.model.cpu.kernels import FewRowsLinearKernel, load_decoder_layers
 from pipeline.model.cpu.linear import FewRowsLinear, PackedLinear
+from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, copy_takes
 from pipeline.model.layers.gguf_linear import GgufLinear
 from pipeline.model.layers.mlp import GatedMLP
 from pipeline.model.layers.norms import RMSNorm
@@ -185,7 +186,15 @@ def _describe_layer(layer: nn.Module, kept: list[torch.Tensor], dtype: torch.dty
 
 
 def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.dtype) -> tuple[_Linear, int] | None:
-    """(kind, pointers, shape) of a projection whose native kernel the C side can call, and its row limit."""
+    """(kind, pointers, shape) of a projection whose native kernel the C side can call, and its row limit
+    (a quantized layer's bfloat16 copy takes COPY_MIN_ROWS rows and more: bf16_copies.py)."""
+    described = _describe_kernel(module, kept, dtype)
+    if described is not None and copy_takes(module, COPY_MIN_ROWS, dtype):
+        return described[0], min(described[1], COPY_MIN_ROWS - 1)
+    return described
+
+
+def _describe_kernel(module: nn.Module, kept: list[torch.Tensor], dtype: torch.dtype) -> tuple[_Linear, int] | None:
     bias = _float32_bias(module, kept)
     if type(module) is Int4Linear and module.native is not None:  # more rows take the per-op path's product
         return _Linear(_LINEAR_INT4, 0, module.column_blocks.data_ptr(), module.block_scales.data_ptr(), bias,

@@ -33,9 +33,11 @@ from pipeline.model.attention.selection import make_backend
 from pipeline.model.cpu.linear import prepare_cpu_linears
 from pipeline.model.encoder_cache import EncoderCache
 from pipeline.model.graphs import CUDAGraphRunner
+from pipeline.model.layers.bf16_copies import attach_bf16_copies, cpu_has_amx
+from pipeline.model.layers.gguf_linear import GgufLinear
 from pipeline.model.layers.norms import use_native_norms
 from pipeline.model.layers.quantize import auto_quantization, quantize_linears
-from pipeline.model.layers.quantized_linear import native_kernel_for, quantized_kernels_work
+from pipeline.model.layers.quantized_linear import Int4Linear, Int8Linear, native_kernel_for, quantized_kernels_work
 from pipeline.model.layers.recurrent_state import RecurrentStatePool
 from pipeline.model.loader import (
     ModelInfo,
@@ -192,11 +194,19 @@ class ModelRunner:
         if quantization != "none":  # before pack_linears, and before LoRA wraps the projections
             self._check_quantization(quantization, native is not None)
             quantize_linears(model, quantization, model_dir, native)
+            if native is not None:  # the native layers (torch's int4/int8 kernels keep their own path)
+                self._attach_bf16_copies(model, model_config)
         if self.device.type == "cpu" and model_config.cpu_linear != "torch":  # torch: HF's kernels, bit for bit
             log.info("CPU linear layers", cpu_linear=model_config.cpu_linear,
                      **prepare_cpu_linears(model, model_config.cpu_linear, self.dtype))
             log.info("native RMSNorm", count=use_native_norms(model))
         return model, info
+
+    def _attach_bf16_copies(self, model: torch.nn.Module, model_config: ModelConfig) -> None:
+        """bfloat16 copies of the quantized layers' weights for many-row products, where AMX makes them
+        pay (model/layers/bf16_copies.py)."""
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and cpu_has_amx() and model_config.bf16_copy_gib:
+            attach_bf16_copies(model, int(model_config.bf16_copy_gib * 2**30), (Int4Linear, Int8Linear, GgufLinear))
 
     @property
     def native_decoder(self) -> NativeDecoder | None:

@@ -36,6 +36,7 @@ from torch import nn
 from pipeline.model.cpu.gguf_kernel import GgufLinearKernel, segment_array
 from pipeline.model.cpu.library import cpu_has_bfloat16_arithmetic
 from pipeline.model.layers import gguf_columns
+from pipeline.model.layers.bf16_copies import copy_takes
 from pipeline.model.layers.gguf_columns import BLOCK_COLUMNS
 
 # ggml's (weights, bytes) per block of the types the kernel reads.
@@ -109,6 +110,8 @@ class GgufLinear(nn.Module):
         return self._c_segments[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if copy_takes(self, x.numel() // self.in_features, x.dtype):  # many rows on AMX (bf16_copies.py)
+            return self.__dict__["bf16_copy"](x)
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] >= self.dequantize_min_rows(rows.dtype):
             out = self._dequantized_product(rows)
@@ -118,6 +121,8 @@ class GgufLinear(nn.Module):
 
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """self(silu(gate) * up) from a gated MLP's [gate | up] in one native call, else None."""
+        if copy_takes(self, gate_up.numel() // (2 * self.in_features), gate_up.dtype):
+            return None
         rows = gate_up.reshape(-1, 2 * self.in_features)
         if rows.shape[0] >= self.dequantize_min_rows(rows.dtype):
             return None
@@ -126,6 +131,8 @@ class GgufLinear(nn.Module):
 
     def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
         """self(x).float() in one native call (an LM head's logits), else None."""
+        if copy_takes(self, x.numel() // self.in_features, x.dtype):
+            return None
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] >= self.dequantize_min_rows(rows.dtype):
             return None

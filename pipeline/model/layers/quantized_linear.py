@@ -50,6 +50,7 @@ from torch import nn
 
 from pipeline.model.cpu.kernels import QuantizedLinearKernel, load_quantized_linear_kernel
 from pipeline.model.cpu.library import cpu_has_bfloat16_arithmetic
+from pipeline.model.layers.bf16_copies import copy_takes
 
 GROUP_SIZE = 32  # GGUF's Q4_0/Q4_1/Q8_0 block length
 BLOCK_COLUMNS = 16  # output columns side by side in the native 4-bit layout (csrc/int4_linear.c)
@@ -141,6 +142,8 @@ class Int8Linear(nn.Module):
         return _packed(self, ("column_blocks", "scales"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if copy_takes(self, x.numel() // self.in_features, x.dtype):  # many rows on AMX (bf16_copies.py)
+            return self.__dict__["bf16_copy"](x)
         if self.native is not None:
             rows = x.reshape(-1, self.in_features)
             if rows.shape[0] >= dequantize_min_rows(rows.dtype, bits=8):
@@ -164,6 +167,8 @@ class Int8Linear(nn.Module):
 
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """self(silu(gate) * up) from a gated MLP's [gate | up] in one native call, else None."""
+        if copy_takes(self, gate_up.numel() // (2 * self.in_features), gate_up.dtype):
+            return None
         if self.native is None or gate_up.reshape(-1, 2 * self.in_features).shape[0] >= dequantize_min_rows(
                 gate_up.dtype, bits=8):
             return None
@@ -173,6 +178,8 @@ class Int8Linear(nn.Module):
 
     def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
         """self(x).float() in one native call (an LM head's logits), else None."""
+        if copy_takes(self, x.numel() // self.in_features, x.dtype):
+            return None
         if self.native is None or x.reshape(-1, self.in_features).shape[0] >= dequantize_min_rows(x.dtype, bits=8):
             return None
         out = self.native.int8(x.reshape(-1, self.in_features), self.column_blocks, self.scales, self.out_features,
@@ -256,6 +263,8 @@ class Int4Linear(nn.Module):
         return _packed(self, ("column_blocks", "block_scales"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if copy_takes(self, x.numel() // self.in_features, x.dtype):  # many rows on AMX (bf16_copies.py)
+            return self.__dict__["bf16_copy"](x)
         if self.native is not None:
             rows = x.reshape(-1, self.in_features)
             if rows.shape[0] >= dequantize_min_rows(rows.dtype):
@@ -278,6 +287,8 @@ class Int4Linear(nn.Module):
 
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """self(silu(gate) * up) from a gated MLP's [gate | up] in one native call, else None."""
+        if copy_takes(self, gate_up.numel() // (2 * self.in_features), gate_up.dtype):
+            return None
         if self.native is None or gate_up.reshape(-1, 2 * self.in_features).shape[0] >= dequantize_min_rows(
                 gate_up.dtype):
             return None
@@ -287,6 +298,8 @@ class Int4Linear(nn.Module):
 
     def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
         """self(x).float() in one native call (an LM head's logits), else None."""
+        if copy_takes(self, x.numel() // self.in_features, x.dtype):
+            return None
         if self.native is None or x.reshape(-1, self.in_features).shape[0] >= dequantize_min_rows(x.dtype):
             return None
         out = self.native.int4(x.reshape(-1, self.in_features), self.column_blocks, self.block_scales,

@@ -14,6 +14,7 @@ from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, 
 from pipeline.engine import LLMEngine
 from pipeline.model.cpu.gguf_kernel import load_gguf_linear_kernel
 from pipeline.model.cpu.kernels import load_decoder_layers
+from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, copy_takes
 from pipeline.model.layers.gguf_linear import dequantize_min_rows as gguf_dequantize_min_rows
 from pipeline.model.layers.quantized_linear import dequantize_min_rows
 from pipeline.model.native_decode import ANY_ROWS, NativeDecoder
@@ -101,12 +102,17 @@ def test_gguf_4bit_native_equals_per_op(tmp_path: Path) -> None:
         served, decoder = _counting(native_engine)
         assert _outputs(native_engine, requests) == _per_op_outputs(path, "bfloat16", "gguf", requests)
         assert max(served) == 9 and min(served) == 1
-        # From dequantize_min_rows rows on, quantized layers multiply by their dequantized weight, per op.
+        # From dequantize_min_rows rows on, quantized layers multiply by their dequantized weight, per op;
+        # with bfloat16 copies (CPUs with AMX: bf16_copies.py) from COPY_MIN_ROWS.
         if qtype == gguf.GGMLQuantizationType.Q4_0:
-            assert decoder.max_rows == min(ANY_ROWS, dequantize_min_rows(torch.bfloat16, 4) - 1)
+            limit = min(ANY_ROWS, dequantize_min_rows(torch.bfloat16, 4) - 1)
         else:
             columns = load_gguf_linear_kernel().columns_fast  # Q8_0 held in column blocks
-            assert decoder.max_rows == min(ANY_ROWS, gguf_dequantize_min_rows(torch.bfloat16, columns) - 1)
+            limit = min(ANY_ROWS, gguf_dequantize_min_rows(torch.bfloat16, columns) - 1)
+        projection = native_engine.runner.model.model.layers[0].mlp.down_proj
+        if copy_takes(projection, COPY_MIN_ROWS, torch.bfloat16):
+            limit = min(limit, COPY_MIN_ROWS - 1)
+        assert decoder.max_rows == limit
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma2", "gemma3", "gemma4", "mixtral", "olmo2", "granite", "smollm3",
