@@ -208,7 +208,7 @@ def _describe_kernel(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
                        module.in_features), min(ANY_ROWS, module.dequantize_min_rows(dtype) - 1)
     if type(module) is PackedLinear and module.panels is not None:  # every row count it takes: the panels
         return _Linear(_LINEAR_FLOAT, int(module.panels.dtype == torch.bfloat16), None, None, bias,
-                       module.out_features, module.in_features, module.panels.data_ptr()), PackedLinear.PANEL_ROWS
+                       module.out_features, module.in_features, module.panels.data_ptr()), module.panel_rows
     if type(module) is FewRowsLinear:
         weight, max_rows = module.weight, FewRowsLinearKernel.MAX_ROWS
     elif type(module) is PackedLinear and module.plain_weight is not None:

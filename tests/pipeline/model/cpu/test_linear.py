@@ -16,6 +16,7 @@ from torch import nn
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
 from pipeline.model.cpu.kernels import load_few_rows_linear_kernel, load_panel_linear_kernel
+from pipeline.model.cpu.library import cpu_flags
 from pipeline.model.cpu.linear import (
     FewRowsLinear,
     PackedLinear,
@@ -296,6 +297,11 @@ def test_float32_packed_linear_keeps_panels_instead_of_the_plain_weight_and_uses
         x = torch.randn(7, 68).bfloat16()
         assert torch.equal(bf16(x), panel(x, bf16.panels, 48, linear.bias))
         assert torch.equal(bf16.forward_float32(x), panel(x, bf16.panels, 48, linear.bias, float32_out=True))
+        # With AMX, oneDNN's bfloat16 product overtakes the panels from a few rows.
+        amx = "amx_bf16" in cpu_flags()
+        assert bf16.panel_rows == (PackedLinear.AMX_PANEL_ROWS if amx else PackedLinear.PANEL_ROWS)
+        above = torch.randn(bf16.panel_rows + 1, 68).bfloat16()
+        assert torch.equal(bf16(above), PackedLinear(linear)(above))
     else:
         assert bf16.panels is None and bf16.plain_weight is not None
 
