@@ -59,6 +59,9 @@ class ModelConfig:
     # Quantized layers keep bfloat16 copies for many-row products on AMX CPUs, when they fit this many
     # GiB (bfloat16 models; 0 = never: model/layers/bf16_copies.py)
     bf16_copy_gib: float = 1.0
+    # Every row's result the same bits whatever else shares its step (no many-row AMX products; a
+    # speculative engine always is: model/runner.py exact_rows)
+    batch_invariant: bool = False
     logprobs_mode: str = "processed_logprobs"  # returned logprobs: after the sampler chain, or the model's
     max_logprobs: int = 20  # the largest `logprobs` / `prompt_logprobs` a request may ask for
     tensor_parallel_size: int = 1  # ranks one model is split over (model/parallel/)

@@ -60,7 +60,8 @@ class LLMEngine:
         dtype = resolve_dtype(config.model.dtype, resolve_device(config.model.device))
         resolved = resolve_model(config.model.model, dtype)
         self.model_dir, self.model_name = resolved.path, resolved.name
-        self.runner = ModelRunner(config.model, config.cache, config.scheduler, str(self.model_dir), config.lora)
+        self.runner = ModelRunner(config.model, config.cache, config.scheduler, str(self.model_dir), config.lora,
+                                  exact_rows=config.model.batch_invariant or config.speculative is not None)
         self._check_recurrent_state(config)
         self.lora_registry = self.runner.lora_registry
         self.lora_slots = LoRASlots(config.lora.max_loras) if config.lora is not None else None

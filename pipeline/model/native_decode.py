@@ -41,7 +41,7 @@ from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, copy_takes
 from pipeline.model.layers.gguf_linear import GgufLinear
 from pipeline.model.layers.mlp import GatedMLP
 from pipeline.model.layers.norms import RMSNorm
-from pipeline.model.layers.quantized_linear import Int4Linear, Int8Linear, dequantize_min_rows
+from pipeline.model.layers.quantized_linear import AMX_MIN_ROWS, Int4Linear, Int8Linear, dequantize_min_rows
 from pipeline.model.models.llama import Attention, DecoderLayer, LlamaForCausalLM
 
 _LINEAR_INT4, _LINEAR_INT8, _LINEAR_FLOAT, _LINEAR_GGUF = 0, 1, 2, 3
@@ -191,6 +191,8 @@ def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
     described = _describe_kernel(module, kept, dtype)
     if described is not None and copy_takes(module, COPY_MIN_ROWS, dtype):
         return described[0], min(described[1], COPY_MIN_ROWS - 1)
+    if described is not None and type(module) is Int4Linear and module.amx_takes(AMX_MIN_ROWS, dtype):
+        return described[0], min(described[1], AMX_MIN_ROWS - 1)
     return described
 
 

@@ -21,10 +21,11 @@ def make_engine(model_dir: Path, *, block_size: int = 16, num_kv_blocks: int | N
                 max_num_batched_tokens: int = 512, max_num_seqs: int = 32,
                 prefix_caching: bool = True, max_model_len: int | None = None,
                 lora: LoRAConfig | None = None, speculative: SpeculativeConfig | None = None,
-                chat_template: str | None = None, dtype: str = "float32", quantization: str = "none") -> LLMEngine:
+                chat_template: str | None = None, dtype: str = "float32", quantization: str = "none",
+                batch_invariant: bool = False) -> LLMEngine:
     return LLMEngine(EngineConfig(
         model=ModelConfig(quantization=quantization, dtype=dtype, model=str(model_dir), max_model_len=max_model_len,
-                          chat_template=chat_template),
+                          chat_template=chat_template, batch_invariant=batch_invariant),
         cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, enable_prefix_caching=prefix_caching),
         scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
         lora=lora,

@@ -14,7 +14,10 @@ decode batches and prefill chunks of COPY_MIN_ROWS rows or more take the copy.
 The copies cost memory (2 bytes a weight beside the quantized ones), so a model gets them only when
 they fit the budget (`--bf16-copy-gib`), its dtype is bfloat16 and the CPU has AMX; results then
 round as a bfloat16 model's product does (the copy holds the dequantized weights rounded to bfloat16,
-as the dequantized path the layers take from 128 rows already does).
+as the dequantized path the layers take from 128 rows already does). A batch-invariant engine
+(`--batch-invariant`, speculative decoding) makes none: a row's bits would depend on the batch.
+4-bit layers where the process may use AMX take their many rows on AMX tiles instead (csrc/int4_amx.c:
+as fast here, without the copy's memory).
 """
 
 from __future__ import annotations

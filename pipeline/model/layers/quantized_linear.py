@@ -41,6 +41,7 @@ the input and output when it differs; their scales and zeros are bfloat16 for th
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -63,6 +64,8 @@ LayerT = TypeVar("LayerT", bound=nn.Module)
 # (bits, dtype) -> rows, measured (module docstring); int8 in float32 was never faster dequantized.
 _DEQUANTIZE_MIN_ROWS = {(4, torch.bfloat16): 128, (4, torch.float32): 128, (8, torch.bfloat16): 256}
 ALWAYS_KERNEL = 1 << 30  # dequantize_min_rows where the kernel takes every row count
+# 4-bit products of this many bfloat16 rows or more run on AMX tiles where the CPU has them (csrc/int4_amx.c)
+AMX_MIN_ROWS = int(os.environ.get("AQUEDUCT_AMX_MIN_ROWS", "16"))
 _DEQUANTIZE_CHUNK = 1 << 24  # weights dequantized at a time: the scratch buffer stays within 64 MiB
 
 
@@ -232,6 +235,8 @@ def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 class Int4Linear(nn.Module):
     """y = x W^T + b with W = (q - 8) * scale + zero per group of 32 columns, q in 0..15."""
 
+    many_rows_on_amx = True  # AMX_MIN_ROWS rows or more on AMX tiles where available (amx_takes)
+
     def __init__(self, values: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                  bias: torch.Tensor | None, native: QuantizedLinearKernel | None = None) -> None:
         """values [N, K] integers 0..15; scales, zeros [N, K / 32] (float)."""
@@ -262,7 +267,17 @@ class Int4Linear(nn.Module):
     def packed_buffers(self) -> dict[str, torch.Tensor]:
         return _packed(self, ("column_blocks", "block_scales"))
 
+    def amx_takes(self, rows: int, dtype: torch.dtype) -> bool:
+        """Whether `rows` rows of `dtype` multiply on AMX tiles (csrc/int4_amx.c): bfloat16, AMX_MIN_ROWS
+        rows or more, on a CPU and process that have AMX."""
+        return (self.many_rows_on_amx and rows >= AMX_MIN_ROWS and dtype == torch.bfloat16
+                and self.native is not None and self.native.int4_amx_available)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.amx_takes(x.numel() // self.in_features, x.dtype):
+            out = self.native.int4_amx(x.reshape(-1, self.in_features), self.column_blocks, self.block_scales,
+                                       self.out_features, self.bias)
+            return out.view(*x.shape[:-1], self.out_features)
         if copy_takes(self, x.numel() // self.in_features, x.dtype):  # many rows on AMX (bf16_copies.py)
             return self.__dict__["bf16_copy"](x)
         if self.native is not None:
@@ -287,7 +302,8 @@ class Int4Linear(nn.Module):
 
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """self(silu(gate) * up) from a gated MLP's [gate | up] in one native call, else None."""
-        if copy_takes(self, gate_up.numel() // (2 * self.in_features), gate_up.dtype):
+        rows = gate_up.numel() // (2 * self.in_features)
+        if copy_takes(self, rows, gate_up.dtype) or self.amx_takes(rows, gate_up.dtype):
             return None
         if self.native is None or gate_up.reshape(-1, 2 * self.in_features).shape[0] >= dequantize_min_rows(
                 gate_up.dtype):
@@ -298,7 +314,8 @@ class Int4Linear(nn.Module):
 
     def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
         """self(x).float() in one native call (an LM head's logits), else None."""
-        if copy_takes(self, x.numel() // self.in_features, x.dtype):
+        rows = x.numel() // self.in_features
+        if copy_takes(self, rows, x.dtype) or self.amx_takes(rows, x.dtype):
             return None
         if self.native is None or x.reshape(-1, self.in_features).shape[0] >= dequantize_min_rows(x.dtype):
             return None

@@ -75,6 +75,7 @@ def test_int8_blocks_hold_each_value_where_the_layout_says_and_unpack():
 def test_a_rows_result_is_the_same_bits_whatever_rows_share_the_call(dtype, bits):
     """What lets a verified draft position get the logits a one-row decode step gives."""
     layer = _layer(40, 96, seed=1, kernel=_native(), bits=bits)
+    layer.many_rows_on_amx = False  # as a speculative engine's layers (ModelRunner's exact_rows)
     x = torch.randn(19, 96, generator=torch.Generator().manual_seed(2)).to(dtype)
     together = layer(x)
     for row in range(19):
@@ -88,7 +89,8 @@ def test_a_rows_result_is_the_same_bits_whatever_rows_share_the_call(dtype, bits
 
 def _kernel_built_for(march: str) -> QuantizedLinearKernel | None:
     flags = [("-march=" + march if flag == "-march=native" else flag) for flag in kernel_library._POOL_FLAGS]
-    library = kernel_library._load_library(f"int4_{march}", flags, ("thread_pool", "int8_linear", "int4_linear"))
+    library = kernel_library._load_library(f"int4_{march}", flags, ("thread_pool", "int8_linear", "int4_linear",
+                                                                        "int4_amx"))
     return None if library is None else QuantizedLinearKernel(library)
 
 

@@ -11,30 +11,29 @@ from torch import nn
 
 from pipeline.model.cpu.kernels import load_quantized_linear_kernel
 from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, attach_bf16_copies, copy_takes
-from pipeline.model.layers.quantized_linear import Int4Linear
+from pipeline.model.layers.quantized_linear import Int8Linear
 
 NATIVE = load_quantized_linear_kernel()
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="no C compiler for the native kernels")
 
 
-def _layer(seed: int, out_features: int = 96, in_features: int = 128) -> Int4Linear:
+def _layer(seed: int, out_features: int = 96, in_features: int = 128) -> Int8Linear:
+    """An int8 layer (4-bit ones multiply many rows on AMX tiles themselves: csrc/int4_amx.c)."""
     generator = torch.Generator().manual_seed(seed)
-    values = torch.randint(0, 16, (out_features, in_features), generator=generator)
-    scales = torch.rand(out_features, in_features // 32, generator=generator) * 0.02
-    zeros = torch.rand(out_features, in_features // 32, generator=generator) * 0.02 - 0.01
-    return Int4Linear(values, scales, zeros, torch.randn(out_features, generator=generator), NATIVE)
+    weight = torch.randn(out_features, in_features, generator=generator) * 0.05
+    return Int8Linear.from_float(weight, torch.randn(out_features, generator=generator), NATIVE)
 
 
 def test_many_bfloat16_rows_take_the_copy_and_few_the_kernel():
     model = nn.Sequential(_layer(1), _layer(2, 128, 96))
-    assert attach_bf16_copies(model, budget_bytes=1 << 20, layer_types=(Int4Linear,)) == 2
+    assert attach_bf16_copies(model, budget_bytes=1 << 20, layer_types=(Int8Linear,)) == 2
     layer = model[0]
     weight = layer.dequantized().to(torch.bfloat16)
     many = torch.randn(COPY_MIN_ROWS, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     expected = F.linear(many.float(), weight.float(), layer.bias.to(torch.bfloat16).float())
     torch.testing.assert_close(layer(many).float(), expected, rtol=2e-2, atol=2e-2)
     few = many[:COPY_MIN_ROWS - 1]
-    assert torch.equal(layer(few), NATIVE.int4(few, layer.column_blocks, layer.block_scales, 96, layer.bias))
+    assert torch.equal(layer(few), NATIVE.int8(few, layer.column_blocks, layer.scales, 96, 128, layer.bias))
     assert copy_takes(layer, COPY_MIN_ROWS, torch.bfloat16) and not copy_takes(layer, COPY_MIN_ROWS, torch.float32)
     assert layer.forward_float32(many) is None and layer.forward_gated(torch.cat([many, many], dim=1)) is None
     assert "bf16_copy" not in dict(layer.named_children())  # not a submodule: module walks see the layer only
@@ -43,6 +42,6 @@ def test_many_bfloat16_rows_take_the_copy_and_few_the_kernel():
 def test_no_copies_when_they_do_not_fit_the_budget():
     model = nn.Sequential(_layer(4), _layer(5))
     needed = 2 * 96 * 128 * 2
-    assert attach_bf16_copies(model, budget_bytes=needed - 1, layer_types=(Int4Linear,)) == 0
+    assert attach_bf16_copies(model, budget_bytes=needed - 1, layer_types=(Int8Linear,)) == 0
     assert not copy_takes(model[0], COPY_MIN_ROWS, torch.bfloat16)
-    assert attach_bf16_copies(model, budget_bytes=needed, layer_types=(Int4Linear,)) == 2
+    assert attach_bf16_copies(model, budget_bytes=needed, layer_types=(Int8Linear,)) == 2

@@ -140,6 +140,7 @@ def test_native_many_rows_multiply_by_the_dequantized_weight(monkeypatch, kind, 
     bias = torch.from_numpy(rng.standard_normal(48).astype(np.float32))
     if kind == "int4":
         layer = Int4Linear(*decode_q4(gguf.quants.quantize(weight, Q.Q4_1), "Q4_1"), bias, _native())
+        layer.many_rows_on_amx = False  # the dequantized path itself (AMX tiles: test_int4_amx.py)
         dequantized = layer.native.dequantize_int4(layer.column_blocks, layer.block_scales, 48, dtype)
         kernel = lambda rows: layer.native.int4(rows, layer.column_blocks, layer.block_scales, 48, bias)  # noqa: E731
     else:
