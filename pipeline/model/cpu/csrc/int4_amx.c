@@ -96,11 +96,23 @@ static void write_panel(const Problem *p, int64_t b, uint16_t *panel) {
     }
 }
 
-/* Rows first .. first + count - 1 (count <= 32) of block b, over its panel. */
-static void run_pass(const Problem *p, int64_t b, const uint16_t *panel, int64_t first, int64_t count) {
+/* Row r's 16 sums plus the bias, rounded to bfloat16, into y (the last block's padding dropped). */
+static inline void store_row(const Problem *p, int64_t row, int64_t column0, __mmask16 columns, const float *sums,
+                             __m512 bias) {
+    const __m512 out = _mm512_add_ps(_mm512_loadu_ps(sums), bias);
+    _mm256_mask_storeu_epi16(p->y + row * p->out_features + column0, columns, (__m256i)_mm512_cvtneps_pbh(out));
+}
+
+/* Rows first .. first + count - 1 (count <= 32) of block b, over its panel; the tiles are configured
+ * for `count` rows (configured: the count they were last configured for on this thread). */
+static void run_pass(const Problem *p, int64_t b, const uint16_t *panel, int64_t first, int64_t count,
+                     int64_t *configured) {
     const int64_t groups = p->in_features / GROUP_INPUTS, upper = count > 16 ? count - 16 : 0;
     const int64_t stride = p->in_features * 2;
-    configure(count < 16 ? count : 16, upper);
+    if (*configured != count) {
+        configure(count < 16 ? count : 16, upper);
+        *configured = count;
+    }
     _tile_zero(0);
     if (upper) _tile_zero(1);
     for (int64_t g = 0; g < groups; g++) {
@@ -116,20 +128,20 @@ static void run_pass(const Problem *p, int64_t b, const uint16_t *panel, int64_t
     _tile_stored(0, sums[0], 64);
     if (upper) _tile_stored(1, sums[16], 64);
     const int64_t column0 = b * BLOCK, columns = p->out_features - column0 < BLOCK ? p->out_features - column0 : BLOCK;
-    for (int64_t r = 0; r < count; r++)
-        for (int64_t c = 0; c < columns; c++)
-            p->y[(first + r) * p->out_features + column0 + c] =
-                float_to_bf16(sums[r][c] + (p->bias ? p->bias[column0 + c] : 0.0f));
+    const __mmask16 mask = (__mmask16)((1u << columns) - 1);
+    const __m512 bias = p->bias ? _mm512_maskz_loadu_ps(mask, p->bias + column0) : _mm512_setzero_ps();
+    for (int64_t r = 0; r < count; r++) store_row(p, first + r, column0, mask, sums[r], bias);
 }
 
 static void run_blocks(void *context, int64_t begin, int64_t end) {
     const Problem *p = (const Problem *)context;
     uint16_t *panel = aligned_alloc(64, (size_t)(p->in_features / GROUP_INPUTS) * 16 * 64);
     if (!panel) abort(); /* a few KiB: failing here is the process running out of memory */
+    int64_t configured = -1;
     for (int64_t b = begin; b < end; b++) {
         write_panel(p, b, panel);
         for (int64_t first = 0; first < p->rows; first += PASS_ROWS)
-            run_pass(p, b, panel, first, p->rows - first < PASS_ROWS ? p->rows - first : PASS_ROWS);
+            run_pass(p, b, panel, first, p->rows - first < PASS_ROWS ? p->rows - first : PASS_ROWS, &configured);
     }
     _tile_release();
     free(panel);
