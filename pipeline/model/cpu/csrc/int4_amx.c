@@ -7,9 +7,10 @@
  *
  * Each task takes blocks of 16 output columns. For block b it writes the block's weights, every group
  * of 32 inputs, as bfloat16 B tiles (the panel: groups x 16 rows x 64 bytes; w = q d + m in float32,
- * multiplied then added, rounded to nearest even: Int4Linear.dequantized()'s values), then runs every
- * 32-row pass of x over that panel: two C tiles of 16 rows x 16 columns, float32, each summing A (16
- * rows x 32 inputs of x, bfloat16, read in place) times B over the groups in order.
+ * multiplied then added, rounded to nearest even: Int4Linear.dequantized()'s values), for a run of
+ * blocks whose panels fit L2, then runs every 32-row pass of x over those panels: two C tiles of 16
+ * rows x 16 columns, float32, each summing A (16 rows x 32 inputs of x, bfloat16, read in place)
+ * times B over the groups in order.
  * The B tile's layout is the column blocks' own: TDPBF16PS wants row r of B to hold, per column c,
  * the weights of inputs 2 r and 2 r + 1; chunk i's low nibbles hold exactly that for inputs 2 i,
  * 2 i + 1 (lane 2 c + h), its high nibbles for 2 i + 16, 2 i + 17, so chunk i widens into B rows i
@@ -133,18 +134,29 @@ static void run_pass(const Problem *p, int64_t b, const uint16_t *panel, int64_t
     for (int64_t r = 0; r < count; r++) store_row(p, first + r, column0, mask, sums[r], bias);
 }
 
+/* A task's blocks in runs whose panels fit PANEL_BUDGET (L2): each run's panels are written once,
+ * then every 32-row pass of x (in L1) goes over all of them, so x is read once per run, not per block. */
+#define PANEL_BUDGET (1 << 20)
+
 static void run_blocks(void *context, int64_t begin, int64_t end) {
     const Problem *p = (const Problem *)context;
-    uint16_t *panel = aligned_alloc(64, (size_t)(p->in_features / GROUP_INPUTS) * 16 * 64);
-    if (!panel) abort(); /* a few KiB: failing here is the process running out of memory */
+    const int64_t panel_elements = p->in_features / GROUP_INPUTS * 16 * 32; /* bfloat16s per block */
+    int64_t run = PANEL_BUDGET / (panel_elements * 2);
+    run = run < 1 ? 1 : run < end - begin ? run : end - begin;
+    uint16_t *panels = aligned_alloc(64, (size_t)(run * panel_elements * 2));
+    if (!panels) abort(); /* at most PANEL_BUDGET: failing here is the process running out of memory */
     int64_t configured = -1;
-    for (int64_t b = begin; b < end; b++) {
-        write_panel(p, b, panel);
-        for (int64_t first = 0; first < p->rows; first += PASS_ROWS)
-            run_pass(p, b, panel, first, p->rows - first < PASS_ROWS ? p->rows - first : PASS_ROWS, &configured);
+    for (int64_t b0 = begin; b0 < end; b0 += run) {
+        const int64_t b1 = b0 + run < end ? b0 + run : end;
+        for (int64_t b = b0; b < b1; b++) write_panel(p, b, panels + (b - b0) * panel_elements);
+        for (int64_t first = 0; first < p->rows; first += PASS_ROWS) {
+            const int64_t count = p->rows - first < PASS_ROWS ? p->rows - first : PASS_ROWS;
+            for (int64_t b = b0; b < b1; b++)
+                run_pass(p, b, panels + (b - b0) * panel_elements, first, count, &configured);
+        }
     }
     _tile_release();
-    free(panel);
+    free(panels);
 }
 
 /* Whether this process may use AMX tiles (Linux asks each process to request them once). */
