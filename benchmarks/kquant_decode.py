@@ -39,6 +39,7 @@ passive_omp_wait()  # as the `aqueduct` CLI does, before anything loads torch an
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from unittest import mock
 
 import gguf
@@ -68,8 +69,9 @@ def q4_k_m_type(name: str, shape: tuple[int, ...], layers: int) -> Q | None:
     return chosen if shape[-1] % 256 == 0 else _FALLBACK[chosen]
 
 
-def write_q4_k_m(source: Path, target: Path) -> None:
-    """`source` with every weight re-quantized as q4_k_m_type says; its metadata copied."""
+def rewrite(source: Path, target: Path, quantized_type: Callable[[str, tuple[int, ...], int], Q | None]) -> None:
+    """`source`'s metadata and tensors into `target`, each tensor dequantized to float32 and, where
+    quantized_type(name, numpy shape, layers) names a type, quantized to it (else kept F32)."""
     reader = gguf.GGUFReader(source)
     architecture = reader.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(str(target), architecture)
@@ -81,7 +83,7 @@ def write_q4_k_m(source: Path, target: Path) -> None:
     layers = int(reader.fields[f"{architecture}.block_count"].contents())
     for tensor in reader.tensors:
         weight = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        qtype = q4_k_m_type(tensor.name, weight.shape, layers)
+        qtype = quantized_type(tensor.name, weight.shape, layers)
         if qtype is None:
             writer.add_tensor(tensor.name, weight)
         else:
@@ -93,23 +95,14 @@ def write_q4_k_m(source: Path, target: Path) -> None:
     writer.close()
 
 
+def write_q4_k_m(source: Path, target: Path) -> None:
+    """`source` with every weight re-quantized as q4_k_m_type says; its metadata copied."""
+    rewrite(source, target, q4_k_m_type)
+
+
 def write_f32(source: Path, target: Path) -> None:
     """`source` with every tensor dequantized to F32, its metadata copied (llama-quantize's input)."""
-    reader = gguf.GGUFReader(source)
-    architecture = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(str(target), architecture)
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        sub_type = field.types[1] if len(field.types) > 1 else None
-        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type),
-                                                  dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    rewrite(source, target, lambda _name, _shape, _layers: None)
 
 
 def llama_quantize(source: Path, target: Path, file_type: str) -> None:

@@ -30,7 +30,7 @@ from pipeline.lora.registry import LoRARegistry
 from pipeline.model.attention.fp8_kv import FP8_DTYPES, Fp8KVCache, allocate_fp8_caches
 from pipeline.model.attention.paged import TorchPagedAttention
 from pipeline.model.attention.selection import make_backend
-from pipeline.model.cpu.linear import prepare_cpu_linears
+from pipeline.model.cpu.linear import PackedLinear, prepare_cpu_linears
 from pipeline.model.encoder_cache import EncoderCache
 from pipeline.model.graphs import CUDAGraphRunner
 from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, attach_bf16_copies, cpu_has_amx
@@ -119,7 +119,8 @@ class ModelRunner:
         """tp_rank: this process's rank with tensor_parallel_size > 1 (0 = the driver, which starts
         the other ranks and broadcasts each step's inputs to them). exact_rows: every row's result the
         same bits whatever rows share a step, up to the kernels' limits (speculative decoding's
-        verification needs it: docs/speculative.md), so no many-row AMX paths."""
+        verification needs it: docs/speculative.md), so no many-row AMX paths (AMX 4-bit products,
+        bfloat16 copies, oneDNN past 16 rows for bfloat16 panels)."""
         self.exact_rows = exact_rows
         if lora_config is not None and model_config.tensor_parallel_size > 1:
             # The ranks would need the adapters' shards and each step's slot mapping: not built yet.
@@ -208,6 +209,10 @@ class ModelRunner:
         if self.device.type == "cpu" and model_config.cpu_linear != "torch":  # torch: HF's kernels, bit for bit
             log.info("CPU linear layers", cpu_linear=model_config.cpu_linear,
                      **prepare_cpu_linears(model, model_config.cpu_linear, self.dtype))
+            if self.exact_rows:  # bfloat16 panels for every decode batch they take, not oneDNN's AMX product
+                for module in model.modules():
+                    if type(module) is PackedLinear:
+                        module.panel_rows = PackedLinear.PANEL_ROWS
             log.info("native RMSNorm", count=use_native_norms(model))
         return model, info
 

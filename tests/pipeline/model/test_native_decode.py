@@ -14,12 +14,14 @@ from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, 
 from pipeline.engine import LLMEngine
 from pipeline.model.cpu.gguf_kernel import load_gguf_linear_kernel
 from pipeline.model.cpu.kernels import load_decoder_layers
+from pipeline.model.cpu.library import cpu_flags
+from pipeline.model.cpu.linear import PackedLinear
 from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, copy_takes
 from pipeline.model.layers.gguf_linear import dequantize_min_rows as gguf_dequantize_min_rows
 from pipeline.model.layers.quantized_linear import AMX_MIN_ROWS, Int4Linear, dequantize_min_rows
 from pipeline.model.native_decode import ANY_ROWS, NativeDecoder
 from pipeline.request.sampling_params import SamplingParams
-from tests.support.engine_helpers import run_requests
+from tests.support.engine_helpers import make_engine, run_requests
 from tests.support.gguf_files import write_gguf
 from tests.support.hf_models import make_tiny_hf_model
 
@@ -160,3 +162,16 @@ def test_the_layers_start_hook_runs_once_per_forward_native_or_per_op(tmp_path: 
     _outputs(engine, _requests(6))
     assert 0 < len(served) < engine.stats.num_steps  # native steps, and per-op ones (the prefill)
     assert len(starts) == engine.stats.num_steps
+
+
+def test_a_batch_invariant_engine_keeps_its_panels_for_every_batch_they_take(tmp_path: Path) -> None:
+    """With AMX, bfloat16 panels stop at AMX_PANEL_ROWS (oneDNN's AMX product beyond, summing in another
+    order); a batch-invariant engine (--batch-invariant, speculative decoding) keeps them to 64 rows."""
+    hf_dir = make_tiny_hf_model("llama", tmp_path / "hf", seed=3)
+    for invariant in (False, True):
+        engine = make_engine(hf_dir, dtype="bfloat16", batch_invariant=invariant)
+        panels = [m for m in engine.runner.model.modules() if type(m) is PackedLinear and m.panels is not None]
+        if not panels:
+            pytest.skip("no bfloat16 panels on this CPU (AVX512-BF16)")
+        amx = "amx_bf16" in cpu_flags() and not invariant
+        assert {m.panel_rows for m in panels} == {PackedLinear.AMX_PANEL_ROWS if amx else PackedLinear.PANEL_ROWS}
