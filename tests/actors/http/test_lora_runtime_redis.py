@@ -109,9 +109,12 @@ async def test_a_load_one_worker_refuses_is_undone_on_the_others(default_model_p
 
 
 async def _refusing_worker(redis: aioredis.Redis, prefix: str, name: str) -> None:
-    """A worker's control reader that refuses every load, answering as docs/design.md says."""
-    last_id = "$"
+    """A worker's control reader that refuses every load, answering as docs/design.md says. It reads the
+    test's own control stream from its start (a reader at "$" could miss an entry added before its first
+    read) and keeps its heartbeat up (a slow box once let the 30 s one lapse: the gateway then asked w0 alone)."""
+    last_id = "0-0"
     while True:
+        await redis.set(f"{prefix}:worker:{name}", 1, px=30_000)
         for _, entries in await redis.xread({f"{prefix}:control": last_id}, block=100) or []:
             for entry_id, fields in entries:
                 last_id, entry = entry_id, msgpack.unpackb(fields[b"data"])
