@@ -22,7 +22,7 @@
  * The products: each group of 32 inputs of x is quantized to int16 with one scale (quantized_inputs.h);
  * lane c sums column c's q times x_q for inputs 0-15 (`low`) and 16-31 (`high`) of the group in 32-bit
  * integers, exactly. The offsets (q - 16, q - 32) come off as integers too: 16 times the group's sum
- * of x_q. Per group, per column, in float32: Q5_0/Q8_0 acc += float(low + high) * (d * xs); Q4_K/Q5_K
+ * of x_q (Q5_0), 32 times each half's (Q6_K). Per group, per column, in float32: Q5_0/Q8_0 acc += float(low + high) * (d * xs); Q4_K/Q5_K
  * acc += float(low + high) * (d sc * xs) then acc -= dmin m * sum(x); Q6_K acc += float(low) * (d sc0 *
  * xs) then acc += float(high) * (d sc1 * xs), each a fused multiply-add. Integer sums are exact in any
  * order and the float steps are the same for every row count and path (AVX-512, portable C), so a
