@@ -30,20 +30,13 @@ from pipeline.lora.registry import LoRARegistry
 from pipeline.model.attention.fp8_kv import FP8_DTYPES, Fp8KVCache, allocate_fp8_caches
 from pipeline.model.attention.paged import TorchPagedAttention
 from pipeline.model.attention.selection import make_backend
-from pipeline.model.cpu.linear import PackedLinear, prepare_cpu_linears
+from pipeline.model.cpu.linear import prepare_cpu_linears
 from pipeline.model.encoder_cache import EncoderCache
 from pipeline.model.graphs import CUDAGraphRunner
-from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, attach_bf16_copies, cpu_has_amx
-from pipeline.model.layers.gguf_linear import GgufLinear
+from pipeline.model.layers.amx_routing import route_many_rows
 from pipeline.model.layers.norms import use_native_norms
 from pipeline.model.layers.quantize import auto_quantization, quantize_linears
-from pipeline.model.layers.quantized_linear import (
-    AMX_MIN_ROWS,
-    Int4Linear,
-    Int8Linear,
-    native_kernel_for,
-    quantized_kernels_work,
-)
+from pipeline.model.layers.quantized_linear import native_kernel_for, quantized_kernels_work
 from pipeline.model.layers.recurrent_state import RecurrentStatePool
 from pipeline.model.loader import (
     ModelInfo,
@@ -119,8 +112,7 @@ class ModelRunner:
         """tp_rank: this process's rank with tensor_parallel_size > 1 (0 = the driver, which starts
         the other ranks and broadcasts each step's inputs to them). exact_rows: every row's result the
         same bits whatever rows share a step, up to the kernels' limits (speculative decoding's
-        verification needs it: docs/speculative.md), so no many-row AMX paths (AMX 4-bit products,
-        bfloat16 copies, oneDNN past 16 rows for bfloat16 panels)."""
+        verification needs it: docs/speculative.md), so no many-row AMX paths (layers/amx_routing.py)."""
         self.exact_rows = exact_rows
         if lora_config is not None and model_config.tensor_parallel_size > 1:
             # The ranks would need the adapters' shards and each step's slot mapping: not built yet.
@@ -204,32 +196,13 @@ class ModelRunner:
         if quantization != "none":  # before pack_linears, and before LoRA wraps the projections
             self._check_quantization(quantization, native is not None)
             quantize_linears(model, quantization, model_dir, native)
-            if native is not None:  # the native layers (torch's int4/int8 kernels keep their own path)
-                self._many_rows_on_amx(model, model_config)
         if self.device.type == "cpu" and model_config.cpu_linear != "torch":  # torch: HF's kernels, bit for bit
             log.info("CPU linear layers", cpu_linear=model_config.cpu_linear,
                      **prepare_cpu_linears(model, model_config.cpu_linear, self.dtype))
-            if self.exact_rows:  # bfloat16 panels for every decode batch they take, not oneDNN's AMX product
-                for module in model.modules():
-                    if type(module) is PackedLinear:
-                        module.panel_rows = PackedLinear.PANEL_ROWS
             log.info("native RMSNorm", count=use_native_norms(model))
+        if self.device.type == "cpu":
+            route_many_rows(model, native, self.dtype, int(model_config.bf16_copy_gib * 2**30), self.exact_rows)
         return model, info
-
-    def _many_rows_on_amx(self, model: torch.nn.Module, model_config: ModelConfig) -> None:
-        """Quantized layers' many-row products on AMX where it pays: 4-bit layers on AMX tiles themselves
-        (csrc/int4_amx.c), others through bfloat16 copies (model/layers/bf16_copies.py). Neither where
-        rows must keep the bits a one-row step gives (exact_rows): those products sum in other orders."""
-        if self.exact_rows:
-            for module in model.modules():
-                if type(module) is Int4Linear:
-                    module.many_rows_on_amx = False
-            return
-        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and cpu_has_amx() and model_config.bf16_copy_gib:
-            native = next((m.native for m in model.modules() if type(m) is Int4Linear and m.native is not None), None)
-            amx_first = native is not None and native.int4_amx_available and AMX_MIN_ROWS <= COPY_MIN_ROWS
-            four_bit = () if amx_first else (Int4Linear,)
-            attach_bf16_copies(model, int(model_config.bf16_copy_gib * 2**30), (*four_bit, Int8Linear, GgufLinear))
 
     @property
     def native_decoder(self) -> NativeDecoder | None:

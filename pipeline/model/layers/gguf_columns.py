@@ -14,9 +14,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pipeline.model.layers.column_layout import BLOCK_COLUMNS
+from pipeline.model.layers.column_layout import GROUP_SIZE as GROUP
+
 COLUMN_TYPES = ("Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
-BLOCK_COLUMNS = 16
-GROUP = 32
 SUPER = 256
 _HIGH_BITS = {"Q5_0": 1, "Q8_0": 0, "Q4_K": 0, "Q5_K": 1, "Q6_K": 2}
 _INPUTS_PER_BLOCK = {"Q5_0": GROUP, "Q8_0": GROUP, "Q4_K": SUPER, "Q5_K": SUPER, "Q6_K": SUPER}

@@ -13,9 +13,7 @@ import torch
 from pipeline.loading.gguf.quant_blocks import decode_q4
 from pipeline.model.cpu import library as kernel_library
 from pipeline.model.cpu.kernels import QuantizedLinearKernel, load_quantized_linear_kernel
-from pipeline.model.layers.quantized_linear import (
-    Int4Linear,
-    Int8Linear,
+from pipeline.model.layers.column_layout import (
     pack_block_scales,
     pack_column_blocks,
     pack_int8_blocks,
@@ -23,6 +21,7 @@ from pipeline.model.layers.quantized_linear import (
     unpack_column_blocks,
     unpack_int8_blocks,
 )
+from pipeline.model.layers.quantized_linear import Int4Linear, Int8Linear
 
 Q = gguf.GGMLQuantizationType
 
