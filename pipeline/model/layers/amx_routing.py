@@ -14,7 +14,7 @@ from torch import nn
 
 from pipeline.model.cpu.kernels import QuantizedLinearKernel
 from pipeline.model.cpu.linear import PackedLinear
-from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, attach_bf16_copies, cpu_has_amx
+from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, attach_bf16_copies, copies_pay
 from pipeline.model.layers.gguf_linear import GgufLinear
 from pipeline.model.layers.quantized_linear import AMX_MIN_ROWS, Int4Linear, Int8Linear
 
@@ -30,7 +30,7 @@ def route_many_rows(model: nn.Module, native: QuantizedLinearKernel | None, dtyp
             elif type(module) is PackedLinear:
                 module.panel_rows = PackedLinear.PANEL_ROWS
         return
-    if native is None or dtype != torch.bfloat16 or not cpu_has_amx() or not copy_budget_bytes:
+    if native is None or dtype != torch.bfloat16 or not copies_pay() or not copy_budget_bytes:
         return
     amx_first = native.int4_amx_available and AMX_MIN_ROWS <= COPY_MIN_ROWS  # 4-bit layers need no copies
     four_bit = () if amx_first else (Int4Linear,)

@@ -37,8 +37,11 @@ log = structlog.get_logger(__name__)
 COPY_MIN_ROWS = int(os.environ.get("AQUEDUCT_BF16_COPY_MIN_ROWS", "24"))
 
 
-def cpu_has_amx() -> bool:
-    return "amx_bf16" in cpu_flags()
+def copies_pay() -> bool:
+    """Whether the CPU multiplies bfloat16 fast enough for copies to win: AMX, or AVX512-BF16 (measured)."""
+    if os.environ.get("AQUEDUCT_BF16_COPIES") == "amx":  # for measuring
+        return "amx_bf16" in cpu_flags()
+    return not cpu_flags().isdisjoint(("amx_bf16", "avx512_bf16"))
 
 
 def copy_takes(layer: nn.Module, rows: int, dtype: torch.dtype) -> bool:

@@ -299,6 +299,20 @@ static inline __attribute__((always_inline)) void block_slices(const float *slic
     }
 }
 
+/* Prefetch the KV heads kv_first .. kv_end - 1 of tokens 0 .. len - 1's rows (`bytes` of each from
+ * `column`), before the passes read them. A sequence's blocks lie anywhere in the cache and each
+ * layer's K/V are read once a step, from memory, so the passes stall at each block's first lines:
+ * asking for the whole sequence's rows (some 100 KB, within L2) at once keeps many reads in flight.
+ * Measured on a Zen 4 VM, SmolLM2 decode steps of 32 sequences of ~280 tokens: the 30 layers' calls
+ * 19-21 ms against 22-23 ms without (prefetching 32 or 96 tokens ahead inside the passes did nothing). */
+static void prefetch_sequence(const void *cache, const int64_t *restrict offsets, int64_t len, int64_t column,
+                              int64_t bytes, const int kv_bf16) {
+    for (int64_t t = 0; t < len; ++t) {
+        const char *start = kv_element(cache, offsets[t] + column, kv_bf16);
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(start + b, 0, 3);
+    }
+}
+
 /* Pass 1 for float32/bfloat16 caches, 8 tokens at a time: each query head's dot products with the
  * block's 8 K rows accumulate lane-wise, then sums_of_8 reduces them together and the 8 scores
  * are stored as one vector (scores rows are padded to a multiple of 8, so the store stays in the
@@ -380,6 +394,9 @@ static inline __attribute__((always_inline)) void attend_sequence(
     const int bf16 = kv_format == KV_BF16, in_place = kv_format == KV_F32 || kv_format == KV_BF16;
     /* fp8 rows are decoded into one scratch row just before use, so they go token by token. */
     if (in_place) {
+        const int64_t span = (kv_end - kv_first) * head_dim * (bf16 ? 2 : 4);
+        prefetch_sequence(keys->cache, offsets, len, kv_first * head_dim, span, bf16);
+        prefetch_sequence(values->cache, offsets, len, kv_first * head_dim, span, bf16);
         scores_in_blocks(scores, q, keys->cache, offsets, len, stride, group, kv_first, kv_end, head_dim, scale,
                          widened, bf16);
     } else {
