@@ -3,7 +3,8 @@
 On CPUs with AMX: 4-bit layers multiply AMX_MIN_ROWS rows or more on AMX tiles themselves
 (csrc/int4_amx.c), other quantized layers through bfloat16 copies within a budget (bf16_copies.py),
 and bfloat16 panels stop at PackedLinear.AMX_PANEL_ROWS, oneDNN's AMX product taking more rows
-(cpu/linear.py). Each sums in another order than the row-exact kernels, so a batch-invariant engine
+(cpu/linear.py). CPUs with AVX512-BF16 but no AMX get the copies for every quantized layer, 4-bit
+included (bf16_copies.py). Each sums in another order than the row-exact kernels, so a batch-invariant engine
 (`--batch-invariant`, speculative decoding: docs/speculative.md) uses none of them.
 """
 

@@ -1,4 +1,5 @@
-"""bfloat16 copies of quantized layers' weights for products of many rows, on CPUs with AMX.
+"""bfloat16 copies of quantized layers' weights for products of many rows, on CPUs that multiply
+bfloat16 natively (AMX, or AVX512-BF16).
 
 A quantized layer's kernel (int4_linear.c, int8_linear.c, gguf_columns.c) widens every weight for each
 pass over the rows, so its cost grows with the rows; AMX multiplies bfloat16 tiles an order of
@@ -11,8 +12,14 @@ bench --model smollm2`, prompts 50-500, 128 tokens each, bfloat16, same VM) gave
 requests); from 24 rows 282 against 263 (24 requests) and 315-319 against 271 (32 requests). So
 decode batches and prefill chunks of COPY_MIN_ROWS rows or more take the copy.
 
+Without AMX, oneDNN's AVX512-BF16 product overtakes the quantized kernels from about 16 rows too
+(SmolLM2's layers on a 2-core Zen 4 VM, in cache: 3072 x 576 4-bit 0.43 against 0.40 ms at 32 rows,
+576 x 1536 0.40 against 0.20, the Q8_0 head 14.6 against 8.0 ms), and the engine's loop over the serve
+benchmark's workload (`aqueduct bench --serve`'s 32 prompts, 128 tokens each, run in process)
+took 16.0-17.2 s with copies from 24 rows against 18.2-18.6 s without (three alternating runs).
+
 The copies cost memory (2 bytes a weight beside the quantized ones), so a model gets them only when
-they fit the budget (`--bf16-copy-gib`), its dtype is bfloat16 and the CPU has AMX; results then
+they fit the budget (`--bf16-copy-gib`), its dtype is bfloat16 and copies_pay(); results then
 round as a bfloat16 model's product does (the copy holds the dequantized weights rounded to bfloat16,
 as the dequantized path the layers take from 128 rows already does). A batch-invariant engine
 (`--batch-invariant`, speculative decoding) makes none: a row's bits would depend on the batch.
