@@ -177,6 +177,8 @@ class ModelRunner:
         if self.kv_dtype is not None and shape.latent_dim is not None:
             raise ValueError(f"kv_cache_dtype {self.cache_config.kv_cache_dtype} is not supported with multi-head "
                              "latent attention (DeepSeek-V2/V3) yet: use kv_cache_dtype 'auto'")
+        if self.kv_dtype is not None and isinstance(self.backend, TorchPagedAttention):
+            self.backend.prefill_rows_max_len = 0  # a first fp8 chunk attends to its fresh K/V, not the cache's
         if self.kv_dtype is not None and not isinstance(self.backend, TorchPagedAttention):
             raise ValueError(f"kv_cache_dtype {self.cache_config.kv_cache_dtype} needs attention_backend 'torch'; "
                              f"{type(self.backend).__name__} does not read an fp8 cache yet")

@@ -10,6 +10,10 @@ scaled_dot_product_attention call per layer:
 - prefill (query length > 1, which covers chunked prefill and prefix-cache hits): queries padded
   to the longest chunk of the group, causal mask offset by each sequence's cached context.
   Sequences of very different cost go to separate groups so padding stays bounded.
+Where the native decode kernel is loaded (CPU), it takes the decodes in one call per layer, and in
+float32 models without windows, soft-capping or sinks also the prefills of sequences up to
+`prefill_rows_max_len` tokens, each query row as a sequence of one query (rows_as_sequences); a step
+of decodes and such prefills then also qualifies for the native decoder layers (native_decode.py).
 All index tensors and masks are built once per step (`build_metadata`), never per layer, and
 once per distinct window of the model's layers (a layer passes its window to `forward`).
 
@@ -69,6 +73,30 @@ class AttentionBackend(Protocol):
         ...
 
 
+# Float32 prefills of sequences up to this long (context included) go through the decode kernel, each
+# query row as a one-query sequence over its sequence's blocks (rows_as_sequences). The kernel reads a
+# row's keys once per row where SDPA's flash kernel shares them across a block of rows, but SDPA's
+# group of padded prefills computes every masked square whole. SmolLM2 float32, 32 requests of 16-256
+# prompt tokens (`aqueduct batch`'s benchmark workload), Zen 4 VM: its prefill steps 6.33-6.41 s
+# against 6.96-7.30 s through SDPA. Single sequences past this length are faster through SDPA (one of
+# 2,040 tokens, bfloat16: 3.84 against 2.59 s a step). bfloat16 models keep SDPA: the kernel
+# computes in float32, where HF's bfloat16 SDPA rounds, and their prefill logits would leave HF's
+# (tests/pipeline/model/models' bfloat16 checks).
+PREFILL_ROWS_MAX_LEN = 512
+
+
+def rows_as_sequences(starts: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
+                      block_tables: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each query row of the given sequences as a sequence of one query: its token row, the keys it
+    sees (causal: its position + 1) and its sequence's block table.
+    starts [0, 3], query_lens [3, 1], seq_lens [5, 9] -> rows [0, 1, 2, 3], lens [3, 4, 5, 9]."""
+    owner = np.repeat(np.arange(len(starts)), query_lens)
+    offsets = np.arange(len(owner)) - np.repeat(np.cumsum(query_lens) - query_lens, query_lens)
+    rows = starts[owner] + offsets
+    lens = (seq_lens - query_lens)[owner] + offsets + 1
+    return rows, lens, block_tables[owner]
+
+
 class TorchPagedAttention:
     """Portable backend built on torch indexing and F.scaled_dot_product_attention."""
 
@@ -88,6 +116,9 @@ class TorchPagedAttention:
         self._workspace: list[torch.Tensor] = [torch.empty(0) for _ in range(4)]
         # Native decode kernel (float32, bfloat16 or fp8 K/V, on CPU); the runner sets it when it applies.
         self.decode_kernel: DecodeKernel | None = None
+        # Prefills of sequences up to this long go through the decode kernel by rows (selection.py sets
+        # PREFILL_ROWS_MAX_LEN where it applies; 0 = never).
+        self.prefill_rows_max_len = 0
         # Rope fused with the KV write (CPU, float32/bfloat16 caches; an fp8 cache keeps the quantizing
         # torch write); models that rotate q/k in the usual way use it when set (the runner sets it).
         self.rope_kv_kernel: RopeKVKernel | None = None
@@ -109,10 +140,15 @@ class TorchPagedAttention:
         seq_lens = inputs.seq_lens.astype(np.int64)
         decodes = []
         decode_seqs = np.flatnonzero(query_lens == 1)
-        if len(decode_seqs) and self.decode_kernel is not None:
-            decodes.append(self._kernel_decode_group(starts[decode_seqs], seq_lens[decode_seqs],
-                                                     inputs.block_tables[decode_seqs], len(inputs.input_ids),
-                                                     window))
+        if self.decode_kernel is not None:
+            # Decodes and short prefills, every query row a sequence of its own for the kernel.
+            by_rows = seq_lens <= self.prefill_rows_max_len
+            kernel_seqs = np.flatnonzero((query_lens == 1) | by_rows)
+            if len(kernel_seqs):
+                rows, lens, tables = rows_as_sequences(starts[kernel_seqs], query_lens[kernel_seqs],
+                                                       seq_lens[kernel_seqs], inputs.block_tables[kernel_seqs])
+                decodes.append(self._kernel_decode_group(rows, lens, tables, len(inputs.input_ids), window))
+            query_lens = np.where(by_rows, 1, query_lens)  # no prefill groups for them
         elif len(decode_seqs):
             visible = seq_lens - np.maximum(first_visible_key(seq_lens - 1, window), 0)  # keys each decode reads
             for group in split_decodes(visible[decode_seqs]):

@@ -12,7 +12,7 @@ import torch
 
 from pipeline.model.attention.flex import FlexPagedAttention
 from pipeline.model.attention.latent import LatentPagedAttention
-from pipeline.model.attention.paged import TorchPagedAttention
+from pipeline.model.attention.paged import PREFILL_ROWS_MAX_LEN, TorchPagedAttention
 from pipeline.model.attention.shape import AttentionShape
 from pipeline.model.cpu.kernels import load_decode_kernel, load_rope_kv_kernel
 
@@ -42,6 +42,9 @@ def make_backend(name: str, shape: AttentionShape, block_size: int, device: torc
         # used only for float32/bfloat16 caches (attention.py keeps the quantizing write for fp8).
         backend.decode_kernel = load_decode_kernel()
         backend.rope_kv_kernel = load_rope_kv_kernel()
+        plain = not shape.attention_sinks and shape.logit_softcap is None and shape.windows == frozenset({None})
+        if dtype == torch.float32 and plain:
+            backend.prefill_rows_max_len = PREFILL_ROWS_MAX_LEN  # paged.py: float32 short prefills by rows
     return backend
 
 
