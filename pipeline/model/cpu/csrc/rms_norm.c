@@ -41,15 +41,16 @@ static inline float lane_sum(lanes v) {
     return sum;
 }
 
-/* sum of x^2 over a row: 32 running sums side by side (one running sum is a chain of dependent adds,
- * ~4 cycles each: a 576-wide row's 32-row decode call took 52 us, most of it that chain), then their
- * total. Another order than torch's, so the last bits can differ. */
+/* sum of x^2 over a row: 32 running sums side by side, then their total. One running sum is a chain
+ * of dependent adds, ~4 cycles each: 32 rows x 576 bfloat16 took 24 us a call that way and 11 us
+ * this way, 2,048 rows 698 and 266 us (Zen 4 VM). Another order than torch's, so the last bits can differ. */
 static float sum_squares(const void *x, int64_t dim, int bf16) {
     lanes a = {0}, b = {0};
     int64_t i = 0;
     for (; i + 2 * LANES <= dim; i += 2 * LANES) {
         const lanes u = bf16 ? load_bf16_lanes((const uint16_t *)x + i) : load_f32((const float *)x + i);
-        const lanes v = bf16 ? load_bf16_lanes((const uint16_t *)x + i + LANES) : load_f32((const float *)x + i + LANES);
+        const lanes v = bf16 ? load_bf16_lanes((const uint16_t *)x + i + LANES)
+                             : load_f32((const float *)x + i + LANES);
         a += u * u;
         b += v * v;
     }
