@@ -56,8 +56,8 @@ class ModelConfig:
     # gguf: keep a GGUF file's Q4_0/Q4_1/Q8_0 weights; int8: per-channel at load; auto: gguf for a model
     # converted from a GGUF file, on the CPU, with one rank (model/runner.py), else none
     quantization: str = "auto"
-    # Quantized layers keep bfloat16 copies for many-row products on AMX CPUs, when they fit this many
-    # GiB (bfloat16 models; 0 = never: model/layers/bf16_copies.py)
+    # Quantized layers keep bfloat16 copies for many-row products on AMX or AVX512-BF16 CPUs, when they
+    # fit this many GiB (bfloat16 models; 0 = never: model/layers/bf16_copies.py)
     bf16_copy_gib: float = 1.0
     # Every row's result the same bits whatever else shares its step (no many-row AMX products; a
     # speculative engine always is: model/runner.py exact_rows)

@@ -96,13 +96,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                             "load; with --cpu-linear auto both run the native quantized kernel in any dtype, "
                             "otherwise torch's kernels in bfloat16 (pair with --dtype bfloat16)")
     group.add_argument("--bf16-copy-gib", type=float, default=1.0,
-                       help="on CPUs with AMX, a bfloat16 model's quantized layers also keep bfloat16 copies of "
-                            "their weights, for products of 24 rows or more (AMX multiplies those several times "
-                            "faster than the quantized kernels), when the copies fit in this many GiB; 0 = never")
+                       help="on CPUs that multiply bfloat16 natively (AMX or AVX512-BF16), a bfloat16 model's "
+                            "quantized layers also keep bfloat16 copies of their weights, for products of 24 rows "
+                            "or more (oneDNN multiplies those faster than the quantized kernels), when the copies "
+                            "fit in this many GiB; 0 = never")
     group.add_argument("--batch-invariant", action="store_true",
                        help="every request's numbers the same bits whatever else shares its steps: quantized "
-                            "layers keep their row-exact kernels instead of AMX products for 16+ rows (slower under "
-                            "load on AMX CPUs); speculative decoding always runs this way")
+                            "layers keep their row-exact kernels instead of AMX products or bfloat16 copies for many "
+                            "rows (slower under load); speculative decoding always runs this way")
     group.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                        help="auto = flex (torch FlexAttention over the paged cache) on CUDA, torch (SDPA + the "
                             "native decode kernel) on CPU")
@@ -256,8 +257,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                           max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                           cpu_linear=args.cpu_linear, quantization=args.quantization,
                           bf16_copy_gib=args.bf16_copy_gib, batch_invariant=args.batch_invariant,
-                          logprobs_mode=args.logprobs_mode,
-                          max_logprobs=args.max_logprobs,
+                          logprobs_mode=args.logprobs_mode, max_logprobs=args.max_logprobs,
                           max_image_bytes=parse_size(args.max_image_bytes),
                           max_image_pixels=args.max_image_pixels, attention_backend=args.attention_backend,
                           tensor_parallel_size=args.tensor_parallel_size,

@@ -1,4 +1,5 @@
-"""Which products of many rows run on AMX, decided once a model's layers are in place (CPU only).
+"""Which products of many rows leave the row-exact quantized kernels (AMX tiles, bfloat16 copies),
+decided once a model's layers are in place (CPU only).
 
 On CPUs with AMX: 4-bit layers multiply AMX_MIN_ROWS rows or more on AMX tiles themselves
 (csrc/int4_amx.c), other quantized layers through bfloat16 copies within a budget (bf16_copies.py),

@@ -110,7 +110,7 @@ class GgufLinear(nn.Module):
         return self._c_segments[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if copy_takes(self, x.numel() // self.in_features, x.dtype):  # many rows on AMX (bf16_copies.py)
+        if copy_takes(self, x.numel() // self.in_features, x.dtype):  # many rows: the bfloat16 copy (bf16_copies.py)
             return self.__dict__["bf16_copy"](x)
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] >= self.dequantize_min_rows(rows.dtype):

@@ -151,7 +151,7 @@ class Int8Linear(nn.Module):
         return _packed(self, ("column_blocks", "scales"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if copy_takes(self, x.numel() // self.in_features, x.dtype):  # many rows on AMX (bf16_copies.py)
+        if copy_takes(self, x.numel() // self.in_features, x.dtype):  # many rows: the bfloat16 copy (bf16_copies.py)
             return self.__dict__["bf16_copy"](x)
         if self.native is not None:
             rows = x.reshape(-1, self.in_features)
@@ -263,7 +263,7 @@ class Int4Linear(nn.Module):
             out = self.native.int4_amx(x.reshape(-1, self.in_features), self.column_blocks, self.block_scales,
                                        self.out_features, self.bias)
             return out.view(*x.shape[:-1], self.out_features)
-        if copy_takes(self, x.numel() // self.in_features, x.dtype):  # many rows on AMX (bf16_copies.py)
+        if copy_takes(self, x.numel() // self.in_features, x.dtype):  # many rows: the bfloat16 copy (bf16_copies.py)
             return self.__dict__["bf16_copy"](x)
         if self.native is not None:
             rows = x.reshape(-1, self.in_features)
