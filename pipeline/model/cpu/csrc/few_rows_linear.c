@@ -194,10 +194,11 @@ static const column_fn COLUMNS[2][MAX_ROWS] = {
 
 /* x widened to float32 and, for bfloat16 weights, reordered chunk by chunk (module comment). */
 static void prepare_rows(float *out, const void *x, int64_t rows, int64_t in_features, int io_bf16, int gated,
-                         int bf16) {
-    for (int64_t m = 0; m < rows; m++)
-        for (int64_t i = 0; i < in_features; i++)
-            out[m * in_features + reordered(i, in_features, bf16)] = input_value(x, io_bf16, gated, in_features, m, i);
+                         int bf16, float *row) {
+    for (int64_t m = 0; m < rows; m++) {
+        input_row(row, x, io_bf16, gated, in_features, m);
+        for (int64_t i = 0; i < in_features; i++) out[m * in_features + reordered(i, in_features, bf16)] = row[i];
+    }
 }
 
 typedef struct {
@@ -220,9 +221,9 @@ static void run_columns(void *context, int64_t begin, int64_t end) {
 int few_rows_linear(void *y, const void *x, const void *weight, const float *bias, int64_t rows,
                     int64_t out_features, int64_t in_features, int bf16, int io_bf16, int gated, int num_threads) {
     if (rows < 1 || rows > MAX_ROWS) return 1;
-    float *x_f32 = malloc(sizeof(float) * rows * in_features);
+    float *x_f32 = malloc(sizeof(float) * (rows + 1) * in_features); /* the rows, then one row of scratch */
     if (!x_f32) return 2;
-    prepare_rows(x_f32, x, rows, in_features, io_bf16, gated, bf16);
+    prepare_rows(x_f32, x, rows, in_features, io_bf16, gated, bf16, x_f32 + rows * in_features);
     Columns columns = {COLUMNS[bf16 != 0][rows - 1], y, io_bf16, x_f32, weight, bias, out_features, in_features};
     const int64_t weight_bytes = out_features * in_features * (bf16 ? 2 : 4);
     const int threads = threads_for(weight_bytes, num_threads);

@@ -10,6 +10,7 @@
 #define AQUEDUCT_INPUT_ROWS_H
 
 #include <math.h>
+#include <string.h>
 #include <stdint.h>
 
 #include "bf16.h"
@@ -26,5 +27,99 @@ static inline float input_value(const void *x, int io_bf16, int gated, int64_t i
     const float silu = gate / (1.0f + expf(-gate));
     return io_bf16 ? round_bf16(round_bf16(silu) * up) : silu * up;
 }
+
+/* ---- whole rows, 8 lanes at a time ----------------------------------------------------------------
+ *
+ * The same values as input_value, element by element, for a whole row: the scalar loop's expf and
+ * bfloat16 roundings took longer than some of the products they feed (SmolLM2's down projection, 32
+ * bfloat16 rows: 588 us gated against 268 us plain). GCC vector extensions: one AVX register, split
+ * by the compiler where vectors are narrower. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi" /* static inline helpers: no vector crosses an ABI boundary */
+#endif
+typedef float row_lanes __attribute__((vector_size(32)));
+typedef int32_t row_ilanes __attribute__((vector_size(32)));
+typedef uint16_t row_hlanes __attribute__((vector_size(16)));
+enum { ROW_LANES = 8 };
+
+static inline row_lanes row_lanes_at(const void *x, int io_bf16, int64_t index) {
+    if (io_bf16) {
+        row_hlanes h;
+        memcpy(&h, (const uint16_t *)x + index, sizeof h);
+        return (row_lanes)(__builtin_convertvector(h, row_ilanes) << 16);
+    }
+    row_lanes v;
+    memcpy(&v, (const float *)x + index, sizeof v);
+    return v;
+}
+
+static inline row_lanes row_select(row_ilanes mask, row_lanes a, row_lanes b) {
+    return (row_lanes)((mask & (row_ilanes)a) | (~mask & (row_ilanes)b));
+}
+
+/* float_to_bf16's rounding (nearest even, NaN kept quiet), lane-wise, back as float32 values. */
+static inline row_lanes round_bf16_lanes(row_lanes v) {
+    const row_ilanes bits = (row_ilanes)v;
+    const row_ilanes rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & (int32_t)0xFFFF0000u;
+    const row_ilanes quiet_nan = (bits | 0x400000) & (int32_t)0xFFFF0000u;
+    return row_select((bits & 0x7FFFFFFF) > 0x7F800000, (row_lanes)quiet_nan, (row_lanes)rounded);
+}
+
+/* e^x lane-wise: x = n ln2 + r, |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6 (relative error
+ * below 2e-7, about expf's), times 2^n built in the exponent bits as 2^(n/2) * 2^(n - n/2) so that
+ * n up to 128 stays finite. Past 88.72 the result is inf (as expf's); below -87.3 it is e^-87.3
+ * instead of a subnormal (both add nothing to 1 in 1 + e^-x).
+ * Worked example: x = -3 -> n = -4, r = -3 + 4 ln2 = -0.2274, e^r = 0.7966, times 2^-4 = 0.04979. */
+static inline row_lanes exp_lanes(row_lanes x) {
+    const row_ilanes overflow = x > 88.7228f;
+    x = row_select(x < -87.3f, (row_lanes){0} - 87.3f, x);
+    x = row_select(overflow, (row_lanes){0}, x);
+    /* Adding 1.5 * 2^23 rounds x / ln2 to an integer n, which then sits in the low mantissa bits. */
+    const row_lanes shifted = x * 1.44269504088896341f + 12582912.0f;
+    const row_lanes n = shifted - 12582912.0f;
+    const row_lanes r = (x - n * 0.693359375f) + n * 2.12194440e-4f; /* ln2 in two parts, the first exact */
+    row_lanes p = (row_lanes){0} + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const row_ilanes whole = (row_ilanes)shifted - 0x4B400000, half = whole >> 1;
+    const row_lanes scaled = p * (row_lanes)((half + 127) << 23) * (row_lanes)((whole - half + 127) << 23);
+    return row_select(overflow, (row_lanes){0} + INFINITY, scaled);
+}
+
+/* out[0, in_features) = row m's input values (input_value's, with exp_lanes for expf in whole lanes). */
+static inline void input_row(float *out, const void *x, int io_bf16, int gated, int64_t in_features, int64_t m) {
+    const int64_t width = gated ? 2 * in_features : in_features;
+    int64_t i = 0;
+    for (; i + ROW_LANES <= in_features; i += ROW_LANES) {
+        row_lanes v = row_lanes_at(x, io_bf16, m * width + i);
+        if (gated) {
+            const row_lanes up = row_lanes_at(x, io_bf16, m * width + in_features + i);
+            const row_lanes silu = v / (1.0f + exp_lanes(-v));
+            v = io_bf16 ? round_bf16_lanes(round_bf16_lanes(silu) * up) : silu * up;
+        }
+        memcpy(out + i, &v, sizeof v);
+    }
+    for (; i < in_features; ++i) out[i] = input_value(x, io_bf16, gated, in_features, m, i);
+}
+
+/* out[0, n) = float_to_bf16(in[0, n)). */
+static inline void bf16_row(uint16_t *out, const float *in, int64_t n) {
+    int64_t i = 0;
+    for (; i + ROW_LANES <= n; i += ROW_LANES) {
+        row_lanes v;
+        memcpy(&v, in + i, sizeof v);
+        const row_hlanes h = __builtin_convertvector((row_ilanes)round_bf16_lanes(v) >> 16, row_hlanes);
+        memcpy(out + i, &h, sizeof h);
+    }
+    for (; i < n; ++i) out[i] = float_to_bf16(in[i]);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 #endif

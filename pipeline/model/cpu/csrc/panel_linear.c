@@ -152,12 +152,11 @@ static void run_panel_job(const PanelJob *job, int64_t weight_bytes, int num_thr
 int panel_linear(void *y, const void *x, const float *panels, const float *bias, int64_t rows,
                  int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads) {
     if (rows < 1) return 1;
-    float *x_f32 = malloc(sizeof(float) * rows * in_features);
-    if (!x_f32) return 2;
-    for (int64_t m = 0; m < rows; m++)
-        for (int64_t i = 0; i < in_features; i++)
-            x_f32[m * in_features + i] = input_value(x, io_bf16, gated, in_features, m, i);
-    const PanelJob job = {y, io_bf16, TILES, (const char *)x_f32, (const char *)panels,
+    const int as_given = io_bf16 == IO_FLOAT32 && !gated; /* x's rows are already the inputs */
+    float *x_f32 = as_given ? NULL : malloc(sizeof(float) * rows * in_features);
+    if (!as_given && !x_f32) return 2;
+    for (int64_t m = 0; !as_given && m < rows; m++) input_row(x_f32 + m * in_features, x, io_bf16, gated, in_features, m);
+    const PanelJob job = {y, io_bf16, TILES, as_given ? (const char *)x : (const char *)x_f32, (const char *)panels,
                           in_features * (int64_t)sizeof(float), in_features * PANEL * (int64_t)sizeof(float),
                           in_features, bias, rows, out_features};
     run_panel_job(&job, out_features * in_features * (int64_t)sizeof(float), num_threads);
@@ -221,10 +220,17 @@ int panel_linear_bf16(void *y, const void *x, const uint16_t *panels, const floa
     if (rows < 1) return 1;
     const int64_t num_pairs = (in_features + 1) / 2;
     uint16_t *x_bf16 = calloc((size_t)(rows * num_pairs * 2), sizeof(uint16_t));
-    if (!x_bf16) return 2;
-    for (int64_t m = 0; m < rows; m++)
-        for (int64_t i = 0; i < in_features; i++)
-            x_bf16[m * num_pairs * 2 + i] = float_to_bf16(input_value(x, io_bf16, gated, in_features, m, i));
+    float *row = malloc(sizeof(float) * in_features);
+    if (!x_bf16 || !row) {
+        free(x_bf16);
+        free(row);
+        return 2;
+    }
+    for (int64_t m = 0; m < rows; m++) {
+        input_row(row, x, io_bf16, gated, in_features, m);
+        bf16_row(x_bf16 + m * num_pairs * 2, row, in_features);
+    }
+    free(row);
     const PanelJob job = {y, io_bf16, PAIR_TILES, (const char *)x_bf16, (const char *)panels,
                           num_pairs * (int64_t)sizeof(uint32_t), num_pairs * 2 * PANEL * (int64_t)sizeof(uint16_t),
                           num_pairs, bias, rows, out_features};

@@ -54,9 +54,7 @@ static inline float *widened(const void *x, int64_t rows, int64_t in_features, i
                              int gated) {
     float *out = calloc(rows * padded_in > 0 ? rows * padded_in : 1, sizeof(float));
     if (out)
-        for (int64_t m = 0; m < rows; m++)
-            for (int64_t i = 0; i < in_features; i++)
-                out[m * padded_in + i] = input_value(x, io_bf16, gated, in_features, m, i);
+        for (int64_t m = 0; m < rows; m++) input_row(out + m * padded_in, x, io_bf16, gated, in_features, m);
     return out;
 }
 
