@@ -118,6 +118,26 @@ static inline void bf16_row(uint16_t *out, const float *in, int64_t n) {
     }
     for (; i < n; ++i) out[i] = float_to_bf16(in[i]);
 }
+/* y[index, index + n) = values + bias (bias NULL: none), stored as io_bf16 says (store_output's
+ * roundings, 8 lanes at a time). */
+static inline void store_outputs(void *y, int io_bf16, int64_t index, const float *values, const float *bias,
+                                 int64_t n) {
+    int64_t i = 0;
+    for (; i + ROW_LANES <= n; i += ROW_LANES) {
+        row_lanes v, b = {0};
+        memcpy(&v, values + i, sizeof v);
+        if (bias) memcpy(&b, bias + i, sizeof b);
+        v += b;
+        if (io_bf16 == IO_BF16) {
+            const row_hlanes h = __builtin_convertvector((row_ilanes)round_bf16_lanes(v) >> 16, row_hlanes);
+            memcpy((uint16_t *)y + index + i, &h, sizeof h);
+        } else {
+            if (io_bf16 == IO_BF16_TO_FLOAT32) v = round_bf16_lanes(v);
+            memcpy((float *)y + index + i, &v, sizeof v);
+        }
+    }
+    for (; i < n; ++i) store_output(y, io_bf16, index + i, values[i] + (bias ? bias[i] : 0.0f));
+}
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif

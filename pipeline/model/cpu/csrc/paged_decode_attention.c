@@ -10,6 +10,7 @@
  *   1. scores[h][t] = scale * q_h . k_t for every query head h and token t;
  *   2. an exact (max-subtracted) softmax over each head's scores, as in SDPA, with a vectorized exp;
  *   3. out_h = sum_t w[h][t] v_t.
+ * While a run's passes compute, the task's next run's K/V rows are prefetched a few at a time (Ahead).
  * Passes 1 and 3 walk the tokens in order, 8 at a time for float32/bfloat16 caches (one at a time
  * for fp8, decoded row by row), and finish those rows for all of the run's KV heads and query heads
  * before the next: the cache is read in address order, a block at a time.
@@ -300,16 +301,42 @@ static inline __attribute__((always_inline)) void block_slices(const float *slic
 }
 
 /* Prefetch the KV heads kv_first .. kv_end - 1 of tokens 0 .. len - 1's rows (`bytes` of each from
- * `column`), before the passes read them. A sequence's blocks lie anywhere in the cache and each
- * layer's K/V are read once a step, from memory, so the passes stall at each block's first lines:
- * asking for the whole sequence's rows (some 100 KB, within L2) at once keeps many reads in flight.
- * Measured on a Zen 4 VM, SmolLM2 decode steps of 32 sequences of ~280 tokens: the 30 layers' calls
- * 19-21 ms against 22-23 ms without (prefetching 32 or 96 tokens ahead inside the passes did nothing). */
+ * `column`), before the passes read them: for a task's first run, whose rows nothing fetched ahead
+ * (Ahead below does for the others). A sequence's blocks lie anywhere in the cache and each layer's
+ * K/V are read once a step, from memory, so the passes would stall at each block's first lines;
+ * asking for the whole sequence's rows (some 100 KB, within L2) at once keeps many reads in flight. */
 static void prefetch_sequence(const void *cache, const int64_t *restrict offsets, int64_t len, int64_t column,
                               int64_t bytes, const int kv_bf16) {
     for (int64_t t = 0; t < len; ++t) {
         const char *start = kv_element(cache, offsets[t] + column, kv_bf16);
         for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(start + b, 0, 3);
+    }
+}
+
+/* The next run of units' K and V rows, prefetched a few tokens at a time while this run's passes
+ * compute (prefetch_ahead, once per 8-token block of either pass, into L2): with prefetch_sequence
+ * alone each sequence's reads and arithmetic took turns. Zen 4 VM, 30 layers' calls for 32
+ * sequences of 280 tokens (bfloat16 / float32 cache): blocks scattered 28-31 -> 19 ms / 36-37 ->
+ * 24 ms, contiguous 18 -> 14-16 ms / 30-32 -> 20 ms. Larger tasks (fewer first runs) gained nothing
+ * measurable. */
+typedef struct {
+    const char *keys, *values;    /* the caches, as bytes */
+    const int64_t *offsets;       /* the next run's token rows, in elements */
+    int64_t len, column, bytes;   /* tokens; its first KV head's element in a row; bytes a row */
+    int64_t element_size, token;  /* token: the next one to prefetch */
+    int64_t tokens_per_block;     /* spread over this run's two passes */
+} Ahead;
+
+static inline void prefetch_ahead(Ahead *ahead) {
+    if (ahead == NULL) return;
+    const int64_t end = ahead->token + ahead->tokens_per_block < ahead->len ? ahead->token + ahead->tokens_per_block
+                                                                            : ahead->len;
+    for (; ahead->token < end; ++ahead->token) {
+        const int64_t at = (ahead->offsets[ahead->token] + ahead->column) * ahead->element_size;
+        for (int64_t b = 0; b < ahead->bytes; b += 64) {
+            __builtin_prefetch(ahead->keys + at + b, 0, 2);
+            __builtin_prefetch(ahead->values + at + b, 0, 2);
+        }
     }
 }
 
@@ -321,8 +348,9 @@ static void prefetch_sequence(const void *cache, const int64_t *restrict offsets
 static inline __attribute__((always_inline)) void scores_in_blocks(
         float *restrict scores, const float *restrict q, const void *cache, const int64_t *restrict offsets,
         int64_t len, int64_t stride, int64_t group, int64_t kv_first, int64_t kv_end, const int64_t head_dim,
-        float scale, float *restrict widened, const int kv_bf16) {
+        float scale, float *restrict widened, Ahead *ahead, const int kv_bf16) {
     for (int64_t t0 = 0; t0 < len; t0 += VL) {
+        prefetch_ahead(ahead);
         const void *rows[VL];
         for (int j = 0; j < VL; ++j) rows[j] = kv_element(cache, offsets[t0 + j < len ? t0 + j : len - 1], kv_bf16);
         for (int64_t kv = kv_first; kv < kv_end; ++kv) {
@@ -352,10 +380,11 @@ static inline __attribute__((always_inline)) void scores_in_blocks(
 static inline __attribute__((always_inline)) void weighted_sum_in_blocks(
         float *restrict out, const float *restrict scores, const void *cache, const int64_t *restrict offsets,
         int64_t len, int64_t stride, int64_t group, int64_t kv_first, int64_t kv_end, const int64_t head_dim,
-        float *restrict widened, const int kv_bf16) {
+        float *restrict widened, Ahead *ahead, const int kv_bf16) {
     enum { HELD = 8 }; /* vectors of out_h held at once */
     memset(out + kv_first * group * head_dim, 0, sizeof(float) * (kv_end - kv_first) * group * head_dim);
     for (int64_t t0 = 0; t0 < len; t0 += VL) {
+        prefetch_ahead(ahead);
         const int64_t n = len - t0 < VL ? len - t0 : VL;
         const void *rows[VL];
         for (int j = 0; j < VL; ++j) rows[j] = kv_element(cache, offsets[t0 + j < len ? t0 + j : len - 1], kv_bf16);
@@ -389,16 +418,18 @@ static inline __attribute__((always_inline)) void attend_sequence(
         float *restrict out, const float *restrict q, const RowSource *keys, const RowSource *values,
         const int64_t *restrict offsets, int64_t len, int64_t stride, int64_t num_heads, int64_t num_kv_heads,
         int64_t kv_first, int64_t kv_end, const int64_t head_dim, float scale, float softcap, const float *sinks,
-        float *restrict scores, float *restrict widened, const int kv_format) {
+        float *restrict scores, float *restrict widened, Ahead *ahead, int prefetched, const int kv_format) {
     const int64_t group = num_heads / num_kv_heads, h_first = kv_first * group, h_end = kv_end * group;
     const int bf16 = kv_format == KV_BF16, in_place = kv_format == KV_F32 || kv_format == KV_BF16;
     /* fp8 rows are decoded into one scratch row just before use, so they go token by token. */
     if (in_place) {
         const int64_t span = (kv_end - kv_first) * head_dim * (bf16 ? 2 : 4);
-        prefetch_sequence(keys->cache, offsets, len, kv_first * head_dim, span, bf16);
-        prefetch_sequence(values->cache, offsets, len, kv_first * head_dim, span, bf16);
+        if (!prefetched) { /* a task's first run: nothing computed while its rows arrive */
+            prefetch_sequence(keys->cache, offsets, len, kv_first * head_dim, span, bf16);
+            prefetch_sequence(values->cache, offsets, len, kv_first * head_dim, span, bf16);
+        }
         scores_in_blocks(scores, q, keys->cache, offsets, len, stride, group, kv_first, kv_end, head_dim, scale,
-                         widened, bf16);
+                         widened, ahead, bf16);
     } else {
         for (int64_t t = 0; t < len; ++t) {
             const void *k = row_at(keys, offsets[t], kv_format);
@@ -414,7 +445,7 @@ static inline __attribute__((always_inline)) void attend_sequence(
     softmax_rows(own_scores, h_end - h_first, len, stride, sinks == NULL ? NULL : sinks + h_first);
     if (in_place) {
         weighted_sum_in_blocks(out, scores, values->cache, offsets, len, stride, group, kv_first, kv_end, head_dim,
-                               widened, bf16);
+                               widened, ahead, bf16);
         return;
     }
     memset(out + h_first * head_dim, 0, sizeof(float) * (h_end - h_first) * head_dim);
@@ -432,10 +463,11 @@ static inline __attribute__((always_inline)) void attend_sequence(
 static void attend_dispatch(float *out, const float *q, const RowSource *keys, const RowSource *values,
                             const int64_t *offsets, int64_t len, int64_t stride, int64_t num_heads,
                             int64_t num_kv_heads, int64_t kv_first, int64_t kv_end, int64_t head_dim, float scale,
-                            float softcap, const float *sinks, float *scores, float *widened, int kv_format) {
+                            float softcap, const float *sinks, float *scores, float *widened, Ahead *ahead,
+                            int prefetched, int kv_format) {
 #define ATTEND(HEAD_DIM, FORMAT)                                                                       \
     attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, kv_first, kv_end, \
-                    HEAD_DIM, scale, softcap, sinks, scores, widened, FORMAT)
+                    HEAD_DIM, scale, softcap, sinks, scores, widened, ahead, prefetched, FORMAT)
     if (kv_format == KV_E4M3) ATTEND(head_dim, KV_E4M3);
     else if (kv_format == KV_E5M2) ATTEND(head_dim, KV_E5M2);
     else if (kv_format == KV_BF16) {
@@ -479,6 +511,21 @@ typedef struct {
     const float *sinks; /* [num_heads] float32, or NULL */
 } Call;
 
+/* A task's run of units of one sequence: its KV heads kv_first .. kv_end - 1 and the len keys it
+ * attends to, from position first. */
+typedef struct {
+    int64_t seq, kv_first, kv_end, first, len;
+} Run;
+
+/* The run that starts at `unit`, within units .. end - 1. */
+static Run run_at(const Call *c, int64_t unit, int64_t end) {
+    const int64_t seq = unit / c->num_kv_heads, kv_first = unit % c->num_kv_heads;
+    const int64_t kv_end = end - seq * c->num_kv_heads < c->num_kv_heads ? end - seq * c->num_kv_heads
+                                                                        : c->num_kv_heads;
+    const int64_t last = c->seq_lens[seq], first = first_key(last, c->window, c->chunk);
+    return (Run){seq, kv_first, kv_end, first, last - first};
+}
+
 /* Units begin .. end - 1, unit i = KV head i % num_kv_heads of sequence i / num_kv_heads, with
  * scratch buffers of their own (tasks run on any thread). A task's units cover whole sequences
  * except at its ends; splitting a sequence by KV head lets one long sequence use every thread. Each
@@ -490,27 +537,35 @@ static void attend_units(void *context, int64_t begin, int64_t end) {
     const int64_t group = c->num_heads / c->num_kv_heads;
     const int fp8 = c->kv_format == KV_E4M3 || c->kv_format == KV_E5M2;
     float *scores = malloc(sizeof(float) * c->num_heads * c->max_stride);
-    int64_t *offsets = malloc(sizeof(int64_t) * c->max_stride);
+    int64_t *offsets = malloc(sizeof(int64_t) * c->max_stride), *next_offsets = malloc(sizeof(int64_t) * c->max_stride);
     float *rows = fp8 ? malloc(sizeof(float) * 2 * row) : NULL; /* decoded K and V rows */
     float *q_out = c->io_bf16 ? malloc(sizeof(float) * 2 * width) : NULL; /* one sequence's q and out in float32 */
     const int bf16 = c->kv_format == KV_BF16;
     float *widened = bf16 ? malloc(sizeof(float) * VL * c->head_dim) : NULL; /* a block's K or V slices */
-    if (scores == NULL || offsets == NULL || (fp8 && rows == NULL) || (c->io_bf16 && q_out == NULL) ||
+    if (scores == NULL || offsets == NULL || next_offsets == NULL || (fp8 && rows == NULL) || (c->io_bf16 && q_out == NULL) ||
         (bf16 && widened == NULL)) {
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
     } else {
         const RowSource keys = {c->key_cache, c->k_scale, row, rows};
         const RowSource values = {c->value_cache, c->v_scale, row, rows == NULL ? NULL : rows + row};
-        for (int64_t unit = begin; unit < end;) {
-            const int64_t seq = unit / c->num_kv_heads, kv_first = unit % c->num_kv_heads;
-            const int64_t kv_end = end - seq * c->num_kv_heads < c->num_kv_heads ? end - seq * c->num_kv_heads
-                                                                                : c->num_kv_heads;
-            unit = seq * c->num_kv_heads + kv_end;
-            const int64_t last = c->seq_lens[seq], first = first_key(last, c->window, c->chunk);
-            const int64_t len = last - first, stride = (len + VL - 1) / VL * VL;
+        const int in_place = c->kv_format == KV_F32 || c->kv_format == KV_BF16;
+        const int64_t element_size = c->kv_format == KV_F32 ? 4 : 2;
+        Run run = run_at(c, begin, end);
+        offsets_of(offsets, c->block_tables + run.seq * c->block_table_stride, run.first, run.first + run.len,
+                   c->block_size, row);
+        for (int prefetched = 0;;) {
+            const int64_t seq = run.seq, kv_first = run.kv_first, kv_end = run.kv_end, len = run.len;
+            const int64_t stride = (len + VL - 1) / VL * VL, next_unit = seq * c->num_kv_heads + kv_end;
+            /* The next run's rows, to be prefetched during this run's passes (2 x stride / VL blocks). */
+            const Run next = next_unit < end ? run_at(c, next_unit, end) : (Run){0};
+            if (next_unit < end)
+                offsets_of(next_offsets, c->block_tables + next.seq * c->block_table_stride, next.first,
+                           next.first + next.len, c->block_size, row);
+            Ahead ahead = {(const char *)c->key_cache, (const char *)c->value_cache, next_offsets, next.len,
+                           next.kv_first * c->head_dim, (next.kv_end - next.kv_first) * c->head_dim * element_size,
+                           element_size, 0, (next.len + 2 * stride / VL - 1) / (2 * stride / VL)};
             /* The q and out elements of this unit range's query heads. */
             const int64_t first_element = kv_first * group * c->head_dim, end_element = kv_end * group * c->head_dim;
-            offsets_of(offsets, c->block_tables + seq * c->block_table_stride, first, last, c->block_size, row);
             const float *q = (const float *)c->q + seq * width;
             float *out = (float *)c->out + seq * width;
             if (c->io_bf16) {
@@ -520,14 +575,22 @@ static void attend_units(void *context, int64_t begin, int64_t end) {
                 out = q_out + width;
             }
             attend_dispatch(out, q, &keys, &values, offsets, len, stride, c->num_heads, c->num_kv_heads, kv_first,
-                            kv_end, c->head_dim, c->scale, c->softcap, c->sinks, scores, widened, c->kv_format);
+                            kv_end, c->head_dim, c->scale, c->softcap, c->sinks, scores, widened,
+                            in_place && next_unit < end ? &ahead : NULL, prefetched, c->kv_format);
             if (c->io_bf16)
                 for (int64_t i = first_element; i < end_element; ++i)
                     ((uint16_t *)c->out)[seq * width + i] = float_to_bf16(out[i]);
+            if (next_unit >= end) break;
+            int64_t *swap = offsets;
+            offsets = next_offsets;
+            next_offsets = swap;
+            run = next;
+            prefetched = in_place;
         }
     }
     free(scores);
     free(offsets);
+    free(next_offsets);
     free(rows);
     free(q_out);
     free(widened);

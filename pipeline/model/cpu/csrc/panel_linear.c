@@ -134,9 +134,8 @@ static void run_panels(void *context, int64_t begin, int64_t end) {
             const int64_t rows = j->rows - m0 < TILE_ROWS ? j->rows - m0 : TILE_ROWS;
             j->tiles[rows - 1](out, j->x + m0 * j->x_row_bytes, j->panels + p * j->panel_bytes, j->depth);
             for (int64_t r = 0; r < rows; r++)
-                for (int64_t c = 0; c < width; c++)
-                    store_output(j->y, j->io_bf16, (m0 + r) * j->out_features + first + c,
-                                 out[r * PANEL + c] + (j->bias ? j->bias[first + c] : 0.0f));
+                store_outputs(j->y, j->io_bf16, (m0 + r) * j->out_features + first, out + r * PANEL,
+                              j->bias ? j->bias + first : NULL, width);
         }
     }
 }
