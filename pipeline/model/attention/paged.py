@@ -7,9 +7,11 @@ KV cache of one layer: a tensor [2, num_blocks, block_size, num_kv_heads, head_d
 scaled_dot_product_attention call per layer:
 - decode (query length 1): K/V gathered through the block tables into [B, L, H_kv, D], a
   boolean mask from seq_lens;
-- prefill (query length > 1, which covers chunked prefill and prefix-cache hits): queries padded
-  to the longest chunk of the group, causal mask offset by each sequence's cached context.
-  Sequences of very different cost go to separate groups so padding stays bounded.
+- prefill (query length > 1, which covers chunked prefill and prefix-cache hits): a prompt's first
+  chunk alone (causal, its rows read in place, as HF runs one unpadded prompt); chunks after a
+  cached context grouped, queries padded to the longest chunk of the group, causal mask offset by
+  each sequence's context. Sequences of very different cost go to separate groups so padding stays
+  bounded.
 Where the native decode kernel is loaded (CPU), it takes the decodes in one call per layer, and in
 float32 models without windows, soft-capping or sinks also the prefills of sequences up to
 `prefill_rows_max_len` tokens, each query row as a sequence of one query (rows_as_sequences); a step
@@ -75,11 +77,12 @@ class AttentionBackend(Protocol):
 
 # Float32 prefills of sequences up to this long (context included) go through the decode kernel, each
 # query row as a one-query sequence over its sequence's blocks (rows_as_sequences). The kernel reads a
-# row's keys once per row where SDPA's flash kernel shares them across a block of rows, but SDPA's
-# group of padded prefills computes every masked square whole. SmolLM2 float32, 32 requests of 16-256
-# prompt tokens (`aqueduct batch`'s benchmark workload), Zen 4 VM: its prefill steps 6.33-6.41 s
-# against 6.96-7.30 s through SDPA. Single sequences past this length are faster through SDPA (one of
-# 2,040 tokens, bfloat16: 3.84 against 2.59 s a step). bfloat16 models keep SDPA: the kernel
+# row's keys once per row where SDPA's flash kernel shares them across a block of rows, but SDPA
+# computes each block of rows against whole blocks of keys, masked squares included. SmolLM2 float32,
+# 32 requests of 16-256 prompt tokens (`aqueduct batch`'s benchmark workload), Zen 4 VM: its prefill
+# steps 6.33-6.41 s against 6.96-7.30 s through SDPA (then in padded groups of several prompts).
+# Single sequences past this length are faster through SDPA (one of 2,040 tokens, bfloat16: 3.84
+# against 2.59 s a step). bfloat16 models keep SDPA: the kernel
 # computes in float32, where HF's bfloat16 SDPA rounds, and their prefill logits would leave HF's
 # (tests/pipeline/model/models' bfloat16 checks).
 PREFILL_ROWS_MAX_LEN = 512
@@ -156,12 +159,17 @@ class TorchPagedAttention:
                 decodes.append(self._decode_group(starts[seqs], seq_lens[seqs], inputs.block_tables[seqs],
                                                   len(inputs.input_ids), window, device))
         prefill_seqs = np.flatnonzero(query_lens > 1)
-        prefills = []
-        if len(prefill_seqs):
-            for group in split_prefills(query_lens[prefill_seqs], seq_lens[prefill_seqs]):
-                seqs = prefill_seqs[group]
-                prefills.append(self._prefill_group(starts[seqs], query_lens[seqs], seq_lens[seqs],
-                                                    inputs.block_tables[seqs], window, device))
+        # A prompt's first chunk (no cached context) is a group of its own: SDPA reads its rows in place,
+        # causal, with no padding to compute and no gathered copy. 8 bfloat16 prompts of 180-300 tokens,
+        # SmolLM2's heads, 30 layers (2-core Zen 4 VM): 284-380 ms against 504-553 as one padded group.
+        # Chunks after a context share padded groups.
+        fresh = query_lens[prefill_seqs] == seq_lens[prefill_seqs]
+        groups = [np.array([seq]) for seq in prefill_seqs[fresh]]
+        rest = prefill_seqs[~fresh]
+        if len(rest):
+            groups += [rest[group] for group in split_prefills(query_lens[rest], seq_lens[rest])]
+        prefills = [self._prefill_group(starts[seqs], query_lens[seqs], seq_lens[seqs], inputs.block_tables[seqs],
+                                        window, device) for seqs in groups]
         return AttentionView(decodes, prefills)
 
     def _decode_group(self, rows: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
