@@ -98,8 +98,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--bf16-copy-gib", type=float, default=1.0,
                        help="on CPUs that multiply bfloat16 natively (AMX or AVX512-BF16), a bfloat16 model's "
                             "quantized layers also keep bfloat16 copies of their weights, for products of 24 rows "
-                            "or more (oneDNN multiplies those faster than the quantized kernels), when the copies "
-                            "fit in this many GiB; 0 = never")
+                            "or more (oneDNN, or without AMX the panel kernel up to 64 rows, multiplies those "
+                            "faster than the quantized kernels), when the copies fit in this many GiB; 0 = never")
     group.add_argument("--batch-invariant", action="store_true",
                        help="every request's numbers the same bits whatever else shares its steps: quantized "
                             "layers keep their row-exact kernels instead of AMX products or bfloat16 copies for many "

@@ -53,7 +53,8 @@ _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 class _Linear(ctypes.Structure):
     _fields_ = [("kind", _i64), ("weight_bf16", _i64), ("values", _ptr), ("scales", _ptr), ("bias", _ptr),
-                ("out_features", _i64), ("in_features", _i64), ("panels", _ptr)]
+                ("out_features", _i64), ("in_features", _i64), ("panels", _ptr), ("copy_panels", _ptr),
+                ("copy_bias", _ptr), ("copy_from_rows", _i64)]
 
 
 class _Layer(ctypes.Structure):
@@ -192,7 +193,13 @@ def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
     (a quantized layer's bfloat16 copy takes COPY_MIN_ROWS rows and more: bf16_copies.py)."""
     described = _describe_kernel(module, kept, dtype)
     if described is not None and copy_takes(module, COPY_MIN_ROWS, dtype):
-        return described[0], min(described[1], COPY_MIN_ROWS - 1)
+        copy = module.__dict__["bf16_copy"]
+        if copy.panels is None:
+            return described[0], min(described[1], COPY_MIN_ROWS - 1)
+        linear = described[0]  # its kernel below COPY_MIN_ROWS, the copy's panels from there
+        linear.copy_panels, linear.copy_bias, linear.copy_from_rows = (
+            copy.panels.data_ptr(), _float32_bias(copy, kept), COPY_MIN_ROWS)
+        return linear, copy.panel_rows
     if described is not None and type(module) is Int4Linear and module.amx_takes(AMX_MIN_ROWS, dtype):
         return described[0], min(described[1], AMX_MIN_ROWS - 1)
     return described

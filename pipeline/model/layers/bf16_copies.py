@@ -35,6 +35,7 @@ import structlog
 import torch
 from torch import nn
 
+from pipeline.model.cpu.kernels import PanelLinearKernel, load_panel_linear_kernel
 from pipeline.model.cpu.library import cpu_flags
 from pipeline.model.cpu.linear import PackedLinear
 
@@ -51,6 +52,18 @@ def copies_pay() -> bool:
     return not cpu_flags().isdisjoint(("amx_bf16", "avx512_bf16"))
 
 
+def copy_panel_kernel() -> PanelLinearKernel | None:
+    """The panel kernel, for copies that keep its bfloat16 panels beside oneDNN's layout, where the panels
+    take rows past COPY_MIN_ROWS (AVX512-BF16 without AMX, whose oneDNN product wins from 16 rows). A
+    decode step of 24-64 rows then runs its layers in one native call (native_decode.py), and per
+    layer the panels were as fast as oneDNN's product or faster (SmolLM2's 30 layers from memory, 2-core
+    Zen 4 VM: 16 / 32 / 48 rows 13.6 / 23-24 / 31-34 ms against 16-17 / 24-25 / 34 ms)."""
+    if "amx_bf16" in cpu_flags() or PackedLinear.PANEL_ROWS < COPY_MIN_ROWS:
+        return None
+    panel = load_panel_linear_kernel()
+    return panel if panel is not None and panel.takes(torch.bfloat16) else None
+
+
 def copy_takes(layer: nn.Module, rows: int, dtype: torch.dtype) -> bool:
     """Whether `rows` rows of `dtype` go through the layer's bfloat16 copy."""
     return rows >= COPY_MIN_ROWS and dtype == torch.bfloat16 and layer.__dict__.get("bf16_copy") is not None
@@ -60,7 +73,9 @@ def attach_bf16_copies(model: nn.Module, budget_bytes: int, layer_types: tuple[t
     """Give each layer of `layer_types` (quantized layers with `dequantized()`) a bfloat16 copy when all
     copies together fit `budget_bytes`; returns how many were made (0 when they do not fit)."""
     layers = [module for module in model.modules() if isinstance(module, layer_types)]
-    needed = sum(layer.out_features * layer.in_features * 2 for layer in layers)
+    panel = copy_panel_kernel()
+    # 2 bytes a weight in oneDNN's layout, 2 more in panels where they are kept
+    needed = sum(layer.out_features * layer.in_features * (4 if panel else 2) for layer in layers)
     if not layers or needed > budget_bytes:
         if layers:
             log.info("no bfloat16 copies of quantized weights", needed_gib=round(needed / 2**30, 2),
@@ -73,7 +88,7 @@ def attach_bf16_copies(model: nn.Module, budget_bytes: int, layer_types: tuple[t
             plain.bias = nn.Parameter(layer.bias.detach().to(torch.bfloat16), requires_grad=False)
         # In __dict__, not as a submodule: walks over the model's modules (LoRA, packing, native decode)
         # should see the quantized layer only.
-        layer.__dict__["bf16_copy"] = PackedLinear(plain)
+        layer.__dict__["bf16_copy"] = PackedLinear(plain, panel=panel)
     log.info("bfloat16 copies of quantized weights", layers=len(layers), gib=round(needed / 2**30, 2),
-             from_rows=COPY_MIN_ROWS)
+             from_rows=COPY_MIN_ROWS, panels=panel is not None)
     return len(layers)

@@ -122,7 +122,7 @@ class GgufLinear(nn.Module):
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """self(silu(gate) * up) from a gated MLP's [gate | up] in one native call, else None."""
         if copy_takes(self, gate_up.numel() // (2 * self.in_features), gate_up.dtype):
-            return None
+            return self.__dict__["bf16_copy"].forward_gated(gate_up)
         rows = gate_up.reshape(-1, 2 * self.in_features)
         if rows.shape[0] >= self.dequantize_min_rows(rows.dtype):
             return None
@@ -132,7 +132,7 @@ class GgufLinear(nn.Module):
     def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
         """self(x).float() in one native call (an LM head's logits), else None."""
         if copy_takes(self, x.numel() // self.in_features, x.dtype):
-            return None
+            return self.__dict__["bf16_copy"].forward_float32(x)
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] >= self.dequantize_min_rows(rows.dtype):
             return None

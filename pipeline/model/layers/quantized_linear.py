@@ -177,7 +177,7 @@ class Int8Linear(nn.Module):
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """self(silu(gate) * up) from a gated MLP's [gate | up] in one native call, else None."""
         if copy_takes(self, gate_up.numel() // (2 * self.in_features), gate_up.dtype):
-            return None
+            return self.__dict__["bf16_copy"].forward_gated(gate_up)
         if self.native is None or gate_up.reshape(-1, 2 * self.in_features).shape[0] >= dequantize_min_rows(
                 gate_up.dtype, bits=8):
             return None
@@ -188,7 +188,7 @@ class Int8Linear(nn.Module):
     def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
         """self(x).float() in one native call (an LM head's logits), else None."""
         if copy_takes(self, x.numel() // self.in_features, x.dtype):
-            return None
+            return self.__dict__["bf16_copy"].forward_float32(x)
         if self.native is None or x.reshape(-1, self.in_features).shape[0] >= dequantize_min_rows(x.dtype, bits=8):
             return None
         out = self.native.int8(x.reshape(-1, self.in_features), self.column_blocks, self.scales, self.out_features,
@@ -288,7 +288,9 @@ class Int4Linear(nn.Module):
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """self(silu(gate) * up) from a gated MLP's [gate | up] in one native call, else None."""
         rows = gate_up.numel() // (2 * self.in_features)
-        if copy_takes(self, rows, gate_up.dtype) or self.amx_takes(rows, gate_up.dtype):
+        if copy_takes(self, rows, gate_up.dtype):
+            return self.__dict__["bf16_copy"].forward_gated(gate_up)
+        if self.amx_takes(rows, gate_up.dtype):
             return None
         if self.native is None or gate_up.reshape(-1, 2 * self.in_features).shape[0] >= dequantize_min_rows(
                 gate_up.dtype):
@@ -300,7 +302,9 @@ class Int4Linear(nn.Module):
     def forward_float32(self, x: torch.Tensor) -> torch.Tensor | None:
         """self(x).float() in one native call (an LM head's logits), else None."""
         rows = x.numel() // self.in_features
-        if copy_takes(self, rows, x.dtype) or self.amx_takes(rows, x.dtype):
+        if copy_takes(self, rows, x.dtype):
+            return self.__dict__["bf16_copy"].forward_float32(x)
+        if self.amx_takes(rows, x.dtype):
             return None
         if self.native is None or x.reshape(-1, self.in_features).shape[0] >= dequantize_min_rows(x.dtype):
             return None

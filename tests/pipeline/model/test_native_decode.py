@@ -16,7 +16,7 @@ from pipeline.model.cpu.gguf_kernel import load_gguf_linear_kernel
 from pipeline.model.cpu.kernels import load_decoder_layers
 from pipeline.model.cpu.library import cpu_flags
 from pipeline.model.cpu.linear import PackedLinear
-from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, copy_takes
+from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, copy_panel_kernel, copy_takes
 from pipeline.model.layers.gguf_linear import dequantize_min_rows as gguf_dequantize_min_rows
 from pipeline.model.layers.quantized_linear import AMX_MIN_ROWS, Int4Linear, dequantize_min_rows
 from pipeline.model.native_decode import ANY_ROWS, NativeDecoder
@@ -112,11 +112,37 @@ def test_gguf_4bit_native_equals_per_op(tmp_path: Path) -> None:
             columns = load_gguf_linear_kernel().columns_fast  # Q8_0 held in column blocks
             limit = min(ANY_ROWS, gguf_dequantize_min_rows(torch.bfloat16, columns) - 1)
         projection = native_engine.runner.model.model.layers[0].mlp.down_proj
-        if copy_takes(projection, COPY_MIN_ROWS, torch.bfloat16):
-            limit = min(limit, COPY_MIN_ROWS - 1)
+        if copy_takes(projection, COPY_MIN_ROWS, torch.bfloat16):  # the copy's panels take rows from there
+            copy = projection.__dict__["bf16_copy"]
+            limit = copy.panel_rows if copy.panels is not None else min(limit, COPY_MIN_ROWS - 1)
         if isinstance(projection, Int4Linear) and projection.amx_takes(AMX_MIN_ROWS, torch.bfloat16):
             limit = min(limit, AMX_MIN_ROWS - 1)  # 4-bit products of many rows on AMX tiles (csrc/int4_amx.c)
         assert decoder.max_rows == limit
+
+
+@pytest.mark.skipif(copy_panel_kernel() is None, reason="copies keep panels on AVX512-BF16 CPUs without AMX")
+@pytest.mark.parametrize(("arch", "quantization"), [("qwen2", "int8"), ("llama", "gguf")])  # qwen2: qkv biases
+def test_copy_panels_take_many_rows_natively(tmp_path: Path, arch: str, quantization: str) -> None:
+    """Decode steps of COPY_MIN_ROWS rows or more: the native layers multiply by the bfloat16 copies' panels
+    (bf16_copies.py), as the per-op path does, bit for bit."""
+    hf_dir = make_tiny_hf_model(arch, tmp_path / "hf", seed=5)
+    model_dir = write_gguf(hf_dir, tmp_path / "q4.gguf", gguf.GGMLQuantizationType.Q4_0) \
+        if quantization == "gguf" else hf_dir
+    requests = _requests(30)
+
+    def engine() -> LLMEngine:
+        return LLMEngine(EngineConfig(
+            model=ModelConfig(model=str(model_dir), dtype="bfloat16", quantization=quantization),
+            cache=CacheConfig(block_size=8, num_kv_blocks=512),
+            scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=32)))
+
+    native_engine = engine()
+    served, decoder = _counting(native_engine)
+    per_op = engine()
+    per_op.runner.model.native_decoder = None
+    assert _outputs(native_engine, requests) == _outputs(per_op, requests)
+    assert decoder.max_rows == PackedLinear.PANEL_ROWS
+    assert max(served) >= COPY_MIN_ROWS and min(served) < COPY_MIN_ROWS  # both sides of the copies' limit
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma2", "gemma3", "gemma4", "mixtral", "olmo2", "granite", "smollm3",

@@ -31,6 +31,10 @@ typedef struct {
     int64_t out_features, in_features;
     const void *panels;  /* LINEAR_FLOAT: the weight in panel_linear.c's layout (float32, or bfloat16
                           * pairs when weight_bf16; values unused), or NULL */
+    const void *copy_panels;  /* a quantized layer's bfloat16 copy as bfloat16 panels (bf16_copies.py), taking
+                               * copy_from_rows rows and more, or NULL */
+    const float *copy_bias;   /* the copy's bias (rounded to bfloat16, as float32) or NULL */
+    int64_t copy_from_rows;
 } Linear;
 
 typedef struct {
@@ -83,6 +87,9 @@ int paged_decode_attention(void *out, const void *q, const void *key_cache, cons
  * Returns the kernel's code: 0, 1 (shape it does not take), 2 (out of memory). */
 static int linear(const Linear *l, void *y, const void *x, int gated, const Step *s) {
     const int io_bf16 = (int)s->io_bf16, threads = (int)s->threads;
+    if (l->copy_panels && s->rows >= l->copy_from_rows)
+        return panel_linear_bf16(y, x, (const uint16_t *)l->copy_panels, l->copy_bias, s->rows, l->out_features,
+                                 l->in_features, io_bf16, gated, threads);
     switch (l->kind) {
     case LINEAR_INT4:
         return quantized_linear_int4(y, x, l->values, l->scales, l->bias, s->rows, l->out_features, l->in_features,

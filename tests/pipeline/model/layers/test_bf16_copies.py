@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.model.cpu.kernels import load_quantized_linear_kernel
-from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, attach_bf16_copies, copy_takes
+from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, attach_bf16_copies, copy_panel_kernel, copy_takes
 from pipeline.model.layers.quantized_linear import Int8Linear
 
 NATIVE = load_quantized_linear_kernel()
@@ -35,13 +35,19 @@ def test_many_bfloat16_rows_take_the_copy_and_few_the_kernel():
     few = many[:COPY_MIN_ROWS - 1]
     assert torch.equal(layer(few), NATIVE.int8(few, layer.column_blocks, layer.scales, 96, 128, layer.bias))
     assert copy_takes(layer, COPY_MIN_ROWS, torch.bfloat16) and not copy_takes(layer, COPY_MIN_ROWS, torch.float32)
-    assert layer.forward_float32(many) is None and layer.forward_gated(torch.cat([many, many], dim=1)) is None
+    # The one-call forms go to the copy too: its panels where it keeps them (copy_panel_kernel), else none.
+    copy, gate_up = layer.__dict__["bf16_copy"], torch.cat([many, many], dim=1)
+    if copy.panels is None:
+        assert layer.forward_float32(many) is None and layer.forward_gated(gate_up) is None
+    else:
+        assert torch.equal(layer.forward_float32(many), copy.forward_float32(many))
+        assert torch.equal(layer.forward_gated(gate_up), copy(F.silu(many) * many))
     assert "bf16_copy" not in dict(layer.named_children())  # not a submodule: module walks see the layer only
 
 
 def test_no_copies_when_they_do_not_fit_the_budget():
     model = nn.Sequential(_layer(4), _layer(5))
-    needed = 2 * 96 * 128 * 2
+    needed = 2 * 96 * 128 * (4 if copy_panel_kernel() else 2)  # bytes a weight: oneDNN's layout (+ panels)
     assert attach_bf16_copies(model, budget_bytes=needed - 1, layer_types=(Int8Linear,)) == 0
     assert not copy_takes(model[0], COPY_MIN_ROWS, torch.bfloat16)
     assert attach_bf16_copies(model, budget_bytes=needed, layer_types=(Int8Linear,)) == 2
