@@ -15,7 +15,9 @@ short float32 prefill's rows count as such: attention/paged.py's rows_as_sequenc
 every row's K/V before any row attends) and the few-rows kernels take that many rows (up to 8, or 4
 for float32 weights kept beside oneDNN's packed copy, or 64 where float32 weights are kept as the
 panel kernel's panels instead, on CPUs with AVX-512; quantized layers below
-quantized_linear.dequantize_min_rows); any other step takes the per-op path.
+quantized_linear.dequantize_min_rows, or, with bfloat16 copies (bf16_copies.py), below their
+COPY_MIN_ROWS, or up to 64 where the copies keep panels, which then take COPY_MIN_ROWS rows and
+more); any other step takes the per-op path.
 AQUEDUCT_NATIVE_DECODE=0 turns it off.
 
 `on_layers_start`, when set, is called as the layers start: just before the native call, or at once
