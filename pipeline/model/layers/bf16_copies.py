@@ -71,11 +71,14 @@ def copy_takes(layer: nn.Module, rows: int, dtype: torch.dtype) -> bool:
 
 def attach_bf16_copies(model: nn.Module, budget_bytes: int, layer_types: tuple[type, ...]) -> int:
     """Give each layer of `layer_types` (quantized layers with `dequantized()`) a bfloat16 copy when all
-    copies together fit `budget_bytes`; returns how many were made (0 when they do not fit)."""
+    copies together fit `budget_bytes`, with panels too where copy_panel_kernel() and the budget allow;
+    returns how many were made (0 when they do not fit)."""
     layers = [module for module in model.modules() if isinstance(module, layer_types)]
+    needed = sum(layer.out_features * layer.in_features * 2 for layer in layers)  # oneDNN's layout
     panel = copy_panel_kernel()
-    # 2 bytes a weight in oneDNN's layout, 2 more in panels where they are kept
-    needed = sum(layer.out_features * layer.in_features * (4 if panel else 2) for layer in layers)
+    if panel is not None and 2 * needed > budget_bytes:  # panels too (2 bytes a weight more) only if they fit
+        panel = None
+    needed *= 2 if panel is not None else 1
     if not layers or needed > budget_bytes:
         if layers:
             log.info("no bfloat16 copies of quantized weights", needed_gib=round(needed / 2**30, 2),

@@ -47,7 +47,15 @@ def test_many_bfloat16_rows_take_the_copy_and_few_the_kernel():
 
 def test_no_copies_when_they_do_not_fit_the_budget():
     model = nn.Sequential(_layer(4), _layer(5))
-    needed = 2 * 96 * 128 * (4 if copy_panel_kernel() else 2)  # bytes a weight: oneDNN's layout (+ panels)
+    needed = 2 * 96 * 128 * 2  # bytes: oneDNN's layout, 2 a weight
     assert attach_bf16_copies(model, budget_bytes=needed - 1, layer_types=(Int8Linear,)) == 0
     assert not copy_takes(model[0], COPY_MIN_ROWS, torch.bfloat16)
     assert attach_bf16_copies(model, budget_bytes=needed, layer_types=(Int8Linear,)) == 2
+    assert model[0].__dict__["bf16_copy"].panels is None  # panels (2 bytes a weight more) did not fit
+
+
+@pytest.mark.skipif(copy_panel_kernel() is None, reason="copies keep panels on AVX512-BF16 CPUs without AMX")
+def test_copies_keep_panels_when_the_budget_holds_them():
+    model = nn.Sequential(_layer(6), _layer(7))
+    assert attach_bf16_copies(model, budget_bytes=2 * 96 * 128 * 4, layer_types=(Int8Linear,)) == 2
+    assert all(layer.__dict__["bf16_copy"].panels is not None for layer in model)
