@@ -82,9 +82,9 @@ class AttentionBackend(Protocol):
 # 32 requests of 16-256 prompt tokens (`aqueduct batch`'s benchmark workload), Zen 4 VM: its prefill
 # steps 6.33-6.41 s against 6.96-7.30 s through SDPA (then in padded groups of several prompts).
 # Single sequences past this length are faster through SDPA (one of 2,040 tokens, bfloat16: 3.84
-# against 2.59 s a step). bfloat16 models keep SDPA: the kernel
-# computes in float32, where HF's bfloat16 SDPA rounds, and their prefill logits would leave HF's
-# (tests/pipeline/model/models' bfloat16 checks).
+# against 2.59 s a step). bfloat16 models keep SDPA: the kernel computes in float32, where HF's
+# bfloat16 SDPA rounds, and their prefill logits would leave HF's (tests/pipeline/model/models'
+# bfloat16 checks).
 PREFILL_ROWS_MAX_LEN = 512
 
 

@@ -1,4 +1,4 @@
-/* A linear kernel's input rows, widened to float32 once per call.
+/* A linear kernel's input rows, widened to float32 once per call (and its output rows' stores).
  *
  * `gated`: the down projection of a SiLU-gated MLP takes the gate_up projection's output as it is,
  * x = [gate | up] with 2 * in_features values per row, and its input value i is
@@ -118,6 +118,7 @@ static inline void bf16_row(uint16_t *out, const float *in, int64_t n) {
     }
     for (; i < n; ++i) out[i] = float_to_bf16(in[i]);
 }
+
 /* y[index, index + n) = values + bias (bias NULL: none), stored as io_bf16 says (store_output's
  * roundings, 8 lanes at a time). */
 static inline void store_outputs(void *y, int io_bf16, int64_t index, const float *values, const float *bias,
