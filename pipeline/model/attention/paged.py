@@ -8,10 +8,10 @@ scaled_dot_product_attention call per layer:
 - decode (query length 1): K/V gathered through the block tables into [B, L, H_kv, D], a
   boolean mask from seq_lens;
 - prefill (query length > 1, which covers chunked prefill and prefix-cache hits): a prompt's first
-  chunk alone (causal, its rows read in place, as HF runs one unpadded prompt); chunks after a
-  cached context grouped, queries padded to the longest chunk of the group, causal mask offset by
-  each sequence's context. Sequences of very different cost go to separate groups so padding stays
-  bounded.
+  chunk of ALONE_MIN_TOKENS or more alone (causal, its rows read in place, as HF runs one unpadded
+  prompt); shorter ones and chunks after a cached context grouped, queries padded to the longest
+  chunk of the group, causal mask offset by each sequence's context. Sequences of very different
+  cost go to separate groups so padding stays bounded.
 Where the native decode kernel is loaded (CPU), it takes the decodes in one call per layer, and in
 float32 models without windows, soft-capping or sinks also the prefills of sequences up to
 `prefill_rows_max_len` tokens, each query row as a sequence of one query (rows_as_sequences); a step
@@ -87,6 +87,12 @@ class AttentionBackend(Protocol):
 # bfloat16 checks).
 PREFILL_ROWS_MAX_LEN = 512
 
+# A prompt's first chunk of at least this many tokens takes an SDPA call of its own (_view). Below it a
+# call's own cost outweighs the padding it saves: 64 bfloat16 prompts of 8-16 tokens over 30 layers
+# (SmolLM2's heads, 2-core Zen 4 VM) took 56-64 ms one call each against 37-42 ms in one padded call;
+# 32 of 18-64 tokens 78-81 against 113-133 ms; 24 of 34-95, 121-128 against 213-214 ms.
+ALONE_MIN_TOKENS = 32
+
 
 def rows_as_sequences(starts: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
                       block_tables: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -159,11 +165,12 @@ class TorchPagedAttention:
                 decodes.append(self._decode_group(starts[seqs], seq_lens[seqs], inputs.block_tables[seqs],
                                                   len(inputs.input_ids), window, device))
         prefill_seqs = np.flatnonzero(query_lens > 1)
-        # A prompt's first chunk (no cached context) is a group of its own: SDPA reads its rows in place,
-        # causal, with no padding to compute and no gathered copy. 8 bfloat16 prompts of 180-300 tokens,
-        # SmolLM2's heads, 30 layers (2-core Zen 4 VM): 284-380 ms against 504-553 as one padded group.
-        # Chunks after a context share padded groups.
-        fresh = query_lens[prefill_seqs] == seq_lens[prefill_seqs]
+        # A prompt's first chunk (no cached context) of ALONE_MIN_TOKENS or more is a group of its own:
+        # SDPA reads its rows in place, causal, with no padding to compute and no gathered copy. 8
+        # bfloat16 prompts of 180-300 tokens, SmolLM2's heads, 30 layers (2-core Zen 4 VM): 284-380 ms
+        # against 504-553 as one padded group. Shorter chunks, and chunks after a context, share padded
+        # groups.
+        fresh = (query_lens[prefill_seqs] == seq_lens[prefill_seqs]) & (query_lens[prefill_seqs] >= ALONE_MIN_TOKENS)
         groups = [np.array([seq]) for seq in prefill_seqs[fresh]]
         rest = prefill_seqs[~fresh]
         if len(rest):
