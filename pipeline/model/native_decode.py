@@ -196,7 +196,7 @@ def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
     described = _describe_kernel(module, kept, dtype)
     if described is not None and copy_takes(module, COPY_MIN_ROWS, dtype):
         copy = module.__dict__["bf16_copy"]
-        if copy.panels is None:
+        if copy.panels is None or described[1] < COPY_MIN_ROWS - 1:  # the kernel must take every row below
             return described[0], min(described[1], COPY_MIN_ROWS - 1)
         linear = described[0]  # its kernel below COPY_MIN_ROWS, the copy's panels from there
         linear.copy_panels, linear.copy_bias, linear.copy_from_rows = (
