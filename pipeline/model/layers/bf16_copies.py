@@ -25,6 +25,9 @@ as the dequantized path the layers take from 128 rows already does). A batch-inv
 (`--batch-invariant`, speculative decoding) makes none: a row's bits would depend on the batch.
 4-bit layers where the process may use AMX take their many rows on AMX tiles instead (csrc/int4_amx.c:
 as fast here, without the copy's memory).
+Without AMX the copies also keep the panel kernel's layout where the budget holds both
+(copy_panel_kernel): COPY_MIN_ROWS-64 rows then go through the panels, in the native decoder's one
+call per decode step too (native_decode.py), and more rows through oneDNN.
 """
 
 from __future__ import annotations
