@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "bf16.h"
+#include "vector_exp.h"
 
 static inline float element(const void *x, int io_bf16, int64_t index) {
     return io_bf16 ? bf16_to_float(((const uint16_t *)x)[index]) : ((const float *)x)[index];
@@ -66,26 +67,15 @@ static inline row_lanes round_bf16_lanes(row_lanes v) {
     return row_select((bits & 0x7FFFFFFF) > 0x7F800000, (row_lanes)quiet_nan, (row_lanes)rounded);
 }
 
-/* e^x lane-wise: x = n ln2 + r, |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6 (relative error
- * below 2e-7, about expf's), times 2^n built in the exponent bits as 2^(n/2) * 2^(n - n/2) so that
- * n up to 128 stays finite. Past 88.72 the result is inf (as expf's); below -87.3 it is e^-87.3
- * instead of a subnormal (both add nothing to 1 in 1 + e^-x).
- * Worked example: x = -3 -> n = -4, r = -3 + 4 ln2 = -0.2274, e^r = 0.7966, times 2^-4 = 0.04979. */
+/* e^x lane-wise (vector_exp.h), 2^n built in the exponent bits as 2^(n/2) * 2^(n - n/2) so that n up
+ * to 128 stays finite. Past 88.72 the result is inf (as expf's); below -87.3 it is e^-87.3 instead of
+ * a subnormal (both add nothing to 1 in 1 + e^-x). */
 static inline row_lanes exp_lanes(row_lanes x) {
     const row_ilanes overflow = x > 88.7228f;
     x = row_select(x < -87.3f, (row_lanes){0} - 87.3f, x);
     x = row_select(overflow, (row_lanes){0}, x);
-    /* Adding 1.5 * 2^23 rounds x / ln2 to an integer n, which then sits in the low mantissa bits. */
-    const row_lanes shifted = x * 1.44269504088896341f + 12582912.0f;
-    const row_lanes n = shifted - 12582912.0f;
-    const row_lanes r = (x - n * 0.693359375f) + n * 2.12194440e-4f; /* ln2 in two parts, the first exact */
-    row_lanes p = (row_lanes){0} + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    row_lanes shifted;
+    const row_lanes p = exp_reduced(x, &shifted);
     const row_ilanes whole = (row_ilanes)shifted - 0x4B400000, half = whole >> 1;
     const row_lanes scaled = p * (row_lanes)((half + 127) << 23) * (row_lanes)((whole - half + 127) << 23);
     return row_select(overflow, (row_lanes){0} + INFINITY, scaled);

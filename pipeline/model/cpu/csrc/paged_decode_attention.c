@@ -62,6 +62,8 @@
 #endif
 
 /* 8 floats: one AVX register; the compiler splits it where vectors are narrower (SSE, NEON). */
+#include "vector_exp.h" /* after the pragmas: its polynomial contracts to FMAs, as this file's arithmetic */
+
 typedef float vec __attribute__((vector_size(32)));
 typedef int32_t ivec __attribute__((vector_size(32)));
 enum { VL = 8 };
@@ -137,27 +139,12 @@ static inline float max_lanes(vec v) {
     return m;
 }
 
-/* e^x for x <= 0, lane-wise (libm's expf is a scalar call): x = n ln2 + r with n an integer and
- * |r| <= ln2 / 2; e^r from its Taylor polynomial to r^6 (relative error below 2e-7 there, about
- * libm's); 2^n put straight into the exponent bits.
- * Worked example: x = -3 -> n = round(-3 / ln2) = -4, r = -3 + 4 ln2 = -0.2274,
- * e^r = 0.7966, times 2^-4 = 0.04979 = e^-3. */
+/* e^x for x <= 0, lane-wise (vector_exp.h), 2^n put straight into the exponent bits. */
 static inline vec exp_nonpositive(vec x) {
     const vec lowest = splat(-87.0f); /* keeps 2^n a normal float; e^-87 ~ 1.6e-38 counts as 0 */
     x = blend(x < lowest, lowest, x);
-    /* Adding 1.5 * 2^23 rounds x / ln2 to an integer n, which then sits in the low mantissa bits:
-     * the float 1.5 * 2^23 + n has bits 0x4B400000 + n (for |n| < 2^22). E.g. n = -4 -> 0x4B3FFFFC. */
-    const vec shifted = x * 1.44269504088896341f + 12582912.0f;
-    const vec n = shifted - 12582912.0f;
-    /* ln2 = 0.693359375 - 2.12194440e-4: the first part times n is exact in float. */
-    const vec r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    vec p = splat(1.0f / 720.0f);
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    vec shifted;
+    const vec p = exp_reduced(x, &shifted);
     const ivec two_to_n = ((ivec)shifted - 0x4B400000 + 127) << 23; /* biased exponent n + 127 */
     return p * (vec)two_to_n;
 }
