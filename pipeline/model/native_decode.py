@@ -11,7 +11,7 @@ llama.py's layers without q/k norms) on the CPU when every projection runs a nat
 8-bit quantized, GGUF blocks (gguf_linear.py), or the few-rows kernel for float32/bfloat16 weights), the
 norms are native, no LoRA or tensor-parallel wrapper sits on a projection, and the KV cache is
 float32/bfloat16. Per step (NativeDecoder.__call__) when every row is one sequence's decode token (a
-short float32 prefill's rows count as such: attention/paged.py's rows_as_sequences; this call writes
+short float32 prefill's rows count as such: attention/groups.py's rows_as_sequences; this call writes
 every row's K/V before any row attends) and the few-rows kernels take that many rows (up to 8, or 4
 for float32 weights kept beside oneDNN's packed copy, or 64 where float32 weights are kept as the
 panel kernel's panels instead, on CPUs with AVX-512; quantized layers below

@@ -8,13 +8,13 @@ scaled_dot_product_attention call per layer:
 - decode (query length 1): K/V gathered through the block tables into [B, L, H_kv, D], a
   boolean mask from seq_lens;
 - prefill (query length > 1, which covers chunked prefill and prefix-cache hits): a prompt's first
-  chunk of ALONE_MIN_TOKENS or more alone (causal, its rows read in place, as HF runs one unpadded
+  chunk of groups.ALONE_MIN_TOKENS or more alone (causal, its rows read in place, as HF runs one unpadded
   prompt); shorter ones and chunks after a cached context grouped, queries padded to the longest
   chunk of the group, causal mask offset by each sequence's context. Sequences of very different
   cost go to separate groups so padding stays bounded.
 Where the native decode kernel is loaded (CPU), it takes the decodes in one call per layer, and in
 float32 models without windows, soft-capping or sinks also the prefills of sequences up to
-`prefill_rows_max_len` tokens, each query row as a sequence of one query (rows_as_sequences); a step
+`prefill_rows_max_len` tokens, each query row as a sequence of one query (groups.rows_as_sequences); a step
 of decodes and such prefills then also qualifies for the native decoder layers (native_decode.py).
 All index tensors and masks are built once per step (`build_metadata`), never per layer, and
 once per distinct window of the model's layers (a layer passes its window to `forward`).
@@ -51,8 +51,9 @@ from pipeline.model.attention.groups import (
     as_tensor,
     first_key_blocks,
     gather_block_ids,
+    prefill_groups,
+    rows_as_sequences,
     split_decodes,
-    split_prefills,
 )
 from pipeline.model.attention.sinks import sink_softmax
 from pipeline.model.attention.windows import Window, first_visible_key, kernel_window
@@ -86,25 +87,6 @@ class AttentionBackend(Protocol):
 # bfloat16 SDPA rounds, and their prefill logits would leave HF's (tests/pipeline/model/models'
 # bfloat16 checks).
 PREFILL_ROWS_MAX_LEN = 512
-
-# A prompt's first chunk of at least this many tokens takes an SDPA call of its own (_view). Below it a
-# call's own cost outweighs the padding it saves: 64 bfloat16 prompts of 8-16 tokens over 30 layers
-# (SmolLM2's heads, 2-core Zen 4 VM) took 56-64 ms one call each against 37-42 ms in one padded call;
-# 32 of 18-64 tokens 78-81 against 113-133 ms; 24 of 34-95, 121-128 against 213-214 ms.
-ALONE_MIN_TOKENS = 32
-
-
-def rows_as_sequences(starts: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
-                      block_tables: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each query row of the given sequences as a sequence of one query: its token row, the keys it
-    sees (causal: its position + 1) and its sequence's block table.
-    starts [0, 3], query_lens [3, 1], seq_lens [5, 9] -> rows [0, 1, 2, 3], lens [3, 4, 5, 9]."""
-    owner = np.repeat(np.arange(len(starts)), query_lens)
-    offsets = np.arange(len(owner)) - np.repeat(np.cumsum(query_lens) - query_lens, query_lens)
-    rows = starts[owner] + offsets
-    lens = (seq_lens - query_lens)[owner] + offsets + 1
-    return rows, lens, block_tables[owner]
-
 
 class TorchPagedAttention:
     """Portable backend built on torch indexing and F.scaled_dot_product_attention."""
@@ -165,16 +147,7 @@ class TorchPagedAttention:
                 decodes.append(self._decode_group(starts[seqs], seq_lens[seqs], inputs.block_tables[seqs],
                                                   len(inputs.input_ids), window, device))
         prefill_seqs = np.flatnonzero(query_lens > 1)
-        # A prompt's first chunk (no cached context) of ALONE_MIN_TOKENS or more is a group of its own:
-        # SDPA reads its rows in place, causal, with no padding to compute and no gathered copy. 8
-        # bfloat16 prompts of 180-300 tokens, SmolLM2's heads, 30 layers (2-core Zen 4 VM): 284-380 ms
-        # against 504-553 as one padded group. Shorter chunks, and chunks after a context, share padded
-        # groups.
-        fresh = (query_lens[prefill_seqs] == seq_lens[prefill_seqs]) & (query_lens[prefill_seqs] >= ALONE_MIN_TOKENS)
-        groups = [np.array([seq]) for seq in prefill_seqs[fresh]]
-        rest = prefill_seqs[~fresh]
-        if len(rest):
-            groups += [rest[group] for group in split_prefills(query_lens[rest], seq_lens[rest])]
+        groups = [prefill_seqs[group] for group in prefill_groups(query_lens[prefill_seqs], seq_lens[prefill_seqs])]
         prefills = [self._prefill_group(starts[seqs], query_lens[seqs], seq_lens[seqs], inputs.block_tables[seqs],
                                         window, device) for seqs in groups]
         return AttentionView(decodes, prefills)

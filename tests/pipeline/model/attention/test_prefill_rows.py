@@ -1,4 +1,4 @@
-"""Short float32 prefills through the native decode kernel, one query row at a time (paged.py's
+"""Short float32 prefills through the native decode kernel, one query row at a time (groups.py's
 rows_as_sequences): the same attention as SDPA's prefill groups, which longer sequences keep."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.model.attention.paged import PREFILL_ROWS_MAX_LEN, TorchPagedAttention, rows_as_sequences
+from pipeline.model.attention.groups import rows_as_sequences
+from pipeline.model.attention.paged import PREFILL_ROWS_MAX_LEN, TorchPagedAttention
 from pipeline.model.attention.selection import make_backend
 from pipeline.model.attention.shape import AttentionShape
 from pipeline.model.cpu.kernels import load_decode_kernel
