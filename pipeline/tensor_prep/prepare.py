@@ -26,7 +26,8 @@ class TensorPrep:
     def prepare(self, plan: StepPlan) -> PreparedStep:
         batch = self.batch
         batch.apply(plan)
-        rows = np.fromiter((batch.row_of[s] for s in plan.num_scheduled_tokens), np.int64,
+        row_of = batch.row_of
+        rows = np.fromiter((row_of[s] for s in plan.num_scheduled_tokens), np.int64,
                            len(plan.num_scheduled_tokens))
         num_scheduled = np.fromiter(plan.num_scheduled_tokens.values(), np.int64, len(rows))
         # A sequence samples when this step computes its last known token; one verifying a draft
@@ -34,22 +35,25 @@ class TensorPrep:
         num_tokens = batch.num_tokens[rows].astype(np.int64)
         reach = batch.num_computed[rows] + num_scheduled
         num_samples = np.where(reach >= num_tokens, reach - num_tokens + 1, 0)
-        inputs = self._build_inputs(rows, num_scheduled, num_samples)
+        # The common decode step: one token each, each sampled once. Repeats by counts of 1 are then
+        # the arrays themselves and offsets within a group are 0, so the gathers below are skipped.
+        ones = bool((num_scheduled == 1).all() and (num_samples == 1).all())
+        inputs = self._build_inputs(rows, num_scheduled, num_samples, ones)
         inputs.lora_loads = plan.lora_loads
         # sample j of a row sees its tokens and j draft tokens: [2 samples at 7 tokens, 1 at 5] -> [7, 8, 5]
-        sample_rows = np.repeat(rows, num_samples)
-        contexts = np.repeat(num_tokens, num_samples) + _offsets_within(num_samples)
+        sample_rows = rows if ones else rows.repeat(num_samples)
+        contexts = num_tokens if ones else num_tokens.repeat(num_samples) + _offsets_within(num_samples)
         segments, targets = self._prompt_logprob_rows(plan, rows, num_scheduled, inputs)
         batch.num_computed[rows] = inputs.seq_lens
         seq_ids = list(plan.num_scheduled_tokens)
-        placeholders = np.flatnonzero(inputs.input_ids == PLACEHOLDER_TOKEN)
+        placeholders = (inputs.input_ids == PLACEHOLDER_TOKEN).nonzero()[0]
         # flat token index -> its sequence: query_start_loc [0, 2, 7], index 5 -> sequence 1
-        placeholder_seqs = np.searchsorted(inputs.query_start_loc, placeholders, side="right") - 1
-        sample_seq_ids = [seq_ids[i] for i in np.repeat(np.arange(len(rows)), num_samples)]
+        placeholder_seqs = inputs.query_start_loc.searchsorted(placeholders, side="right") - 1
+        sample_seq_ids = seq_ids if ones else [seq_ids[i] for i in np.arange(len(rows)).repeat(num_samples)]
         sampling = batch.sampling_batch(sample_rows, contexts)
         if plan.token_bitmasks:
             sampling.bitmask_rows, sampling.bitmasks = _bitmasks(plan.token_bitmasks, sample_seq_ids)
-        if (num_samples > 1).any():
+        if not ones and (num_samples > 1).any():
             _split_verifying_queries(inputs, num_scheduled, num_samples)
         return PreparedStep(
             plan=plan,
@@ -62,23 +66,33 @@ class TensorPrep:
             placeholder_seq_ids=[seq_ids[i] for i in placeholder_seqs],
         )
 
-    def _build_inputs(self, rows: np.ndarray, num_scheduled: np.ndarray, num_samples: np.ndarray) -> StepInputs:
+    def _build_inputs(self, rows: np.ndarray, num_scheduled: np.ndarray, num_samples: np.ndarray,
+                      ones: bool) -> StepInputs:
+        """`ones`: every sequence computes one token and samples once (no repeats needed)."""
         batch, block_size = self.batch, self.block_size
         # num_scheduled [2, 5, 3] -> query_start_loc [0, 2, 7, 10]
         query_start_loc = np.zeros(len(rows) + 1, np.int32)
-        np.cumsum(num_scheduled, out=query_start_loc[1:])
+        num_scheduled.cumsum(out=query_start_loc[1:])
         num_tokens = int(query_start_loc[-1])
-        # token -> its row: [0, 0, 1, 1, 1, 1, 1, 2, 2, 2]; offset in chunk: [0, 1, 0, 1, 2, 3, 4, 0, 1, 2]
-        token_rows = np.repeat(rows, num_scheduled)
-        offsets = np.arange(num_tokens) - np.repeat(query_start_loc[:-1], num_scheduled)
         num_computed = batch.num_computed[rows]
-        positions = np.repeat(num_computed, num_scheduled) + offsets
+        if ones:
+            token_rows, positions = rows, num_computed.astype(np.int64)
+            token_lora_slots = batch.lora_slot[rows]
+            logits_indices = np.arange(num_tokens, dtype=np.int64)
+        else:
+            # token -> its row: [0, 0, 1, 1, 1, 1, 1, 2, 2, 2]; offset in chunk: [0, 1, 0, 1, 2, 3, 4, 0, 1, 2]
+            token_rows = rows.repeat(num_scheduled)
+            offsets = np.arange(num_tokens) - query_start_loc[:-1].repeat(num_scheduled)
+            positions = num_computed.repeat(num_scheduled) + offsets
+            # [slot 1 row, base row, slot 0 row] with lengths [2, 1, 3] -> [1, 1, -1, 0, 0, 0]
+            token_lora_slots = batch.lora_slot[rows].repeat(num_scheduled)
+            # the last num_samples tokens of each chunk: chunk ends [2, 7, 10], samples [1, 0, 2] -> [1, 8, 9]
+            logits_indices = ((query_start_loc[1:] - num_samples).repeat(num_samples)
+                              + _offsets_within(num_samples)).astype(np.int64)
         block_ids = batch.block_table[token_rows, positions // block_size]
         seq_lens = (num_computed + num_scheduled).astype(np.int32)
         max_seq_len = int(seq_lens.max())
         max_blocks = -(-max_seq_len // block_size)
-        # [slot 1 row, base row, slot 0 row] with lengths [2, 1, 3] -> [1, 1, -1, 0, 0, 0]
-        token_lora_slots = np.repeat(batch.lora_slot[rows], num_scheduled)
         images = self._image_slices(rows, num_computed, num_scheduled, query_start_loc)
         return StepInputs(
             input_ids=batch.token_ids[token_rows, positions].astype(np.int64),
@@ -87,9 +101,7 @@ class TensorPrep:
             query_start_loc=query_start_loc,
             seq_lens=seq_lens,
             block_tables=batch.block_table[rows, :max_blocks],
-            # the last num_samples tokens of each chunk: chunk ends [2, 7, 10], samples [1, 0, 2] -> [1, 8, 9]
-            logits_indices=(np.repeat(query_start_loc[1:] - num_samples, num_samples)
-                            + _offsets_within(num_samples)).astype(np.int64),
+            logits_indices=logits_indices,
             num_tokens=num_tokens,
             max_query_len=int(num_scheduled.max()),
             max_seq_len=max_seq_len,
@@ -102,7 +114,7 @@ class TensorPrep:
                       query_start_loc: np.ndarray) -> list[ImageSlice]:
         """The image placeholders each scheduled chunk covers (a loop over image rows only)."""
         slices = []
-        for i in np.flatnonzero(self.batch.has_images[rows]):
+        for i in self.batch.has_images[rows].nonzero()[0]:
             start, end = int(num_computed[i]), int(num_computed[i] + num_scheduled[i])
             for image in overlapping(self.batch.images[rows[i]], start, end):
                 first, last = max(start, image.offset), min(end, image.end)
@@ -115,7 +127,7 @@ class TensorPrep:
         """Append logits rows for prompt positions of sequences that asked for prompt logprobs.
         Position p's logits score prompt token p + 1, so the last prompt position scores nothing."""
         batch = self.batch
-        wanted = np.flatnonzero(batch.prompt_logprobs[rows] >= 0)
+        wanted = (batch.prompt_logprobs[rows] >= 0).nonzero()[0]
         segments: list[PromptLogprobSegment] = []
         extra_indices: list[np.ndarray] = []
         targets: list[np.ndarray] = []
@@ -160,7 +172,7 @@ def _split_verifying_queries(inputs: StepInputs, num_scheduled: np.ndarray, num_
 def _offsets_within(counts: np.ndarray) -> np.ndarray:
     """Each item's index within its group: counts [2, 0, 3] -> [0, 1, 0, 1, 2]."""
     total = int(counts.sum())
-    return np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.arange(total) - (counts.cumsum() - counts).repeat(counts)
 
 
 def _bitmasks(token_bitmasks: dict[int, bytes], sample_seq_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -151,3 +151,26 @@ def test_wait_ready_waits_for_a_message_without_taking_it_and_ends_when_closed()
         assert await consumer.wait_ready() is False  # closed and drained
 
     asyncio.run(scenario())
+
+
+def test_waiters_that_time_out_or_are_cancelled_leave_nothing_behind():
+    """An idle consumer polls with a timeout again and again: its expired waits must not pile up."""
+    async def main() -> None:
+        stream: MemoryStream[int] = MemoryStream(maxsize=1)
+        for _ in range(50):
+            assert await stream.take(1, timeout_s=0.001) == []
+        waiting = asyncio.create_task(stream.take(1, timeout_s=None))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await stream.put(1)
+        blocked = asyncio.create_task(stream.put(2))  # full: waits for room
+        await asyncio.sleep(0)
+        blocked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await blocked
+        assert stream._getters == [] and stream._putters == []
+        assert [d.message for d in await stream.take(4, timeout_s=0)] == [1]
+
+    asyncio.run(main())

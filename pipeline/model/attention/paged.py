@@ -129,6 +129,9 @@ class TorchPagedAttention:
         starts = inputs.query_start_loc[:-1].astype(np.int64)
         query_lens = np.diff(inputs.query_start_loc).astype(np.int64)
         seq_lens = inputs.seq_lens.astype(np.int64)
+        if self.decode_kernel is not None and query_lens.max() == 1:  # decodes only: each query row is its sequence
+            return AttentionView([self._kernel_decode_group(starts, seq_lens, inputs.block_tables,
+                                                            len(inputs.input_ids), window)], [])
         decodes = []
         decode_seqs = np.flatnonzero(query_lens == 1)
         if self.decode_kernel is not None:

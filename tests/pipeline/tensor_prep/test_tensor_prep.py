@@ -10,7 +10,7 @@ from tests.support.engine_sim import fake_token, make_request, make_scheduler
 
 
 def _reference(plan, scheduler, block_size):
-    input_ids, positions, slots, seq_lens, logits_indices = [], [], [], [], []
+    input_ids, positions, slots, seq_lens, logits_indices, sampled = [], [], [], [], [], []
     for seq_id, num_new in plan.num_scheduled_tokens.items():
         seq = scheduler.sequences[seq_id]
         start = seq.num_computed_tokens - num_new  # the scheduler has already advanced it
@@ -21,7 +21,8 @@ def _reference(plan, scheduler, block_size):
         seq_lens.append(start + num_new)
         if start + num_new == seq.num_tokens:
             logits_indices.append(len(input_ids) - 1)
-    return input_ids, positions, slots, seq_lens, logits_indices
+            sampled.append(seq_id)
+    return input_ids, positions, slots, seq_lens, logits_indices, sampled
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -36,12 +37,22 @@ def test_prepared_inputs_match_a_per_token_reference(seed):
     for i in range(12):
         scheduler.add_request(make_request(f"r{i}", prompt_len=rng.randint(1, 40),
                                            max_tokens=rng.randint(1, 20), first_token=rng.choice([0, 1, i])))
-    steps = 0
+    steps = one_token_steps = 0
     while scheduler.has_unfinished:
         plan = scheduler.schedule()
         prepared = prep.prepare(plan)
-        ids, positions, slots, seq_lens, logits_indices = _reference(plan, scheduler, block_size)
+        ids, positions, slots, seq_lens, logits_indices, sampled = _reference(plan, scheduler, block_size)
         inputs = prepared.inputs
+        # decode steps (one token each, each sampled) take a shortcut in prepare: same arrays, same dtypes
+        one_token_steps += len(sampled) == len(ids) == len(plan.num_scheduled_tokens)
+        assert prepared.sample_seq_ids == sampled
+        np.testing.assert_array_equal(inputs.query_start_loc[1:], np.cumsum(list(plan.num_scheduled_tokens.values())))
+        assert [array.dtype for array in (inputs.input_ids, inputs.positions, inputs.slot_mapping,
+                                          inputs.logits_indices, inputs.query_start_loc, inputs.seq_lens)] == \
+            [np.int64] * 4 + [np.int32] * 2
+        np.testing.assert_array_equal(prepared.sampling.output_position,
+                                      [scheduler.sequences[s].num_tokens - scheduler.sequences[s].num_prompt_tokens
+                                       for s in sampled])
         np.testing.assert_array_equal(inputs.input_ids, ids)
         np.testing.assert_array_equal(inputs.positions, positions)
         np.testing.assert_array_equal(inputs.slot_mapping, slots)
@@ -56,7 +67,7 @@ def test_prepared_inputs_match_a_per_token_reference(seed):
             scheduler.append_token(seq, fake_token(seq.seq_id, seq.num_tokens))
         steps += 1
         assert steps < 2000
-    assert steps > 0
+    assert 0 < one_token_steps < steps
 
 
 def test_sampling_rows_carry_each_sequences_parameters():
