@@ -13,9 +13,10 @@ from actors.worker.admission import Admission
 from actors.worker.placement import PrefixPublisher
 from pipeline.scheduling.block_pool import BlockPool
 from pipeline.scheduling.prefix_journal import PrefixJournal
+from queue_adapters import stealing
 from queue_adapters.client import AqueductClient
 from queue_adapters.codec import WireRequest, encode
-from queue_adapters.placement import Placement, PrefixDirectory, blocks_key
+from queue_adapters.placement import RECENT_OFFER_S, Placement, PrefixDirectory, blocks_key, room_key
 from queue_adapters.priority_lanes import LANES, lane_key
 from tests.conftest import REDIS_URL
 from tests.support.hf_models import make_tiny_hf_model
@@ -24,11 +25,13 @@ from tests.support.worker_helpers import read_replies, running_workers, tokens_o
 pytestmark = pytest.mark.redis
 
 BLOCK = 4
+LONG_TOKENS = 2000  # ~0.5 s and more of a tiny model's decode, even on a fast CPU
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return make_tiny_hf_model("llama", tmp_path_factory.mktemp("llama"), seed=5)
+    # Room for a long request (LONG_TOKENS) that keeps a worker busy well past the placement wait.
+    return make_tiny_hf_model("llama", tmp_path_factory.mktemp("llama"), seed=5, max_position_embeddings=2048)
 
 
 async def _owner(redis: aioredis.Redis, prefix: str, request_id: str) -> str:
@@ -72,7 +75,10 @@ async def test_each_turn_of_a_conversation_goes_to_the_worker_caching_its_histor
             assert (await redis.xpending(lane_key(prefix, lane), "workers"))["pending"] == 0
 
 
-async def test_a_request_is_not_held_up_behind_the_full_worker_that_holds_its_prefix(model_dir, prefix):
+async def test_a_request_is_not_held_up_behind_the_full_worker_that_holds_its_prefix(model_dir, prefix, monkeypatch):
+    # Workers re-read the worker list at most once a second; the other worker must know the holder
+    # (and steal its offer) well before the long request ends.
+    monkeypatch.setattr(stealing, "WORKER_LIST_TTL_S", 0.05)
     history = [9, *range(100, 124)]
     async with running_workers(model_dir, prefix, count=2, block_size=BLOCK, max_num_seqs=1,
                                max_in_flight=1) as (redis, _):
@@ -81,11 +87,17 @@ async def test_a_request_is_not_held_up_behind_the_full_worker_that_holds_its_pr
             await _turn(client, redis, prefix, "first", history)
             holder = await _owner(redis, prefix, "first")
             await _published(redis, prefix, [holder])
+            # The entry counts its offer of "first" against the holder's room for RECENT_OFFER_S: past
+            # that, with the holder's room published again, "long" goes to the holder.
+            await asyncio.sleep(RECENT_OFFER_S)
+            while int(await redis.get(room_key(prefix, holder)) or 0) < 1:
+                await asyncio.sleep(0.01)
             # A long request with the same prefix goes to the holder and keeps it busy...
             await client.submit(WireRequest(id="long", prompt_token_ids=[*history, 1],
-                                            params={"max_tokens": 990, "temperature": 0, "ignore_eos": True}))
+                                            params={"max_tokens": LONG_TOKENS, "temperature": 0, "ignore_eos": True}))
             while not await redis.exists(f"{prefix}:out:long"):
                 await asyncio.sleep(0.01)
+            assert await _owner(redis, prefix, "long") == holder
             # ...and the next one, offered to the holder too (as by an entry point that read its room
             # before it filled), is taken by the other worker once it waited past the placement wait.
             after = WireRequest(id="next", prompt_token_ids=[*history, 2], params={"max_tokens": 6, "temperature": 0})
@@ -93,9 +105,8 @@ async def test_a_request_is_not_held_up_behind_the_full_worker_that_holds_its_pr
             assert stream.endswith(f":at:{holder}")
             await read_replies(redis, f"{prefix}:out:next")
             assert await _owner(redis, prefix, "next") != holder
-            assert await _owner(redis, prefix, "long") == holder
             long_replies = await redis.xlen(f"{prefix}:out:long")
-            assert long_replies < 990, "the long request had finished: nothing was held up"
+            assert long_replies < LONG_TOKENS, "the long request had finished: nothing was held up"
             await read_replies(redis, f"{prefix}:out:long")
 
 
