@@ -110,14 +110,15 @@ class OutputActor(Actor):
             await self._open(message)
         elif isinstance(message, StepEvents):
             deltas: list[RequestDelta] = []
-            for events in request_slices(message.all(), self.requests_per_slice):
+            for index, events in enumerate(request_slices(message.all(), self.requests_per_slice)):
+                if index:
+                    await asyncio.sleep(0)  # between slices (not after the last: the write follows)
                 slice_deltas, finishes = self.outputs.process(events)
                 deltas.extend(slice_deltas)
                 for finish in finishes:
                     await self.to_scheduler.send(finish)
                 for request_id in self.outputs.take_failed():  # answered with an error: stop generating it
                     await self.to_scheduler.send(Cancel(request_id, FinishReason.ERROR))
-                await asyncio.sleep(0)
             await self._write(deltas)  # one sink write (one Redis round trip) per step
         elif isinstance(message, Embedded):
             delta = self.outputs.embedding_delta(message.request_id, message.embedding, message.num_prompt_tokens)
