@@ -102,7 +102,9 @@ class GgufLinear(nn.Module):
 
     def segments(self) -> ctypes.Array:
         """The C segment array, rebuilt when a buffer moved (after .to() or a load_state_dict)."""
-        addresses = tuple(buffer.data_ptr() for buffer in self._buffers_held())
+        # Every registered buffer's address (the held ones and any other): read straight from the
+        # module's buffer table, as this runs for each call of the layer (an LM head's every step).
+        addresses = tuple(buffer.data_ptr() for buffer in self._buffers.values() if buffer is not None)
         if self._c_segments is None or self._c_segments[0] != addresses:
             held = [(_type_id(qtype), self.held(index), rows)
                     for index, (qtype, rows) in enumerate(zip(self.qtypes, self.segment_rows, strict=True))]

@@ -173,3 +173,16 @@ def test_layer_rejects_rows_that_do_not_fit_their_type():
         GgufLinear([("Q6_K", torch.zeros(4, 210, dtype=torch.uint8))], 128, None, KERNEL)
     with pytest.raises(ValueError, match="GGUF type must be one of"):
         GgufLinear([("IQ4_XS", torch.zeros(4, 136, dtype=torch.uint8))], 256, None, KERNEL)
+
+
+def test_moved_buffers_rebuild_the_c_segments():
+    """The C segment array holds the buffers' addresses: a layer whose buffers moved (a load_state_dict
+    into new tensors, a .to()) must point the kernel at the new ones, not at freed memory."""
+    layer = GgufLinear([("Q4_K", _blocks(Q.Q4_K, 32, 256, 21, False))], 256, None, KERNEL)
+    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(22))
+    before, segments = layer(x), layer.segments()
+    assert layer.segments() is segments  # unchanged buffers: the same array, not rebuilt per call
+    for name, buffer in list(layer.named_buffers()):
+        setattr(layer, name, buffer.clone())
+    assert layer.segments() is not segments
+    assert torch.equal(layer(x), before)
