@@ -17,7 +17,6 @@ import cProfile
 import os
 import pstats
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,52 +57,37 @@ def child(port: int, stats_dir: Path, serve_flags: list[str]) -> int:
     stages.DeviceSteps.run = profiled_step  # type: ignore[method-assign]
     signal.signal(START, start)
     signal.signal(STOP, stop)
+    (stats_dir / "pid").write_text(str(os.getpid()))
     return main(["serve", "--port", str(port), "--log-level", "WARNING", *serve_flags])
 
 
 def parent(args: argparse.Namespace, serve_flags: list[str]) -> None:
-    from actors.cli.bench_serve.client import get_json, stream_completion
-    from actors.cli.bench_serve.process import free_port
+    from actors.cli.bench_serve.client import stream_completion
+    from actors.cli.bench_serve.process import free_port, running_server
+    from actors.cli.bench_serve.servers import ServerSpec
     from actors.cli.bench_serve.workload import ServeRequest, serve_workload, warmup_request
 
     port = free_port()
     model = next((serve_flags[i + 1] for i, flag in enumerate(serve_flags[:-1]) if flag == "--model"), "smollm2")
     with tempfile.TemporaryDirectory() as stats_dir:
         command = [sys.executable, __file__, "--child", "--port", str(port), "--stats-dir", stats_dir, *serve_flags]
-        server = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        try:
-            _wait_healthy(get_json, port, server)
+        spec = ServerSpec("aqueduct", command, model, peer=False)
+        with running_server(spec, port, Path(stats_dir) / "server.log", timeout_s=600):
+            pid = int((Path(stats_dir) / "pid").read_text())
             stream_completion(port, model, warmup_request())
             requests = [ServeRequest(request.prompt, args.max_tokens)
                         for request in serve_workload(args.requests, (40, 400), (1, 1), seed=0)]
-            os.kill(server.pid, START)
+            os.kill(pid, START)
             tokens = sum(stream_completion(port, model, request).tokens for request in requests)
-            os.kill(server.pid, STOP)
+            os.kill(pid, STOP)
             profiles = {name: Path(stats_dir) / f"{name}.prof" for name in ("event_loop", "device")}
             while not all(path.exists() for path in profiles.values()):
                 time.sleep(0.1)
-            print(f"{tokens} tokens, one stream ({args.requests} requests, prompts of 40-400 words)")
-            for name, path in profiles.items():
-                stats = pstats.Stats(str(path))
-                print(f"{name}: {stats.total_calls / tokens:.0f} Python calls a token "
-                      f"({stats.total_tt / tokens * 1e3:.2f} ms a token under the profiler)")
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
-
-
-def _wait_healthy(get_json: object, port: int, server: subprocess.Popen, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"aqueduct serve exited with {server.returncode}")
-        try:
-            if get_json(port, "/health")[0] == 200:  # type: ignore[operator]
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError("aqueduct serve did not become healthy")
+        print(f"{tokens} tokens, one stream ({args.requests} requests, prompts of 40-400 words)")
+        for name, path in profiles.items():
+            stats = pstats.Stats(str(path))
+            print(f"{name}: {stats.total_calls / tokens:.0f} Python calls a token "
+                  f"({stats.total_tt / tokens * 1e3:.2f} ms a token under the profiler)")
 
 
 def main() -> None:
