@@ -287,22 +287,37 @@ static inline __attribute__((always_inline)) void block_slices(const float *slic
     }
 }
 
-/* Prefetch the KV heads kv_first .. kv_end - 1 of tokens 0 .. len - 1's rows (`bytes` of each from
- * `column`), before the passes read them: for a task's first run, whose rows nothing fetched ahead
- * (Ahead below does for the others). A sequence's blocks lie anywhere in the cache and each layer's
- * K/V are read once a step, from memory, so the passes would stall at each block's first lines;
- * asking for the whole sequence's rows (some 100 KB, within L2) at once keeps many reads in flight. */
-static void prefetch_sequence(const void *cache, const int64_t *restrict offsets, int64_t len, int64_t column,
-                              int64_t bytes, const int kv_bf16) {
-    for (int64_t t = 0; t < len; ++t) {
+/* Prefetch the KV heads kv_first .. kv_end - 1 (`bytes` of each row from `column`) of tokens
+ * begin .. end - 1's rows into L2. */
+static void prefetch_rows(const void *cache, const int64_t *restrict offsets, int64_t begin, int64_t end,
+                          int64_t column, int64_t bytes, const int kv_bf16) {
+    for (int64_t t = begin; t < end; ++t) {
         const char *start = kv_element(cache, offsets[t] + column, kv_bf16);
-        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(start + b, 0, 3);
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(start + b, 0, 2);
     }
 }
 
+/* Each pass asks for the rows ROLL tokens ahead of the block it computes, and a pass over rows
+ * nothing fetched ahead (a task's first run; pass 3's V) first asks for its first ROLL tokens. A
+ * sequence's blocks lie anywhere in the cache and each layer's K/V are read once a step, from
+ * memory, so the passes would otherwise stall at each block's first lines. The earlier form asked
+ * for the whole sequence's rows at once, before pass 1: for long sequences (600 tokens are 460 KB of
+ * float32 K and as much V) most were evicted again before use. 2-core Zen 3 VM (C harness, 30
+ * layers' calls, SmolLM2's 9 query / 3 KV heads, min of 6 alternated runs a call): one sequence of
+ * 600 tokens, float32, 2 threads 115 -> 92 us; of 4000 tokens 721 -> 648 us; 32 sequences of 300
+ * tokens 977 -> 929 us (float32), 650 -> 641 us (bfloat16). Ahead and ROLL also help each other: the
+ * next run's rows come in a few per block, these a fixed distance in front. */
+enum { ROLL = 16 };
+
+static inline void prefetch_rolling(const void *cache, const int64_t *restrict offsets, int64_t t0, int64_t len,
+                                    int64_t column, int64_t bytes, const int kv_bf16) {
+    if (t0 + ROLL < len)
+        prefetch_rows(cache, offsets, t0 + ROLL, t0 + ROLL + VL < len ? t0 + ROLL + VL : len, column, bytes, kv_bf16);
+}
+
 /* The next run of units' K and V rows, prefetched a few tokens at a time while this run's passes
- * compute (prefetch_ahead, once per 8-token block of either pass, into L2): with prefetch_sequence
- * alone each sequence's reads and arithmetic took turns. Zen 4 VM, 30 layers' calls for 32
+ * compute (prefetch_ahead, once per 8-token block of either pass, into L2): with a prefetch of each
+ * sequence's whole rows before its passes alone, its reads and arithmetic took turns. Zen 4 VM, 30 layers' calls for 32
  * sequences of 280 tokens (bfloat16 / float32 cache): blocks scattered 28-31 -> 19 ms / 36-37 ->
  * 24 ms, contiguous 18 -> 14-16 ms / 30-32 -> 20 ms. Larger tasks (fewer first runs) gained nothing
  * measurable. */
@@ -336,8 +351,10 @@ static inline __attribute__((always_inline)) void scores_in_blocks(
         float *restrict scores, const float *restrict q, const void *cache, const int64_t *restrict offsets,
         int64_t len, int64_t stride, int64_t group, int64_t kv_first, int64_t kv_end, const int64_t head_dim,
         float scale, float *restrict widened, Ahead *ahead, const int kv_bf16) {
+    const int64_t span = (kv_end - kv_first) * head_dim * (kv_bf16 ? 2 : 4);
     for (int64_t t0 = 0; t0 < len; t0 += VL) {
         prefetch_ahead(ahead);
+        prefetch_rolling(cache, offsets, t0, len, kv_first * head_dim, span, kv_bf16);
         const void *rows[VL];
         for (int j = 0; j < VL; ++j) rows[j] = kv_element(cache, offsets[t0 + j < len ? t0 + j : len - 1], kv_bf16);
         for (int64_t kv = kv_first; kv < kv_end; ++kv) {
@@ -370,8 +387,11 @@ static inline __attribute__((always_inline)) void weighted_sum_in_blocks(
         float *restrict widened, Ahead *ahead, const int kv_bf16) {
     enum { HELD = 8 }; /* vectors of out_h held at once */
     memset(out + kv_first * group * head_dim, 0, sizeof(float) * (kv_end - kv_first) * group * head_dim);
+    const int64_t span = (kv_end - kv_first) * head_dim * (kv_bf16 ? 2 : 4);
+    prefetch_rows(cache, offsets, 0, len < ROLL ? len : ROLL, kv_first * head_dim, span, kv_bf16);
     for (int64_t t0 = 0; t0 < len; t0 += VL) {
         prefetch_ahead(ahead);
+        prefetch_rolling(cache, offsets, t0, len, kv_first * head_dim, span, kv_bf16);
         const int64_t n = len - t0 < VL ? len - t0 : VL;
         const void *rows[VL];
         for (int j = 0; j < VL; ++j) rows[j] = kv_element(cache, offsets[t0 + j < len ? t0 + j : len - 1], kv_bf16);
@@ -411,10 +431,8 @@ static inline __attribute__((always_inline)) void attend_sequence(
     /* fp8 rows are decoded into one scratch row just before use, so they go token by token. */
     if (in_place) {
         const int64_t span = (kv_end - kv_first) * head_dim * (bf16 ? 2 : 4);
-        if (!prefetched) { /* a task's first run: nothing computed while its rows arrive */
-            prefetch_sequence(keys->cache, offsets, len, kv_first * head_dim, span, bf16);
-            prefetch_sequence(values->cache, offsets, len, kv_first * head_dim, span, bf16);
-        }
+        if (!prefetched) /* a task's first run: nothing fetched its first rows ahead */
+            prefetch_rows(keys->cache, offsets, 0, len < ROLL ? len : ROLL, kv_first * head_dim, span, bf16);
         scores_in_blocks(scores, q, keys->cache, offsets, len, stride, group, kv_first, kv_end, head_dim, scale,
                          widened, ahead, bf16);
     } else {
