@@ -40,7 +40,7 @@ from torch import nn
 
 from pipeline.model.cpu.kernels import PanelLinearKernel, load_panel_linear_kernel
 from pipeline.model.cpu.library import cpu_flags
-from pipeline.model.cpu.linear import PackedLinear
+from pipeline.model.cpu.linear import PackedLinear, onednn_linear_works
 
 log = structlog.get_logger(__name__)
 
@@ -75,8 +75,12 @@ def copy_takes(layer: nn.Module, rows: int, dtype: torch.dtype) -> bool:
 def attach_bf16_copies(model: nn.Module, budget_bytes: int, layer_types: tuple[type, ...]) -> int:
     """Give each layer of `layer_types` (quantized layers with `dequantized()`) a bfloat16 copy when all
     copies together fit `budget_bytes`, with panels too where copy_panel_kernel() and the budget allow;
-    returns how many were made (0 when they do not fit)."""
+    returns how many were made (0 when they do not fit, or where oneDNN packs no bfloat16 weights: CPUs
+    without AVX-512 or AVX-NE-CONVERT, which copies_pay() turns away before this is called)."""
     layers = [module for module in model.modules() if isinstance(module, layer_types)]
+    if layers and not onednn_linear_works(torch.bfloat16):
+        log.info("no bfloat16 copies of quantized weights: oneDNN has no bfloat16 product on this CPU")
+        return 0
     needed = sum(layer.out_features * layer.in_features * 2 for layer in layers)  # oneDNN's layout
     panel = copy_panel_kernel()
     if panel is not None and 2 * needed > budget_bytes:  # panels too (2 bytes a weight more) only if they fit

@@ -62,7 +62,7 @@ def test_linears_keep_the_files_types_and_bytes(kquant_file):
     held = {entry["qtype"]: entry["held_as"] for entry in logs if entry["event"] == "GGUF weights held"}
     expected = "column blocks, integer products" if load_gguf_linear_kernel().columns_fast else "file blocks"
     assert set(held) == {"Q4_K", "Q5_0", "Q5_K", "Q6_K", "Q8_0"}  # the start-up log names each type and how
-    assert all(way.startswith(expected) for way in held.values()), held
+    assert all(expected in way for way in held.values()), held
     assert "embedding rows decoded when looked up" in held["Q4_K"]  # token_embd
     model = engine.runner.model
     layers = {name: module for name, module in model.named_modules() if isinstance(module, GgufLinear)}

@@ -10,11 +10,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.model.cpu.kernels import load_quantized_linear_kernel
+from pipeline.model.cpu.linear import onednn_linear_works
+from pipeline.model.layers import bf16_copies
 from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, attach_bf16_copies, copy_panel_kernel, copy_takes
 from pipeline.model.layers.quantized_linear import Int8Linear
 
 NATIVE = load_quantized_linear_kernel()
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="no C compiler for the native kernels")
+# The copies are oneDNN products, which need AVX-512 (or AVX-NE-CONVERT) for bfloat16 weights.
+needs_onednn_bfloat16 = pytest.mark.skipif(not onednn_linear_works(torch.bfloat16),
+                                           reason="oneDNN packs no bfloat16 weights on this CPU (AVX2 only)")
 
 
 def _layer(seed: int, out_features: int = 96, in_features: int = 128) -> Int8Linear:
@@ -24,6 +29,7 @@ def _layer(seed: int, out_features: int = 96, in_features: int = 128) -> Int8Lin
     return Int8Linear.from_float(weight, torch.randn(out_features, generator=generator), NATIVE)
 
 
+@needs_onednn_bfloat16
 def test_many_bfloat16_rows_take_the_copy_and_few_the_kernel():
     model = nn.Sequential(_layer(1), _layer(2, 128, 96))
     assert attach_bf16_copies(model, budget_bytes=1 << 20, layer_types=(Int8Linear,)) == 2
@@ -45,6 +51,7 @@ def test_many_bfloat16_rows_take_the_copy_and_few_the_kernel():
     assert "bf16_copy" not in dict(layer.named_children())  # not a submodule: module walks see the layer only
 
 
+@needs_onednn_bfloat16
 def test_no_copies_when_they_do_not_fit_the_budget():
     model = nn.Sequential(_layer(4), _layer(5))
     needed = 2 * 96 * 128 * 2  # bytes: oneDNN's layout, 2 a weight
@@ -52,6 +59,13 @@ def test_no_copies_when_they_do_not_fit_the_budget():
     assert not copy_takes(model[0], COPY_MIN_ROWS, torch.bfloat16)
     assert attach_bf16_copies(model, budget_bytes=needed, layer_types=(Int8Linear,)) == 2
     assert model[0].__dict__["bf16_copy"].panels is None  # panels (2 bytes a weight more) did not fit
+
+
+def test_no_copies_where_onednn_has_no_bfloat16_product(monkeypatch):
+    monkeypatch.setattr(bf16_copies, "onednn_linear_works", lambda dtype: False)
+    model = nn.Sequential(_layer(6))
+    assert attach_bf16_copies(model, budget_bytes=1 << 20, layer_types=(Int8Linear,)) == 0
+    assert not copy_takes(model[0], COPY_MIN_ROWS, torch.bfloat16)
 
 
 @pytest.mark.skipif(copy_panel_kernel() is None, reason="copies keep panels on AVX512-BF16 CPUs without AMX")

@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
 from pipeline.model.attention.windows import Chunk
+from pipeline.model.cpu.library import cpu_has_bfloat16_arithmetic
 from pipeline.model.layers import rope
 from pipeline.model.layers.scored_input_moe import InputMajorExperts
 from pipeline.model.loader import attention_shape, language_config, read_config
@@ -129,8 +130,9 @@ def test_bfloat16_logits_match_hf_bfloat16(model: Reference, decode_path: str) -
     scores rounded before they scale the inputs), where bfloat16 and float32 logits differ by 0.08: measured
     0.008 off for the prefill and 0.02 for the torch path's decodes (fused gate/up matmuls and the paged
     attention's shapes round otherwise), allowed 1/32; the native kernel's decode softmax stays in float32:
-    measured 0.047, allowed 1/16."""
-    tolerance = 1 / 16 if decode_path == "kernel" else 1 / 32
+    measured 0.047, allowed 1/16. On a CPU without bfloat16 arithmetic (AVX2 only, Zen 3) torch multiplies
+    bfloat16 by other kernels and the torch path's decodes measured 0.041: 1/16 there too."""
+    tolerance = 1 / 16 if decode_path == "kernel" or not cpu_has_bfloat16_arithmetic() else 1 / 32
     runner = ModelRunner(ModelConfig(quantization="none", device="cpu", dtype="bfloat16"),
                          CacheConfig(block_size=4, num_kv_blocks=NUM_BLOCKS), SchedulerConfig(), str(model.path))
     reference = Reference(model.path, AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.bfloat16).eval())
