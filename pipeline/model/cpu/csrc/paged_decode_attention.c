@@ -103,6 +103,15 @@ static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
 
 static inline vec splat(float x) { return (vec){0} + x; }
 
+/* a * b + c with one rounding. Where the target has FMA the instruction is spelled out: GCC fused
+ * pass 3's a * b + c in some inlined copies of it and not in others, and a head split between tasks
+ * (SplitCall) must sum each element as attend_units does, to the bit. */
+#if defined(__FMA__) && defined(__AVX2__) /* immintrin.h is included above */
+static inline vec fma_lanes(vec a, vec b, vec c) { return (vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+#else
+static inline vec fma_lanes(vec a, vec b, vec c) { return a * b + c; }
+#endif
+
 static inline float sum_lanes(vec v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
 /* The lane sums of 8 vectors as one vector: r[j] = sum of a[j]'s lanes. Three rounds of pairwise
@@ -380,38 +389,41 @@ static inline __attribute__((always_inline)) void scores_in_blocks(
 /* Pass 3 for float32/bfloat16 caches: out_h += w[h][t] v_t, token by token in order as the generic
  * pass does (the same sums), but with up to 64 of out_h's floats held in registers over a block of
  * 8 tokens instead of loaded and stored once per token, and bfloat16 V widened once per block. Of
- * a partial last block only the rows before len are summed. */
+ * a partial last block only the rows before len are summed. Only elements d_first .. d_first +
+ * width - 1 of each head (all of them: 0, head_dim): each element's sum is the same whichever
+ * others a call computes beside it, so a head may be split between tasks (SplitCall below). */
 static inline __attribute__((always_inline)) void weighted_sum_in_blocks(
         float *restrict out, const float *restrict scores, const void *cache, const int64_t *restrict offsets,
         int64_t len, int64_t stride, int64_t group, int64_t kv_first, int64_t kv_end, const int64_t head_dim,
-        float *restrict widened, Ahead *ahead, const int kv_bf16) {
+        const int64_t d_first, const int64_t width, float *restrict widened, Ahead *ahead, const int kv_bf16) {
     enum { HELD = 8 }; /* vectors of out_h held at once */
-    memset(out + kv_first * group * head_dim, 0, sizeof(float) * (kv_end - kv_first) * group * head_dim);
-    const int64_t span = (kv_end - kv_first) * head_dim * (kv_bf16 ? 2 : 4);
-    prefetch_rows(cache, offsets, 0, len < ROLL ? len : ROLL, kv_first * head_dim, span, kv_bf16);
+    for (int64_t h = kv_first * group; h < kv_end * group; ++h) memset(out + h * head_dim + d_first, 0, sizeof(float) * width);
+    const int64_t column = kv_first * head_dim + d_first;
+    const int64_t span = ((kv_end - kv_first - 1) * head_dim + width) * (kv_bf16 ? 2 : 4);
+    prefetch_rows(cache, offsets, 0, len < ROLL ? len : ROLL, column, span, kv_bf16);
     for (int64_t t0 = 0; t0 < len; t0 += VL) {
         prefetch_ahead(ahead);
-        prefetch_rolling(cache, offsets, t0, len, kv_first * head_dim, span, kv_bf16);
+        prefetch_rolling(cache, offsets, t0, len, column, span, kv_bf16);
         const int64_t n = len - t0 < VL ? len - t0 : VL;
         const void *rows[VL];
         for (int j = 0; j < VL; ++j) rows[j] = kv_element(cache, offsets[t0 + j < len ? t0 + j : len - 1], kv_bf16);
         for (int64_t kv = kv_first; kv < kv_end; ++kv) {
             const float *v[VL];
-            block_slices(v, widened, rows, kv * head_dim, head_dim, kv_bf16);
+            block_slices(v, widened, rows, kv * head_dim + d_first, width, kv_bf16);
             for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
-                float *oh = out + h * head_dim;
+                float *oh = out + h * head_dim + d_first;
                 const float *w = scores + h * stride + t0;
-                for (int64_t d = 0; d + VL <= head_dim; d += HELD * VL) {
-                    const int64_t count = (head_dim - d) / VL < HELD ? (head_dim - d) / VL : HELD;
+                for (int64_t d = 0; d + VL <= width; d += HELD * VL) {
+                    const int64_t count = (width - d) / VL < HELD ? (width - d) / VL : HELD;
                     vec o[HELD];
                     for (int64_t i = 0; i < count; ++i) o[i] = load(oh + d + i * VL);
                     for (int64_t j = 0; j < n; ++j) {
                         const vec wj = splat(w[j]);
-                        for (int64_t i = 0; i < count; ++i) o[i] += wj * load(v[j] + d + i * VL);
+                        for (int64_t i = 0; i < count; ++i) o[i] = fma_lanes(wj, load(v[j] + d + i * VL), o[i]);
                     }
                     for (int64_t i = 0; i < count; ++i) store(oh + d + i * VL, o[i]);
                 }
-                for (int64_t d = head_dim / VL * VL; d < head_dim; ++d) /* head_dim % VL tail */
+                for (int64_t d = width / VL * VL; d < width; ++d) /* width % VL tail */
                     for (int64_t j = 0; j < n; ++j) oh[d] += w[j] * v[j][d];
             }
         }
@@ -450,7 +462,7 @@ static inline __attribute__((always_inline)) void attend_sequence(
     softmax_rows(own_scores, h_end - h_first, len, stride, sinks == NULL ? NULL : sinks + h_first);
     if (in_place) {
         weighted_sum_in_blocks(out, scores, values->cache, offsets, len, stride, group, kv_first, kv_end, head_dim,
-                               widened, ahead, bf16);
+                               0, head_dim, widened, ahead, bf16);
         return;
     }
     memset(out + h_first * head_dim, 0, sizeof(float) * (h_end - h_first) * head_dim);
@@ -601,6 +613,141 @@ static void attend_units(void *context, int64_t begin, int64_t end) {
     free(widened);
 }
 
+/* Few units, long sequences (one sequence's 3 KV heads on 2 threads: one thread takes two units
+ * while the other idles for a third of the call; one KV head: all on one thread): the passes run
+ * as three parallel calls over the tokens instead. Pass 1 in slabs of a sequence's tokens (every
+ * KV head of each row, read in address order), then each head's softmax, then pass 3 by KV head
+ * and half of head_dim. Each score, each softmax and each output element is computed by the same
+ * operations in the same order as in attend_units (weighted_sum_in_blocks sums an element over the
+ * tokens in order whichever elements a task takes), so the outputs are bit for bit the same. */
+enum { SPLIT_MIN_TOKENS = 512 }; /* shorter: the two extra handovers cost about what the idle thread does */
+
+typedef struct {
+    Call *c;
+    const float *q;             /* [num_seqs, num_heads * head_dim] float32 */
+    float *out;                 /* the same, float32 */
+    float *scores;              /* [num_seqs, num_heads, max_stride] */
+    int64_t *offsets;           /* [num_seqs, max_stride]: the rows of the keys each sequence attends to */
+    int64_t *lens;              /* [num_seqs]: how many keys */
+    int64_t *slab_starts;       /* [num_seqs + 1]: the pass-1 tasks before each sequence's */
+    int64_t slab, slices;       /* tokens a pass-1 task; pass-3 tasks a KV head */
+} SplitCall;
+
+static void split_failed(SplitCall *s) { __atomic_store_n(&s->c->failed, 1, __ATOMIC_RELAXED); }
+
+/* head_dim and the cache format as compile-time constants, as attend_dispatch does. */
+#define FOR_FORMAT_AND_HEAD_DIM(BODY, bf16, head_dim)                                                  \
+    do {                                                                                               \
+        if (bf16) {                                                                                    \
+            if ((head_dim) == 64) BODY(64, 1); else if ((head_dim) == 128) BODY(128, 1); else BODY(head_dim, 1); \
+        } else {                                                                                       \
+            if ((head_dim) == 64) BODY(64, 0); else if ((head_dim) == 128) BODY(128, 0); else BODY(head_dim, 0); \
+        }                                                                                              \
+    } while (0)
+
+static void split_scores(void *context, int64_t begin, int64_t end) {
+    SplitCall *s = context;
+    const Call *c = s->c;
+    const int bf16 = c->kv_format == KV_BF16;
+    const int64_t head_dim = c->head_dim, group = c->num_heads / c->num_kv_heads;
+    float *widened = bf16 ? malloc(sizeof(float) * VL * head_dim) : NULL;
+    if (bf16 && widened == NULL) return split_failed(s);
+    for (int64_t task = begin; task < end; ++task) {
+        int64_t seq = 0;
+        while (s->slab_starts[seq + 1] <= task) ++seq;
+        const int64_t first = (task - s->slab_starts[seq]) * s->slab;
+        const int64_t count = s->lens[seq] - first < s->slab ? s->lens[seq] - first : s->slab;
+        float *scores = s->scores + seq * c->num_heads * c->max_stride + first;
+        const int64_t *offsets = s->offsets + seq * c->max_stride + first;
+        const float *q = s->q + seq * c->num_heads * head_dim;
+        prefetch_rows(c->key_cache, offsets, 0, count < ROLL ? count : ROLL, 0, c->num_kv_heads * head_dim * (bf16 ? 2 : 4),
+                      bf16);
+#define SCORES(HEAD_DIM, BF16)                                                                         \
+        scores_in_blocks(scores, q, c->key_cache, offsets, count, c->max_stride, group, 0, c->num_kv_heads, HEAD_DIM, \
+                         c->scale, widened, NULL, BF16)
+        FOR_FORMAT_AND_HEAD_DIM(SCORES, bf16, head_dim);
+#undef SCORES
+    }
+    free(widened);
+}
+
+static void split_softmax(void *context, int64_t begin, int64_t end) {
+    SplitCall *s = context;
+    const Call *c = s->c;
+    for (int64_t r = begin; r < end; ++r) { /* row r: head r % num_heads of sequence r / num_heads */
+        const int64_t len = s->lens[r / c->num_heads], stride = (len + VL - 1) / VL * VL, h = r % c->num_heads;
+        float *row = s->scores + r * c->max_stride;
+        if (c->softcap > 0.0f) softcap_rows(row, 1, len, stride, c->softcap);
+        for (int64_t t = len; t < stride; ++t) row[t] = row[len - 1];
+        softmax_rows(row, 1, len, stride, c->sinks == NULL ? NULL : c->sinks + h);
+    }
+}
+
+static void split_sums(void *context, int64_t begin, int64_t end) {
+    SplitCall *s = context;
+    const Call *c = s->c;
+    const int bf16 = c->kv_format == KV_BF16;
+    const int64_t head_dim = c->head_dim, group = c->num_heads / c->num_kv_heads, width = head_dim / s->slices;
+    float *widened = bf16 ? malloc(sizeof(float) * VL * head_dim) : NULL;
+    if (bf16 && widened == NULL) return split_failed(s);
+    for (int64_t task = begin; task < end; ++task) { /* slice task % slices of KV head unit % num_kv_heads ... */
+        const int64_t unit = task / s->slices, seq = unit / c->num_kv_heads, kv = unit % c->num_kv_heads;
+        const int64_t d_first = task % s->slices * width;
+        float *out = s->out + seq * c->num_heads * head_dim;
+        const float *scores = s->scores + seq * c->num_heads * c->max_stride;
+        const int64_t *offsets = s->offsets + seq * c->max_stride;
+#define SUMS(HEAD_DIM, BF16)                                                                           \
+        weighted_sum_in_blocks(out, scores, c->value_cache, offsets, s->lens[seq], c->max_stride, group, kv, kv + 1, \
+                               HEAD_DIM, d_first, width, widened, NULL, BF16)
+        FOR_FORMAT_AND_HEAD_DIM(SUMS, bf16, head_dim);
+#undef SUMS
+    }
+    free(widened);
+}
+
+/* The call as SplitCall's three parallel calls; returns c->failed. */
+static int attend_split(Call *c, int64_t num_seqs, int threads) {
+    const int64_t width = c->num_heads * c->head_dim, row = c->num_kv_heads * c->head_dim;
+    SplitCall s = {c, c->q, c->out, malloc(sizeof(float) * num_seqs * c->num_heads * c->max_stride),
+                   malloc(sizeof(int64_t) * num_seqs * c->max_stride), malloc(sizeof(int64_t) * num_seqs),
+                   malloc(sizeof(int64_t) * (num_seqs + 1)), 0, c->head_dim % (2 * VL) == 0 ? 2 : 1};
+    float *q_out = c->io_bf16 ? malloc(sizeof(float) * 2 * num_seqs * width) : NULL; /* q and out in float32 */
+    if (s.scores == NULL || s.offsets == NULL || s.lens == NULL || s.slab_starts == NULL || (c->io_bf16 && q_out == NULL)) {
+        c->failed = 1;
+    } else {
+        if (c->io_bf16) {
+            for (int64_t i = 0; i < num_seqs * width; ++i) q_out[i] = bf16_to_float(((const uint16_t *)c->q)[i]);
+            s.q = q_out;
+            s.out = q_out + num_seqs * width;
+        }
+        int64_t total = 0;
+        for (int64_t seq = 0; seq < num_seqs; ++seq) {
+            const int64_t last = c->seq_lens[seq], first = first_key(last, c->window, c->chunk);
+            s.lens[seq] = last - first;
+            offsets_of(s.offsets + seq * c->max_stride, c->block_tables + seq * c->block_table_stride, first, last,
+                       c->block_size, row);
+            total += s.lens[seq];
+        }
+        /* About four slabs a thread, each a multiple of the 8-token block and at least 64 tokens. */
+        const int64_t spread = (total + 4 * threads - 1) / (4 * threads);
+        s.slab = spread < 64 ? 64 : (spread + VL - 1) / VL * VL;
+        s.slab_starts[0] = 0;
+        for (int64_t seq = 0; seq < num_seqs; ++seq)
+            s.slab_starts[seq + 1] = s.slab_starts[seq] + (s.lens[seq] + s.slab - 1) / s.slab;
+        pool_run(split_scores, &s, s.slab_starts[num_seqs], 1, threads);
+        pool_run(split_softmax, &s, num_seqs * c->num_heads, 1, threads);
+        pool_run(split_sums, &s, num_seqs * c->num_kv_heads * s.slices, 1, threads);
+        if (c->io_bf16)
+            for (int64_t i = 0; i < num_seqs * width; ++i) ((uint16_t *)c->out)[i] = float_to_bf16(s.out[i]);
+    }
+    free(s.scores);
+    free(s.offsets);
+    free(s.lens);
+    free(s.slab_starts);
+    free(q_out);
+    return c->failed;
+}
+
 int paged_decode_attention(void *out, const void *q, const void *key_cache, const void *value_cache,
                            const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                            int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -614,6 +761,15 @@ int paged_decode_attention(void *out, const void *q, const void *key_cache, cons
                  kv_format, io_bf16, 0, sinks};
     const int64_t work = kv_bytes_read(seq_lens, num_seqs, window, chunk, row, kv_format) * (num_heads / num_kv_heads);
     const int64_t units = num_seqs * num_kv_heads;
+    const int split_threads = threads_for(work, num_threads);
+    int64_t longest = 0;
+    for (int64_t seq = 0; seq < num_seqs; ++seq) {
+        const int64_t len = seq_lens[seq] - first_key(seq_lens[seq], window, chunk);
+        longest = len > longest ? len : longest;
+    }
+    if (split_threads > 1 && units < 2 * split_threads && longest >= SPLIT_MIN_TOKENS &&
+        (kv_format == KV_F32 || kv_format == KV_BF16))
+        return attend_split(&call, num_seqs, split_threads);
     const int threads = threads_for(work, units < num_threads ? (int)units : num_threads);
     /* Tasks of a few units each: scratch buffers are allocated once per task. */
     const int64_t grain = threads > 1 ? (units + 4 * threads - 1) / (4 * threads) : units;

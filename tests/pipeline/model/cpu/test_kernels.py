@@ -197,3 +197,40 @@ def test_kernel_splits_sequences_by_kv_head_without_changing_results(dtype, seq_
     reference = _reference(q.float(), kv_cache.float(), block_tables, lens, head_dim**-0.5)
     tolerance = 2e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(split.float(), reference, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "seq_lens", "window", "softcap", "with_sinks"),
+                         [(4, 1, 64, [1500], 0, 0.0, False),  # one KV head: one unit
+                          (6, 3, 64, [900], 600, 30.0, True),  # window, soft-capping, sinks
+                          (4, 1, 40, [700, 520, 30], 0, 0.0, False),  # head_dim with no halves of whole vectors
+                          (8, 2, 128, [1030], 0, 0.0, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_few_units_split_by_tokens_give_the_one_thread_output(num_heads, num_kv_heads, head_dim, seq_lens, window,
+                                                              softcap, with_sinks, dtype):
+    """Fewer (sequence, KV head) units than twice the threads and a long sequence: the kernel splits
+    the passes by tokens and by halves of head_dim instead; every element is bit for bit the one-thread
+    output, and equals the reference."""
+    block_size = 16
+    generator = torch.Generator().manual_seed(len(seq_lens) + head_dim)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    max_blocks = -(-int(lens.max()) // block_size)
+    kv_cache = torch.randn(2, len(seq_lens) * max_blocks + 3, block_size, num_kv_heads, head_dim,
+                           generator=generator).to(dtype)
+    block_tables = torch.randperm(len(seq_lens) * max_blocks + 3, generator=generator)[: len(seq_lens) * max_blocks]
+    block_tables = block_tables.to(torch.int32).view(len(seq_lens), max_blocks)
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=generator).to(dtype)
+    sinks = torch.randn(num_heads, generator=generator) if with_sinks else None
+    threads = torch.get_num_threads()
+    outputs = []
+    try:
+        for count in (2, 3, 1):
+            torch.set_num_threads(count)
+            outputs.append(kernel(q, kv_cache, block_tables, lens, int(lens.max()), head_dim**-0.5, window=window,
+                                  softcap=softcap, sinks=sinks))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outputs[0], outputs[2]) and torch.equal(outputs[1], outputs[2])
+    if sinks is None:
+        reference = _reference(q.float(), kv_cache.float(), block_tables, lens, head_dim**-0.5, window, softcap)
+        tolerance = 2e-5 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(outputs[0].float(), reference, atol=tolerance, rtol=tolerance)
