@@ -326,10 +326,10 @@ static inline void prefetch_rolling(const void *cache, const int64_t *restrict o
 
 /* The next run of units' K and V rows, prefetched a few tokens at a time while this run's passes
  * compute (prefetch_ahead, once per 8-token block of either pass, into L2): with a prefetch of each
- * sequence's whole rows before its passes alone, its reads and arithmetic took turns. Zen 4 VM, 30 layers' calls for 32
- * sequences of 280 tokens (bfloat16 / float32 cache): blocks scattered 28-31 -> 19 ms / 36-37 ->
- * 24 ms, contiguous 18 -> 14-16 ms / 30-32 -> 20 ms. Larger tasks (fewer first runs) gained nothing
- * measurable. */
+ * sequence's whole rows before its passes alone, its reads and arithmetic took turns. Zen 4 VM, 30
+ * layers' calls for 32 sequences of 280 tokens (bfloat16 / float32 cache): blocks scattered 28-31
+ * -> 19 ms / 36-37 -> 24 ms, contiguous 18 -> 14-16 ms / 30-32 -> 20 ms. Larger tasks (fewer first
+ * runs) gained nothing measurable. */
 typedef struct {
     const char *keys, *values;    /* the caches, as bytes */
     const int64_t *offsets;       /* the next run's token rows, in elements */
@@ -397,7 +397,8 @@ static inline __attribute__((always_inline)) void weighted_sum_in_blocks(
         int64_t len, int64_t stride, int64_t group, int64_t kv_first, int64_t kv_end, const int64_t head_dim,
         const int64_t d_first, const int64_t width, float *restrict widened, Ahead *ahead, const int kv_bf16) {
     enum { HELD = 8 }; /* vectors of out_h held at once */
-    for (int64_t h = kv_first * group; h < kv_end * group; ++h) memset(out + h * head_dim + d_first, 0, sizeof(float) * width);
+    for (int64_t h = kv_first * group; h < kv_end * group; ++h)
+        memset(out + h * head_dim + d_first, 0, sizeof(float) * width);
     const int64_t column = kv_first * head_dim + d_first;
     const int64_t span = ((kv_end - kv_first - 1) * head_dim + width) * (kv_bf16 ? 2 : 4);
     prefetch_rows(cache, offsets, 0, len < ROLL ? len : ROLL, column, span, kv_bf16);
@@ -660,8 +661,8 @@ static void split_scores(void *context, int64_t begin, int64_t end) {
         float *scores = s->scores + seq * c->num_heads * c->max_stride + first;
         const int64_t *offsets = s->offsets + seq * c->max_stride + first;
         const float *q = s->q + seq * c->num_heads * head_dim;
-        prefetch_rows(c->key_cache, offsets, 0, count < ROLL ? count : ROLL, 0, c->num_kv_heads * head_dim * (bf16 ? 2 : 4),
-                      bf16);
+        const int64_t row_bytes = c->num_kv_heads * head_dim * (bf16 ? 2 : 4);
+        prefetch_rows(c->key_cache, offsets, 0, count < ROLL ? count : ROLL, 0, row_bytes, bf16);
 #define SCORES(HEAD_DIM, BF16)                                                                         \
         scores_in_blocks(scores, q, c->key_cache, offsets, count, c->max_stride, group, 0, c->num_kv_heads, HEAD_DIM, \
                          c->scale, widened, NULL, BF16)
@@ -712,7 +713,8 @@ static int attend_split(Call *c, int64_t num_seqs, int threads) {
                    malloc(sizeof(int64_t) * num_seqs * c->max_stride), malloc(sizeof(int64_t) * num_seqs),
                    malloc(sizeof(int64_t) * (num_seqs + 1)), 0, c->head_dim % (2 * VL) == 0 ? 2 : 1};
     float *q_out = c->io_bf16 ? malloc(sizeof(float) * 2 * num_seqs * width) : NULL; /* q and out in float32 */
-    if (s.scores == NULL || s.offsets == NULL || s.lens == NULL || s.slab_starts == NULL || (c->io_bf16 && q_out == NULL)) {
+    if (s.scores == NULL || s.offsets == NULL || s.lens == NULL || s.slab_starts == NULL ||
+        (c->io_bf16 && q_out == NULL)) {
         c->failed = 1;
     } else {
         if (c->io_bf16) {
