@@ -196,6 +196,16 @@ static void softcap_rows(float *scores, int64_t num_rows, int64_t len, int64_t s
         for (int64_t t = 0; t < len; ++t) scores[h * stride + t] = softcap * tanhf(scores[h * stride + t] * inv);
 }
 
+/* Pass 2 over num_rows rows of scores (row pitch stride): soft-capping (softcap > 0), the padding
+ * up to stride set to the last token's score (which leaves the max alone), then the softmax. */
+static void normalize_rows(float *scores, int64_t num_rows, int64_t len, int64_t stride, float softcap,
+                           const float *sinks) {
+    if (softcap > 0.0f) softcap_rows(scores, num_rows, len, stride, softcap);
+    for (int64_t h = 0; h < num_rows; ++h)
+        for (int64_t t = len; t < stride; ++t) scores[h * stride + t] = scores[h * stride + len - 1];
+    softmax_rows(scores, num_rows, len, stride, sinks);
+}
+
 /* q . k over head_dim, with two accumulators so consecutive FMAs do not wait on each other. */
 static inline __attribute__((always_inline)) float dot(const float *restrict q, const void *restrict k,
                                                        const int64_t head_dim, const int kv_bf16) {
@@ -314,8 +324,8 @@ static void prefetch_rows(const void *cache, const int64_t *restrict offsets, in
  * float32 K and as much V) most were evicted again before use. 2-core Zen 3 VM (C harness, 30
  * layers' calls, SmolLM2's 9 query / 3 KV heads, min of 6 alternated runs a call): one sequence of
  * 600 tokens, float32, 2 threads 115 -> 92 us; of 4000 tokens 721 -> 648 us; 32 sequences of 300
- * tokens 977 -> 929 us (float32), 650 -> 641 us (bfloat16). Ahead and ROLL also help each other: the
- * next run's rows come in a few per block, these a fixed distance in front. */
+ * tokens 977 -> 929 us (float32), 650 -> 641 us (bfloat16). Ahead (below) still brings the next
+ * run's rows a few per block; ROLL keeps a fixed distance in front within this run. */
 enum { ROLL = 16 };
 
 static inline void prefetch_rolling(const void *cache, const int64_t *restrict offsets, int64_t t0, int64_t len,
@@ -457,10 +467,7 @@ static inline __attribute__((always_inline)) void attend_sequence(
         }
     }
     float *own_scores = scores + h_first * stride;
-    if (softcap > 0.0f) softcap_rows(own_scores, h_end - h_first, len, stride, softcap);
-    for (int64_t h = h_first; h < h_end; ++h) /* pad to the vector width with the last score (max unchanged) */
-        for (int64_t t = len; t < stride; ++t) scores[h * stride + t] = scores[h * stride + len - 1];
-    softmax_rows(own_scores, h_end - h_first, len, stride, sinks == NULL ? NULL : sinks + h_first);
+    normalize_rows(own_scores, h_end - h_first, len, stride, softcap, sinks == NULL ? NULL : sinks + h_first);
     if (in_place) {
         weighted_sum_in_blocks(out, scores, values->cache, offsets, len, stride, group, kv_first, kv_end, head_dim,
                                0, head_dim, widened, ahead, bf16);
@@ -475,6 +482,17 @@ static inline __attribute__((always_inline)) void attend_sequence(
     }
 }
 
+/* BODY(HEAD_DIM, BF16) for head_dim and an in-place cache format (bf16: bfloat16, else float32), with
+ * head_dim 64 and 128 as constants (attend_dispatch below says why). */
+#define FOR_FORMAT_AND_HEAD_DIM(BODY, bf16, head_dim)                                                  \
+    do {                                                                                               \
+        if (bf16) {                                                                                    \
+            if ((head_dim) == 64) BODY(64, 1); else if ((head_dim) == 128) BODY(128, 1); else BODY(head_dim, 1); \
+        } else {                                                                                       \
+            if ((head_dim) == 64) BODY(64, 0); else if ((head_dim) == 128) BODY(128, 0); else BODY(head_dim, 0); \
+        }                                                                                              \
+    } while (0)
+
 /* One sequence, with head_dim and the cache format as compile-time constants for the common cases
  * (the compiler unrolls the head_dim loops and drops the other formats' branches). fp8 decoding
  * costs more than the loops, so its instances keep head_dim a variable. */
@@ -486,17 +504,11 @@ static void attend_dispatch(float *out, const float *q, const RowSource *keys, c
 #define ATTEND(HEAD_DIM, FORMAT)                                                                       \
     attend_sequence(out, q, keys, values, offsets, len, stride, num_heads, num_kv_heads, kv_first, kv_end, \
                     HEAD_DIM, scale, softcap, sinks, scores, widened, ahead, prefetched, FORMAT)
+#define ATTEND_IN_PLACE(HEAD_DIM, BF16) ATTEND(HEAD_DIM, (BF16) ? KV_BF16 : KV_F32)
     if (kv_format == KV_E4M3) ATTEND(head_dim, KV_E4M3);
     else if (kv_format == KV_E5M2) ATTEND(head_dim, KV_E5M2);
-    else if (kv_format == KV_BF16) {
-        if (head_dim == 64) ATTEND(64, KV_BF16);
-        else if (head_dim == 128) ATTEND(128, KV_BF16);
-        else ATTEND(head_dim, KV_BF16);
-    } else {
-        if (head_dim == 64) ATTEND(64, KV_F32);
-        else if (head_dim == 128) ATTEND(128, KV_F32);
-        else ATTEND(head_dim, KV_F32);
-    }
+    else FOR_FORMAT_AND_HEAD_DIM(ATTEND_IN_PLACE, kv_format == KV_BF16, head_dim);
+#undef ATTEND_IN_PLACE
 #undef ATTEND
 }
 
@@ -636,16 +648,6 @@ typedef struct {
 
 static void split_failed(SplitCall *s) { __atomic_store_n(&s->c->failed, 1, __ATOMIC_RELAXED); }
 
-/* head_dim and the cache format as compile-time constants, as attend_dispatch does. */
-#define FOR_FORMAT_AND_HEAD_DIM(BODY, bf16, head_dim)                                                  \
-    do {                                                                                               \
-        if (bf16) {                                                                                    \
-            if ((head_dim) == 64) BODY(64, 1); else if ((head_dim) == 128) BODY(128, 1); else BODY(head_dim, 1); \
-        } else {                                                                                       \
-            if ((head_dim) == 64) BODY(64, 0); else if ((head_dim) == 128) BODY(128, 0); else BODY(head_dim, 0); \
-        }                                                                                              \
-    } while (0)
-
 static void split_scores(void *context, int64_t begin, int64_t end) {
     SplitCall *s = context;
     const Call *c = s->c;
@@ -677,10 +679,8 @@ static void split_softmax(void *context, int64_t begin, int64_t end) {
     const Call *c = s->c;
     for (int64_t r = begin; r < end; ++r) { /* row r: head r % num_heads of sequence r / num_heads */
         const int64_t len = s->lens[r / c->num_heads], stride = (len + VL - 1) / VL * VL, h = r % c->num_heads;
-        float *row = s->scores + r * c->max_stride;
-        if (c->softcap > 0.0f) softcap_rows(row, 1, len, stride, c->softcap);
-        for (int64_t t = len; t < stride; ++t) row[t] = row[len - 1];
-        softmax_rows(row, 1, len, stride, c->sinks == NULL ? NULL : c->sinks + h);
+        const float *sinks = c->sinks == NULL ? NULL : c->sinks + h;
+        normalize_rows(s->scores + r * c->max_stride, 1, len, stride, c->softcap, sinks);
     }
 }
 
@@ -704,6 +704,16 @@ static void split_sums(void *context, int64_t begin, int64_t end) {
 #undef SUMS
     }
     free(widened);
+}
+
+/* The most keys any of the sequences attends to. */
+static int64_t longest_keys(const int32_t *seq_lens, int64_t num_seqs, int64_t window, int64_t chunk) {
+    int64_t longest = 0;
+    for (int64_t seq = 0; seq < num_seqs; ++seq) {
+        const int64_t len = seq_lens[seq] - first_key(seq_lens[seq], window, chunk);
+        longest = len > longest ? len : longest;
+    }
+    return longest;
 }
 
 /* The call as SplitCall's three parallel calls; returns c->failed. */
@@ -764,13 +774,8 @@ int paged_decode_attention(void *out, const void *q, const void *key_cache, cons
     const int64_t work = kv_bytes_read(seq_lens, num_seqs, window, chunk, row, kv_format) * (num_heads / num_kv_heads);
     const int64_t units = num_seqs * num_kv_heads;
     const int split_threads = threads_for(work, num_threads);
-    int64_t longest = 0;
-    for (int64_t seq = 0; seq < num_seqs; ++seq) {
-        const int64_t len = seq_lens[seq] - first_key(seq_lens[seq], window, chunk);
-        longest = len > longest ? len : longest;
-    }
-    if (split_threads > 1 && units < 2 * split_threads && longest >= SPLIT_MIN_TOKENS &&
-        (kv_format == KV_F32 || kv_format == KV_BF16))
+    if (split_threads > 1 && units < 2 * split_threads && (kv_format == KV_F32 || kv_format == KV_BF16) &&
+        longest_keys(seq_lens, num_seqs, window, chunk) >= SPLIT_MIN_TOKENS)
         return attend_split(&call, num_seqs, split_threads);
     const int threads = threads_for(work, units < num_threads ? (int)units : num_threads);
     /* Tasks of a few units each: scratch buffers are allocated once per task. */
