@@ -17,7 +17,8 @@ for float32 weights kept beside oneDNN's packed copy, or 64 where float32 weight
 panel kernel's panels instead, on CPUs with AVX-512; quantized layers below
 quantized_linear.dequantize_min_rows, or, with bfloat16 copies (bf16_copies.py), below their
 COPY_MIN_ROWS, or up to 64 where the copies keep panels, which then take COPY_MIN_ROWS rows and
-more); any other step takes the per-op path.
+more; 4-bit layers on CPUs with AMX any number, AMX tiles taking AMX_MIN_ROWS rows and more, as per op);
+any other step takes the per-op path.
 AQUEDUCT_NATIVE_DECODE=0 turns it off.
 
 `on_layers_start`, when set, is called as the layers start: just before the native call, or at once
@@ -56,7 +57,7 @@ _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 class _Linear(ctypes.Structure):
     _fields_ = [("kind", _i64), ("weight_bf16", _i64), ("values", _ptr), ("scales", _ptr), ("bias", _ptr),
                 ("out_features", _i64), ("in_features", _i64), ("panels", _ptr), ("copy_panels", _ptr),
-                ("copy_bias", _ptr), ("copy_from_rows", _i64)]
+                ("copy_bias", _ptr), ("copy_from_rows", _i64), ("amx_from_rows", _i64)]
 
 
 class _Layer(ctypes.Structure):
@@ -192,7 +193,8 @@ def _describe_layer(layer: nn.Module, kept: list[torch.Tensor], dtype: torch.dty
 
 def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.dtype) -> tuple[_Linear, int] | None:
     """(kind, pointers, shape) of a projection whose native kernel the C side can call, and its row limit
-    (a quantized layer's bfloat16 copy takes COPY_MIN_ROWS rows and more: bf16_copies.py)."""
+    (a quantized layer's bfloat16 copy takes COPY_MIN_ROWS rows and more: bf16_copies.py; a 4-bit layer's
+    AMX tiles AMX_MIN_ROWS rows and more, any number)."""
     described = _describe_kernel(module, kept, dtype)
     if described is not None and copy_takes(module, COPY_MIN_ROWS, dtype):
         copy = module.__dict__["bf16_copy"]
@@ -203,7 +205,11 @@ def _describe_linear(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
             copy.panels.data_ptr(), _float32_bias(copy, kept), COPY_MIN_ROWS)
         return linear, copy.panel_rows
     if described is not None and type(module) is Int4Linear and module.amx_takes(AMX_MIN_ROWS, dtype):
-        return described[0], min(described[1], AMX_MIN_ROWS - 1)
+        linear, limit = described
+        if limit < AMX_MIN_ROWS - 1:  # the kernel must take every row below
+            return linear, limit
+        linear.amx_from_rows = AMX_MIN_ROWS  # AMX tiles from there, as the per-op path (csrc/int4_amx.c)
+        return linear, ANY_ROWS
     return described
 
 

@@ -170,7 +170,7 @@ class QuantizedLinearKernel:
         self._int8 = bind(library, "quantized_linear_int8", [p, p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
         self._dequantize_int4 = bind(library, "dequantize_int4", [p, p, p, i64, i64, i32, i32], i32)
         self._dequantize_int8 = bind(library, "dequantize_int8", [p, p, p, i64, i64, i32, i32], None)
-        self._int4_amx = bind(library, "int4_amx_linear", [p, p, p, p, p, i64, i64, i64, i32], i32)
+        self._int4_amx = bind(library, "int4_amx_linear", [p, p, p, p, p, i64, i64, i64, i32, i32], i32)
         # Whether 4-bit products of many bfloat16 rows can run on AMX tiles (csrc/int4_amx.c).
         self.int4_amx_available = bool(bind(library, "int4_amx_available", [], i32)())
         self._scratch = torch.empty(0, dtype=torch.bfloat16)  # dequantized weights, one layer at a time
@@ -186,14 +186,18 @@ class QuantizedLinearKernel:
                          gated, float32_out)
 
     def int4_amx(self, x: torch.Tensor, column_blocks: torch.Tensor, block_scales: torch.Tensor, out_features: int,
-                 bias: torch.Tensor | None) -> torch.Tensor:
+                 bias: torch.Tensor | None, gated: bool = False) -> torch.Tensor:
         """As int4 for bfloat16 rows, the weights widened to bfloat16 and multiplied on AMX tiles
-        (csrc/int4_amx.c; int4_amx_available says whether it can run)."""
+        (csrc/int4_amx.c; int4_amx_available says whether it can run). gated as int4's."""
         rows = x.contiguous()
         bias = _float32_bias(bias)
         out = torch.empty(rows.shape[0], out_features, dtype=torch.bfloat16)
+        in_features = rows.shape[1] // 2 if gated else rows.shape[1]
         failed = self._int4_amx(out.data_ptr(), rows.data_ptr(), column_blocks.data_ptr(), block_scales.data_ptr(),
-                                _address(bias), rows.shape[0], out_features, rows.shape[1], torch.get_num_threads())
+                                _address(bias), rows.shape[0], out_features, in_features, int(gated),
+                                torch.get_num_threads())
+        if failed == 2:
+            raise MemoryError("the AMX 4-bit kernel could not allocate its gated rows")
         if failed:
             raise ValueError(f"the AMX 4-bit kernel could not run (code {failed}) for {tuple(rows.shape)} rows")
         return out

@@ -290,8 +290,10 @@ class Int4Linear(nn.Module):
         rows = gate_up.numel() // (2 * self.in_features)
         if copy_takes(self, rows, gate_up.dtype):
             return self.__dict__["bf16_copy"].forward_gated(gate_up)
-        if self.amx_takes(rows, gate_up.dtype):
-            return None
+        if self.amx_takes(rows, gate_up.dtype):  # gated as the native kernels gate (the C decoder's too)
+            out = self.native.int4_amx(gate_up.reshape(-1, 2 * self.in_features), self.column_blocks,
+                                       self.block_scales, self.out_features, self.bias, gated=True)
+            return out.view(*gate_up.shape[:-1], self.out_features)
         if self.native is None or gate_up.reshape(-1, 2 * self.in_features).shape[0] >= dequantize_min_rows(
                 gate_up.dtype):
             return None

@@ -13,7 +13,7 @@ import torch
 from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.model.cpu.gguf_kernel import load_gguf_linear_kernel
-from pipeline.model.cpu.kernels import load_decoder_layers
+from pipeline.model.cpu.kernels import load_decoder_layers, load_quantized_linear_kernel
 from pipeline.model.cpu.library import cpu_flags
 from pipeline.model.cpu.linear import PackedLinear
 from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, copy_panel_kernel, copy_takes
@@ -26,6 +26,11 @@ from tests.support.gguf_files import write_gguf
 from tests.support.hf_models import make_tiny_hf_model
 
 pytestmark = pytest.mark.skipif(load_decoder_layers() is None, reason="no C compiler")
+
+
+def _amx_for_4bit() -> bool:
+    kernel = load_quantized_linear_kernel()
+    return kernel is not None and kernel.int4_amx_available
 
 
 def _engine(model_dir: Path, dtype: str, quantization: str = "none", lora: LoRAConfig | None = None) -> LLMEngine:
@@ -116,8 +121,31 @@ def test_gguf_4bit_native_equals_per_op(tmp_path: Path) -> None:
             copy = projection.__dict__["bf16_copy"]
             limit = copy.panel_rows if copy.panels is not None else min(limit, COPY_MIN_ROWS - 1)
         if isinstance(projection, Int4Linear) and projection.amx_takes(AMX_MIN_ROWS, torch.bfloat16):
-            limit = min(limit, AMX_MIN_ROWS - 1)  # 4-bit products of many rows on AMX tiles (csrc/int4_amx.c)
+            limit = ANY_ROWS  # 4-bit products of many rows on AMX tiles (csrc/int4_amx.c), natively too
         assert decoder.max_rows == limit
+
+
+@pytest.mark.skipif(not _amx_for_4bit(), reason="no AMX on this CPU")
+def test_amx_4bit_rows_run_natively(tmp_path: Path) -> None:
+    """Decode steps of AMX_MIN_ROWS rows or more: the native layers multiply 4-bit weights on AMX tiles
+    (csrc/int4_amx.c, the down projection gated first), as the per-op path does, bit for bit."""
+    hf_dir = make_tiny_hf_model("llama", tmp_path / "hf", seed=7)
+    model_dir = write_gguf(hf_dir, tmp_path / "q4.gguf", gguf.GGMLQuantizationType.Q4_0)
+    requests = _requests(30)
+
+    def engine() -> LLMEngine:
+        return LLMEngine(EngineConfig(
+            model=ModelConfig(model=str(model_dir), dtype="bfloat16", quantization="gguf"),
+            cache=CacheConfig(block_size=8, num_kv_blocks=512),
+            scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=32)))
+
+    native_engine = engine()
+    served, decoder = _counting(native_engine)
+    per_op = engine()
+    per_op.runner.model.native_decoder = None
+    assert _outputs(native_engine, requests) == _outputs(per_op, requests)
+    assert decoder.max_rows == ANY_ROWS
+    assert max(served) >= AMX_MIN_ROWS and min(served) < AMX_MIN_ROWS  # both sides of the AMX limit
 
 
 @pytest.mark.skipif(copy_panel_kernel() is None, reason="copies keep panels on AVX512-BF16 CPUs without AMX")

@@ -2,7 +2,7 @@
  *     hidden += o_proj(attention(rope(qkv_proj(input_norm(hidden)))))
  *     hidden += down_proj(silu(gate) * up),  [gate | up] = gate_up_proj(post_norm(hidden))
  *
- * Each stage is the kernel the per-op path calls (rms_norm.c, int4_linear.c, int8_linear.c,
+ * Each stage is the kernel the per-op path calls (rms_norm.c, int4_linear.c, int4_amx.c, int8_linear.c,
  * gguf_linear.c, few_rows_linear.c, rope_kv_write.c, paged_decode_attention.c) on the same inputs in the same
  * order, and the residual adds round as torch's do (the float sum, rounded to bfloat16 to nearest
  * even), so the hidden states are bit for bit those of the per-op path. What goes is the Python
@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "input_rows.h"
 
 enum { LINEAR_INT4 = 0, LINEAR_INT8 = 1, LINEAR_FLOAT = 2, LINEAR_GGUF = 3 };
 
@@ -35,6 +36,8 @@ typedef struct {
                                * copy_from_rows rows and more, or NULL */
     const float *copy_bias;   /* the copy's bias (rounded to bfloat16, as float32) or NULL */
     int64_t copy_from_rows;
+    int64_t amx_from_rows;    /* LINEAR_INT4 with bfloat16 rows: this many rows and more on AMX tiles
+                               * (int4_amx.c), as the per-op path multiplies them; 0 = never */
 } Linear;
 
 typedef struct {
@@ -69,6 +72,8 @@ int gguf_linear(void *y, const void *x, const void *segments, const float *bias,
                 int io_bf16, int gated, int num_threads);
 int few_rows_linear(void *y, const void *x, const void *weight, const float *bias, int64_t rows,
                     int64_t out_features, int64_t in_features, int bf16, int io_bf16, int gated, int num_threads);
+int int4_amx_linear(uint16_t *y, const uint16_t *x, const uint8_t *chunks, const uint16_t *scales, const float *bias,
+                    int64_t rows, int64_t out_features, int64_t in_features, int gated, int num_threads);
 int panel_linear(void *y, const void *x, const float *panels, const float *bias, int64_t rows,
                  int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads);
 int panel_linear_bf16(void *y, const void *x, const uint16_t *panels, const float *bias, int64_t rows,
@@ -84,12 +89,16 @@ int paged_decode_attention(void *out, const void *q, const void *key_cache, cons
                            int io_bf16, int num_threads);
 
 /* y = x W^T + b; gated: x is [rows, 2 in_features], [gate | up], and the input silu(gate) * up.
- * Returns the kernel's code: 0, 1 (shape it does not take), 2 (out of memory). */
+ * Returns the kernel's code: 0, 1 (shape it does not take), 2 (out of memory), 3 (no AMX: the caller
+ * sets amx_from_rows only where the process has it). */
 static int linear(const Linear *l, void *y, const void *x, int gated, const Step *s) {
     const int io_bf16 = (int)s->io_bf16, threads = (int)s->threads;
     if (l->copy_panels && s->rows >= l->copy_from_rows)
         return panel_linear_bf16(y, x, (const uint16_t *)l->copy_panels, l->copy_bias, s->rows, l->out_features,
                                  l->in_features, io_bf16, gated, threads);
+    if (l->kind == LINEAR_INT4 && l->amx_from_rows && s->rows >= l->amx_from_rows && io_bf16)
+        return int4_amx_linear(y, x, l->values, l->scales, l->bias, s->rows, l->out_features, l->in_features, gated,
+                               threads);
     switch (l->kind) {
     case LINEAR_INT4:
         return quantized_linear_int4(y, x, l->values, l->scales, l->bias, s->rows, l->out_features, l->in_features,
@@ -113,12 +122,19 @@ static int linear(const Linear *l, void *y, const void *x, int gated, const Step
     }
 }
 
-/* hidden += delta, count elements; bfloat16: the float sum rounded to nearest even, as torch. */
+/* hidden += delta, count elements; bfloat16: the float sum rounded to nearest even, as torch (8 lanes at
+ * a time, input_rows.h's rounding). */
 static void add_residual(void *hidden, const void *delta, int64_t count, int io_bf16) {
     if (io_bf16) {
         uint16_t *h = hidden;
         const uint16_t *d = delta;
-        for (int64_t i = 0; i < count; i++) h[i] = float_to_bf16(bf16_to_float(h[i]) + bf16_to_float(d[i]));
+        int64_t i = 0;
+        for (; i + ROW_LANES <= count; i += ROW_LANES) {
+            const row_lanes sum = round_bf16_lanes(row_lanes_at(h, 1, i) + row_lanes_at(d, 1, i));
+            const row_hlanes halves = __builtin_convertvector((row_ilanes)sum >> 16, row_hlanes);
+            memcpy(h + i, &halves, sizeof halves);
+        }
+        for (; i < count; i++) h[i] = float_to_bf16(bf16_to_float(h[i]) + bf16_to_float(d[i]));
     } else {
         float *h = hidden;
         const float *d = delta;

@@ -7,10 +7,12 @@
  *
  * Each task takes blocks of 16 output columns. For block b it writes the block's weights, every group
  * of 32 inputs, as bfloat16 B tiles (the panel: groups x 16 rows x 64 bytes; w = q d + m in float32,
- * multiplied then added, rounded to nearest even: Int4Linear.dequantized()'s values), for a run of
- * blocks whose panels fit L2, then runs every 32-row pass of x over those panels: two C tiles of 16
+ * rounded to nearest even: Int4Linear.dequantized()'s values), for a run of blocks whose panels fit
+ * L2, then runs every 32-row pass of x over those panels, two blocks at a time: four C tiles of 16
  * rows x 16 columns, float32, each summing A (16 rows x 32 inputs of x, bfloat16, read in place)
  * times B over the groups in order.
+ * SmolLM2's 120 4-bit layers at 32 rows (2 threads, a 2-core Xeon VM with AMX, Python calls included):
+ * 11.9 ms with one block a pass, 10.0 ms with two.
  * The B tile's layout is the column blocks' own: TDPBF16PS wants row r of B to hold, per column c,
  * the weights of inputs 2 r and 2 r + 1; chunk i's low nibbles hold exactly that for inputs 2 i,
  * 2 i + 1 (lane 2 c + h), its high nibbles for 2 i + 16, 2 i + 17, so chunk i widens into B rows i
@@ -18,6 +20,10 @@
  * low halves) land in B row 2, bfloat16 elements 6 and 7.
  * A row's result depends on its own x row and the weights only (the tile sums in a fixed order), so
  * it is the same whatever other rows share the call.
+ *
+ * gated: x is a SiLU-gated MLP's [gate | up], [M, 2 I], and the input silu(gate) * up, rounded as
+ * input_rows.h rounds it for every native kernel (so a down projection gates alike on every path); the
+ * gated rows are written once per call into a bfloat16 buffer the tiles then read.
  *
  * x [M, I] bfloat16, y [M, O] bfloat16, bias [O] float32 or NULL.
  */
@@ -27,6 +33,7 @@
 
 #include "bf16.h"
 #include "column_blocks.h"
+#include "input_rows.h"
 #include "threads.h"
 
 #define GROUP_INPUTS 32
@@ -55,23 +62,29 @@ typedef struct {
     int64_t rows, out_features, in_features;
 } Problem;
 
-/* Tiles 0, 1: C of rows 0-15 and 16-31 of a pass; 2, 3: their A; 4: B. */
+/* Tiles 0, 1: C of rows 0-15 of a pass for blocks b and b + 1; 2, 3: C of rows 16-31; 4, 5: A of
+ * rows 0-15 and 16-31; 6, 7: B of blocks b and b + 1. */
 static void configure(int64_t first_rows, int64_t second_rows) {
     TileConfig config;
     memset(&config, 0, sizeof config);
     config.palette = 1;
-    const int64_t rows[5] = {first_rows, second_rows, first_rows, second_rows, 16};
-    for (int t = 0; t < 5; t++) {
+    const int64_t rows[8] = {first_rows, first_rows, second_rows, second_rows, first_rows, second_rows, 16, 16};
+    for (int t = 0; t < 8; t++) {
         config.rows[t] = (uint8_t)(rows[t] > 0 ? rows[t] : 1);
         config.colsb[t] = 64;
     }
     _tile_loadconfig(&config);
 }
 
-/* Block b's weights as bfloat16 B tiles, one per group of 32 inputs (header comment). */
+/* Block b's weights as bfloat16 B tiles, one per group of 32 inputs (header comment). Per 16 bytes of
+ * a chunk (8 columns' 32 weights): the bytes widened to 32-bit lanes, and each nibble's value looked
+ * up as a float by VPERMPS, which reads only an index's low 4 bits (the high nibble after a shift):
+ * two shuffles and a shift where widening through 16-bit lanes and converting took seven operations.
+ * q d + m as one FMA is the multiply-then-add's value: q d (4 bits times float16's 11) is exact.
+ * Worked example: byte 0x5A -> low nibble 10 -> 10.0f, high nibble 5 -> 5.0f. */
 static void write_panel(const Problem *p, int64_t b, uint16_t *panel) {
     const int64_t groups = p->in_features / GROUP_INPUTS;
-    const __m512i low_nibble = _mm512_set1_epi16(0x0F);
+    const __m512 nibble_values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i first_half = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     const __m512i second_half = _mm512_add_epi32(first_half, _mm512_set1_epi32(8));
     for (int64_t g = 0; g < groups; g++) {
@@ -80,19 +93,20 @@ static void write_panel(const Problem *p, int64_t b, uint16_t *panel) {
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)halves));
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(halves + BLOCK)));
         /* lane 2 c + h of a half: column c's d and m (columns 0-7, then 8-15) */
-        const __m512 d0 = _mm512_permutexvar_ps(first_half, d), d1 = _mm512_permutexvar_ps(second_half, d);
-        const __m512 m0 = _mm512_permutexvar_ps(first_half, m), m1 = _mm512_permutexvar_ps(second_half, m);
+        const __m512 ds[2] = {_mm512_permutexvar_ps(first_half, d), _mm512_permutexvar_ps(second_half, d)};
+        const __m512 ms[2] = {_mm512_permutexvar_ps(first_half, m), _mm512_permutexvar_ps(second_half, m)};
         uint16_t *tile = panel + g * 16 * 32;
         for (int i = 0; i < 8; i++) {
-            const __m512i wide = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(chunks + 32 * i)));
-            const __m512i parts[2] = {_mm512_and_si512(wide, low_nibble), _mm512_srli_epi16(wide, 4)};
-            for (int part = 0; part < 2; part++) {
-                const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(parts[part])));
-                const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(parts[part], 1)));
-                const __m512 w0 = _mm512_add_ps(_mm512_mul_ps(q0, d0), m0);
-                const __m512 w1 = _mm512_add_ps(_mm512_mul_ps(q1, d1), m1);
-                _mm512_storeu_si512(tile + (i + 8 * part) * 32, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+            __m512 low[2], high[2];
+            for (int half = 0; half < 2; half++) {
+                const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(chunks + 32 * i + 16 * half)));
+                const __m512 q_low = _mm512_permutexvar_ps(bytes, nibble_values);
+                const __m512 q_high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), nibble_values);
+                low[half] = _mm512_fmadd_ps(q_low, ds[half], ms[half]);
+                high[half] = _mm512_fmadd_ps(q_high, ds[half], ms[half]);
             }
+            _mm512_storeu_si512(tile + i * 32, (__m512i)_mm512_cvtne2ps_pbh(low[1], low[0]));
+            _mm512_storeu_si512(tile + (i + 8) * 32, (__m512i)_mm512_cvtne2ps_pbh(high[1], high[0]));
         }
     }
 }
@@ -104,10 +118,14 @@ static inline void store_row(const Problem *p, int64_t row, int64_t column0, __m
     _mm256_mask_storeu_epi16(p->y + row * p->out_features + column0, columns, (__m256i)_mm512_cvtneps_pbh(out));
 }
 
-/* Rows first .. first + count - 1 (count <= 32) of block b, over its panel; the tiles are configured
- * for `count` rows (configured: the count they were last configured for on this thread). */
-static void run_pass(const Problem *p, int64_t b, const uint16_t *panel, int64_t first, int64_t count,
-                     int64_t *configured) {
+/* Rows first .. first + count - 1 (count <= 32) of blocks b and, with pair, b + 1 (whose panel follows
+ * b's), over their panels; the tiles are configured for `count` rows (configured: the count they were
+ * last configured for on this thread). Two blocks a pass: each A tile serves both, and the four C tiles'
+ * sums are independent chains of TDPBF16PS (one block's two chains waited on each other's latency:
+ * perf put half of this function's samples on the instruction after the multiply). Each C tile still
+ * sums its block's groups in order, so the result is the one-block pass's, bit for bit. */
+static void run_pass(const Problem *p, int64_t b, int pair, const uint16_t *panel, int64_t panel_elements,
+                     int64_t first, int64_t count, int64_t *configured) {
     const int64_t groups = p->in_features / GROUP_INPUTS, upper = count > 16 ? count - 16 : 0;
     const int64_t stride = p->in_features * 2;
     if (*configured != count) {
@@ -115,23 +133,36 @@ static void run_pass(const Problem *p, int64_t b, const uint16_t *panel, int64_t
         *configured = count;
     }
     _tile_zero(0);
-    if (upper) _tile_zero(1);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    const uint16_t *x = p->x + first * p->in_features;
     for (int64_t g = 0; g < groups; g++) {
-        _tile_loadd(4, panel + g * 16 * 32, 64);
-        _tile_loadd(2, p->x + first * p->in_features + g * GROUP_INPUTS, stride);
-        _tile_dpbf16ps(0, 2, 4);
+        _tile_loadd(6, panel + g * 16 * 32, 64);
+        _tile_loadd(4, x + g * GROUP_INPUTS, stride);
+        _tile_dpbf16ps(0, 4, 6);
+        if (pair) {
+            _tile_loadd(7, panel + panel_elements + g * 16 * 32, 64);
+            _tile_dpbf16ps(1, 4, 7);
+        }
         if (upper) {
-            _tile_loadd(3, p->x + (first + 16) * p->in_features + g * GROUP_INPUTS, stride);
-            _tile_dpbf16ps(1, 3, 4);
+            _tile_loadd(5, x + 16 * p->in_features + g * GROUP_INPUTS, stride);
+            _tile_dpbf16ps(2, 5, 6);
+            if (pair) _tile_dpbf16ps(3, 5, 7);
         }
     }
-    float sums[PASS_ROWS][BLOCK];
-    _tile_stored(0, sums[0], 64);
-    if (upper) _tile_stored(1, sums[16], 64);
-    const int64_t column0 = b * BLOCK, columns = p->out_features - column0 < BLOCK ? p->out_features - column0 : BLOCK;
-    const __mmask16 mask = (__mmask16)((1u << columns) - 1);
-    const __m512 bias = p->bias ? _mm512_maskz_loadu_ps(mask, p->bias + column0) : _mm512_setzero_ps();
-    for (int64_t r = 0; r < count; r++) store_row(p, first + r, column0, mask, sums[r], bias);
+    float sums[2][PASS_ROWS][BLOCK];
+    _tile_stored(0, sums[0][0], 64);
+    _tile_stored(1, sums[1][0], 64);
+    _tile_stored(2, sums[0][16], 64);
+    _tile_stored(3, sums[1][16], 64);
+    for (int k = 0; k <= pair; k++) {
+        const int64_t column0 = (b + k) * BLOCK;
+        const int64_t columns = p->out_features - column0 < BLOCK ? p->out_features - column0 : BLOCK;
+        const __mmask16 mask = (__mmask16)((1u << columns) - 1);
+        const __m512 bias = p->bias ? _mm512_maskz_loadu_ps(mask, p->bias + column0) : _mm512_setzero_ps();
+        for (int64_t r = 0; r < count; r++) store_row(p, first + r, column0, mask, sums[k][r], bias);
+    }
 }
 
 /* A task's blocks in runs whose panels fit PANEL_BUDGET (L2): each run's panels are written once,
@@ -151,8 +182,9 @@ static void run_blocks(void *context, int64_t begin, int64_t end) {
         for (int64_t b = b0; b < b1; b++) write_panel(p, b, panels + (b - b0) * panel_elements);
         for (int64_t first = 0; first < p->rows; first += PASS_ROWS) {
             const int64_t count = p->rows - first < PASS_ROWS ? p->rows - first : PASS_ROWS;
-            for (int64_t b = b0; b < b1; b++)
-                run_pass(p, b, panels + (b - b0) * panel_elements, first, count, &configured);
+            for (int64_t b = b0; b < b1; b += 2)
+                run_pass(p, b, b + 1 < b1, panels + (b - b0) * panel_elements, panel_elements, first, count,
+                         &configured);
         }
     }
     _tile_release();
@@ -168,17 +200,55 @@ static int amx_permitted(void) {
 
 int int4_amx_available(void) { return amx_permitted(); }
 
-/* Returns 0; 1 when in_features is not a multiple of 32; 3 when AMX is not available (the caller
- * multiplies another way). */
+typedef struct {
+    uint16_t *gated;
+    const uint16_t *x;
+    int64_t in_features;
+    int failed;
+} Gating;
+
+static void gate_rows(void *context, int64_t begin, int64_t end) {
+    Gating *g = (Gating *)context;
+    float *row = malloc((size_t)g->in_features * sizeof *row);
+    if (!row) {
+        __atomic_store_n(&g->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (int64_t m = begin; m < end; m++) {
+        input_row(row, g->x, 1, 1, g->in_features, m);
+        bf16_row(g->gated + m * g->in_features, row, g->in_features);
+    }
+    free(row);
+}
+
+/* x's rows [M, 2 I] gated into [M, I] bfloat16 (header comment), or NULL when out of memory. A
+ * prefill's 2,048 rows are SmolLM2's 3.1M exponentials a layer: split between the threads. */
+static uint16_t *gated_rows(const uint16_t *x, int64_t rows, int64_t in_features, int num_threads) {
+    Gating g = {malloc((size_t)(rows * in_features) * sizeof *g.gated), x, in_features, 0};
+    if (!g.gated) return NULL;
+    const int threads = threads_for(rows * in_features * 4, num_threads);
+    pool_run(gate_rows, &g, rows, (rows + threads - 1) / threads, threads);
+    if (g.failed) {
+        free(g.gated);
+        return NULL;
+    }
+    return g.gated;
+}
+
+/* Returns 0; 1 when in_features is not a multiple of 32; 2 when out of memory; 3 when AMX is not
+ * available (the caller multiplies another way). */
 int int4_amx_linear(uint16_t *y, const uint16_t *x, const uint8_t *chunks, const uint16_t *scales, const float *bias,
-                    int64_t rows, int64_t out_features, int64_t in_features, int num_threads) {
+                    int64_t rows, int64_t out_features, int64_t in_features, int gated, int num_threads) {
     if (in_features % GROUP_INPUTS) return 1;
     if (!amx_permitted()) return 3;
-    Problem p = {y, x, chunks, scales, bias, rows, out_features, in_features};
+    uint16_t *gated_x = gated ? gated_rows(x, rows, in_features, num_threads) : NULL;
+    if (gated && !gated_x) return 2;
+    Problem p = {y, gated ? gated_x : x, chunks, scales, bias, rows, out_features, in_features};
     const int64_t blocks = blocks_of(out_features);
     /* threads.h's units: the weight's bytes as bfloat16, the panel written once per block */
     const int threads = threads_for(out_features * in_features * 2, num_threads);
     pool_run(run_blocks, &p, blocks, columns_per_task(blocks, threads, BLOCKS_PER_TASK), threads);
+    free(gated_x);
     return 0;
 }
 
@@ -186,9 +256,9 @@ int int4_amx_linear(uint16_t *y, const uint16_t *x, const uint8_t *chunks, const
 int int4_amx_available(void) { return 0; }
 
 int int4_amx_linear(uint16_t *y, const uint16_t *x, const uint8_t *chunks, const uint16_t *scales, const float *bias,
-                    int64_t rows, int64_t out_features, int64_t in_features, int num_threads) {
+                    int64_t rows, int64_t out_features, int64_t in_features, int gated, int num_threads) {
     (void)y, (void)x, (void)chunks, (void)scales, (void)bias, (void)rows, (void)out_features, (void)in_features,
-        (void)num_threads;
+        (void)gated, (void)num_threads;
     return 3;
 }
 #endif

@@ -48,4 +48,16 @@ def test_int4_linear_takes_amx_from_its_row_limit_and_the_kernel_below():
     assert torch.equal(layer(x), NATIVE.int4_amx(x, layer.column_blocks, layer.block_scales, 64, layer.bias))
     few = x[:AMX_MIN_ROWS - 1]
     assert torch.equal(layer(few), NATIVE.int4(few, layer.column_blocks, layer.block_scales, 64, layer.bias))
-    assert layer.forward_gated(torch.cat([x, x], dim=1)) is None and layer.forward_float32(x) is None
+    assert layer.forward_float32(x) is None
+
+
+def test_a_gated_down_projection_on_amx_gates_as_torch_rounds_then_multiplies():
+    """forward_gated for AMX rows: silu(gate) * up with torch's bfloat16 roundings (input_rows.h, the
+    gating of every native kernel, the C decoder's too), then the AMX product."""
+    layer = _layer(64, 128, seed=5)
+    gate_up = (torch.randn(40, 256, generator=torch.Generator().manual_seed(6)) * 3).to(torch.bfloat16)
+    gate, up = gate_up.split(128, dim=1)
+    expected = NATIVE.int4_amx(F.silu(gate) * up, layer.column_blocks, layer.block_scales, 64, layer.bias)
+    assert torch.equal(layer.forward_gated(gate_up), expected)
+    assert torch.equal(NATIVE.int4_amx(gate_up, layer.column_blocks, layer.block_scales, 64, layer.bias, gated=True),
+                       expected)
