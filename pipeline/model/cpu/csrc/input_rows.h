@@ -29,20 +29,29 @@ static inline float input_value(const void *x, int io_bf16, int gated, int64_t i
     return io_bf16 ? round_bf16(round_bf16(silu) * up) : silu * up;
 }
 
-/* ---- whole rows, 8 lanes at a time ----------------------------------------------------------------
+/* ---- whole rows, a vector at a time -------------------------------------------------------------
  *
  * The same values as input_value, element by element, for a whole row: the scalar loop's expf and
  * bfloat16 roundings took longer than some of the products they feed (SmolLM2's down projection, 32
- * bfloat16 rows: 588 us gated against 268 us plain). GCC vector extensions: one AVX register, split
- * by the compiler where vectors are narrower. */
+ * bfloat16 rows: 588 us gated against 268 us plain). GCC vector extensions: one AVX register (AVX-512
+ * where the CPU has it), split by the compiler where vectors are narrower. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi" /* static inline helpers: no vector crosses an ABI boundary */
 #endif
+#if defined(__AVX512F__) /* one AVX-512 register: the gating's exponentials and roundings at half the instructions */
+typedef float row_lanes __attribute__((vector_size(64)));
+typedef int32_t row_ilanes __attribute__((vector_size(64)));
+typedef uint16_t row_hlanes __attribute__((vector_size(32)));
+enum { ROW_LANES = 16 };
+#define row_exp_reduced exp_reduced16
+#else
 typedef float row_lanes __attribute__((vector_size(32)));
 typedef int32_t row_ilanes __attribute__((vector_size(32)));
 typedef uint16_t row_hlanes __attribute__((vector_size(16)));
 enum { ROW_LANES = 8 };
+#define row_exp_reduced exp_reduced
+#endif
 
 static inline row_lanes row_lanes_at(const void *x, int io_bf16, int64_t index) {
     if (io_bf16) {
@@ -75,24 +84,41 @@ static inline row_lanes exp_lanes(row_lanes x) {
     x = row_select(x < -87.3f, (row_lanes){0} - 87.3f, x);
     x = row_select(overflow, (row_lanes){0}, x);
     row_lanes shifted;
-    const row_lanes p = exp_reduced(x, &shifted);
+    const row_lanes p = row_exp_reduced(x, &shifted);
     const row_ilanes whole = (row_ilanes)shifted - 0x4B400000, half = whole >> 1;
     const row_lanes scaled = p * (row_lanes)((half + 127) << 23) * (row_lanes)((whole - half + 127) << 23);
     return row_select(overflow, (row_lanes){0} + INFINITY, scaled);
 }
 
-/* out[0, in_features) = row m's input values (input_value's, with exp_lanes for expf in whole lanes). */
+/* silu(gate) * up lane-wise, rounded as input_value rounds it. */
+static inline row_lanes gate_lanes(row_lanes gate, row_lanes up, int io_bf16) {
+    const row_lanes silu = gate / (1.0f + exp_lanes(-gate));
+    return io_bf16 ? round_bf16_lanes(round_bf16_lanes(silu) * up) : silu * up;
+}
+
+/* out[0, in_features) = row m's input values (input_value's, with exp_lanes for expf in whole lanes).
+ * Which elements take exp_lanes does not depend on the vector width: every whole 8 (with 16 lanes, a
+ * last 8 in a half-filled vector), the rest expf, so each value is the same in every build. */
 static inline void input_row(float *out, const void *x, int io_bf16, int gated, int64_t in_features, int64_t m) {
     const int64_t width = gated ? 2 * in_features : in_features;
     int64_t i = 0;
     for (; i + ROW_LANES <= in_features; i += ROW_LANES) {
         row_lanes v = row_lanes_at(x, io_bf16, m * width + i);
-        if (gated) {
-            const row_lanes up = row_lanes_at(x, io_bf16, m * width + in_features + i);
-            const row_lanes silu = v / (1.0f + exp_lanes(-v));
-            v = io_bf16 ? round_bf16_lanes(round_bf16_lanes(silu) * up) : silu * up;
-        }
+        if (gated) v = gate_lanes(v, row_lanes_at(x, io_bf16, m * width + in_features + i), io_bf16);
         memcpy(out + i, &v, sizeof v);
+    }
+    if (ROW_LANES > 8 && gated && i + 8 <= in_features) {
+        float gate[ROW_LANES] = {0}, up[ROW_LANES] = {0};
+        for (int j = 0; j < 8; ++j) {
+            gate[j] = element(x, io_bf16, m * width + i + j);
+            up[j] = element(x, io_bf16, m * width + in_features + i + j);
+        }
+        row_lanes g, u;
+        memcpy(&g, gate, sizeof g);
+        memcpy(&u, up, sizeof u);
+        const row_lanes v = gate_lanes(g, u, io_bf16);
+        memcpy(out + i, &v, 8 * sizeof(float));
+        i += 8;
     }
     for (; i < in_features; ++i) out[i] = input_value(x, io_bf16, gated, in_features, m, i);
 }
@@ -110,7 +136,7 @@ static inline void bf16_row(uint16_t *out, const float *in, int64_t n) {
 }
 
 /* y[index, index + n) = values + bias (bias NULL: none), stored as io_bf16 says (store_output's
- * roundings, 8 lanes at a time). */
+ * roundings, a vector at a time). */
 static inline void store_outputs(void *y, int io_bf16, int64_t index, const float *values, const float *bias,
                                  int64_t n) {
     int64_t i = 0;

@@ -16,21 +16,26 @@
 #pragma GCC diagnostic ignored "-Wpsabi" /* static inline: no vector crosses an ABI boundary */
 #endif
 typedef float exp_lanes8 __attribute__((vector_size(32)));
+typedef float exp_lanes16 __attribute__((vector_size(64)));
 
-/* e^r for x's r; *shifted = 1.5 * 2^23 + n. */
-static inline exp_lanes8 exp_reduced(exp_lanes8 x, exp_lanes8 *shifted) {
-    *shifted = x * 1.44269504088896341f + 12582912.0f;
-    const exp_lanes8 n = *shifted - 12582912.0f;
-    /* ln2 = 0.693359375 - 2.12194440e-4: the first part times n is exact in float. */
-    const exp_lanes8 r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    exp_lanes8 p = (exp_lanes8){0} + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    return p * r + 1.0f;
-}
+/* e^r for x's r; *shifted = 1.5 * 2^23 + n. The same operations at either width, so a lane's result
+ * is the same in exp_reduced (8 lanes) and exp_reduced16. */
+#define DEFINE_EXP_REDUCED(NAME, LANES)                                                         \
+    static inline LANES NAME(LANES x, LANES *shifted) {                                          \
+        *shifted = x * 1.44269504088896341f + 12582912.0f;                                        \
+        const LANES n = *shifted - 12582912.0f;                                                    \
+        /* ln2 = 0.693359375 - 2.12194440e-4: the first part times n is exact in float. */       \
+        const LANES r = (x - n * 0.693359375f) + n * 2.12194440e-4f;                              \
+        LANES p = (LANES){0} + 1.0f / 720.0f;                                                      \
+        p = p * r + 1.0f / 120.0f;                                                                 \
+        p = p * r + 1.0f / 24.0f;                                                                  \
+        p = p * r + 1.0f / 6.0f;                                                                   \
+        p = p * r + 0.5f;                                                                          \
+        p = p * r + 1.0f;                                                                          \
+        return p * r + 1.0f;                                                                       \
+    }
+DEFINE_EXP_REDUCED(exp_reduced, exp_lanes8)
+DEFINE_EXP_REDUCED(exp_reduced16, exp_lanes16)
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
