@@ -47,10 +47,14 @@ async def _turn(client: AqueductClient, redis: aioredis.Redis, prefix: str, requ
     return tokens_of(entries), entries[-1]["usage"]
 
 
-async def _published(redis: aioredis.Redis, prefix: str, workers: list[str]) -> None:
-    """Until a worker's directory names what it cached (it publishes every 50 ms)."""
+async def _published(redis: aioredis.Redis, prefix: str, workers: list[str], key: bytes | None = None) -> None:
+    """Until a worker's directory names what it cached (it publishes every 50 ms): anything, or the
+    block `key`. A later turn is placed by its history's blocks: on a fast box the next turn came
+    before the last one's blocks were published, while another conversation's already were."""
     for _ in range(100):
-        if any([await redis.scard(blocks_key(prefix, worker)) for worker in workers]):
+        if key is None and any([await redis.scard(blocks_key(prefix, worker)) for worker in workers]):
+            return
+        if key is not None and any([await redis.sismember(blocks_key(prefix, worker), key) for worker in workers]):
             return
         await asyncio.sleep(0.05)
     raise TimeoutError("no worker published its cached prefixes")
@@ -64,12 +68,13 @@ async def test_each_turn_of_a_conversation_goes_to_the_worker_caching_its_histor
         async with AqueductClient(REDIS_URL, prefix=prefix, redis=redis, placement=placement) as client:
             for turn in range(3):
                 for name, history in conversations.items():
+                    keys = placement.keys_of(WireRequest(id="probe", prompt_token_ids=history))
                     reply, usage = await _turn(client, redis, prefix, f"{name}-t{turn}", history)
                     owners[name].add(await _owner(redis, prefix, f"{name}-t{turn}"))
                     if turn:  # everything but the new user message and the last block's rest was cached
                         assert usage["cached_tokens"] >= len(history) - 3 - BLOCK, (name, turn, usage)
                     history += [*reply, 3 + turn, 4, 5]  # the assistant's answer, then the next user message
-                    await _published(redis, prefix, ["w0", "w1"])
+                    await _published(redis, prefix, ["w0", "w1"], keys[-1])  # this turn's prompt blocks
         assert all(len(served_by) == 1 for served_by in owners.values()), owners
         for lane in LANES:
             assert (await redis.xpending(lane_key(prefix, lane), "workers"))["pending"] == 0
