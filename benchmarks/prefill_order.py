@@ -1,12 +1,15 @@
 """Time to first token of a burst by admission order: `--prefill-order arrival` (first come first
-served) against `shortest` (fewest prompt tokens first), in one engine's step loop.
+served), `burst` (a step's arrivals fewest prompt tokens first) and `shortest` (fewest prompt tokens
+first), each at one or more token budgets, in one engine's step loop.
 
     python benchmarks/prefill_order.py [--model smollm2] [--requests 32] [--rounds 3]
+        [--orders arrival burst shortest] [--budgets 2048 1024] [--serve-workload]
 
-The workload of `aqueduct bench --serve`: --requests prompts of 40-400 words (seeded), all arriving at
-once, 128 greedy tokens each (ignore_eos). Each round runs both orders on fresh engines, alternating which goes first;
-printed per order: time to first token p50 and p99 (from the burst's arrival), and output tokens/s
-over the whole burst. The box's noise moves every figure: compare the orders within a round.
+The workload of `aqueduct bench --serve`: --requests prompts of 40-400 words (seeded; with
+--serve-workload the very prompts that command sends), all arriving at once, 128 greedy tokens each
+(ignore_eos). Each round runs every order and budget on fresh engines, reversing the sequence every
+other round; printed per run: time to first token p50 and p99 (from the burst's arrival), and output
+tokens/s over the whole burst. The box's noise moves every figure: compare within a round.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import random
 import statistics
 import time
 
+from actors.cli.bench_serve.workload import serve_workload
 from pipeline.config import EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.request.sampling_params import SamplingParams
@@ -32,8 +36,9 @@ def _prompts(count: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 400))) for _ in range(count)]
 
 
-def _run(model: str, order: str, prompts: list[str], output_len: int) -> tuple[float, float, float]:
-    engine = LLMEngine(EngineConfig(model=ModelConfig(model=model), scheduler=SchedulerConfig(prefill_order=order)))
+def _run(model: str, order: str, budget: int, prompts: list[str], output_len: int) -> tuple[float, float, float]:
+    scheduler = SchedulerConfig(prefill_order=order, max_num_batched_tokens=budget)
+    engine = LLMEngine(EngineConfig(model=ModelConfig(model=model), scheduler=scheduler))
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     engine.add_request("warm-up", "hello", SamplingParams(max_tokens=2, temperature=0.0))
     while engine.has_unfinished:
@@ -59,15 +64,20 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--orders", nargs="+", default=["arrival", "burst", "shortest"],
+                        choices=["arrival", "burst", "shortest"])
+    parser.add_argument("--budgets", nargs="+", type=int, default=[2048], help="--max-num-batched-tokens values")
+    parser.add_argument("--serve-workload", action="store_true",
+                        help="the prompts of `aqueduct bench --serve` (its corpus words), not this file's ten words")
     args = parser.parse_args()
-    prompts = _prompts(args.requests, args.seed)
-    orders = ["arrival", "shortest"]
+    prompts = ([request.prompt for request in serve_workload(args.requests, (40, 400), (128, 128), args.seed)]
+               if args.serve_workload else _prompts(args.requests, args.seed))
+    runs = [(order, budget) for budget in args.budgets for order in args.orders]
     for round_index in range(args.rounds):
-        for order in orders if round_index % 2 == 0 else orders[::-1]:
-            p50, p99, throughput = _run(args.model, order, prompts, args.output_len)
-            print(f"round {round_index + 1} {order:8s}: TTFT p50 {p50:.2f} s, p99 {p99:.2f} s, "
+        for order, budget in runs if round_index % 2 == 0 else runs[::-1]:
+            p50, p99, throughput = _run(args.model, order, budget, prompts, args.output_len)
+            print(f"round {round_index + 1} {order:8s} budget {budget:5d}: TTFT p50 {p50:.2f} s, p99 {p99:.2f} s, "
                   f"{throughput:.1f} output tokens/s")
-
 
 if __name__ == "__main__":
     main()

@@ -153,14 +153,16 @@ class SchedulerConfig:
     # level of tokens, at least this many (pipeline/scheduling/tenant_shares.py); None: tenants share
     # steps as they come (seats are still shared fairly).
     fair_step_tokens: int | None = 8
-    # Under "priority": the order equal priorities are admitted in. "arrival": fair share, then arrival
-    # (first come first served with one tenant); "shortest": the fewest prompt tokens first, which
-    # gives the many short prompts of a burst their first tokens sooner (benchmarks/prefill_order.py).
-    prefill_order: str = "arrival"
+    # Under "priority": the order equal priorities are admitted in (pipeline/scheduling/waiting_queue.py).
+    # "arrival": fair share, then arrival (first come first served with one tenant); "burst": the same,
+    # but the requests that arrive between two steps take their places fewest prompt tokens first, so a
+    # burst's short prompts get their first tokens sooner and no request passes an earlier arrival;
+    # "shortest": the fewest prompt tokens first, before fair share (benchmarks/prefill_order.py).
+    prefill_order: str = "burst"
 
     def __post_init__(self) -> None:
-        _require(self.prefill_order in ("arrival", "shortest"),
-                 f"prefill_order must be 'arrival' or 'shortest', got {self.prefill_order!r}")
+        _require(self.prefill_order in ("arrival", "burst", "shortest"),
+                 f"prefill_order must be 'arrival', 'burst' or 'shortest', got {self.prefill_order!r}")
         _require(self.fair_step_tokens is None or self.fair_step_tokens >= 1,
                  f"fair_step_tokens must be >= 1 or None, got {self.fair_step_tokens}")
         _require(self.max_bulk_prefill_tokens is None or self.max_bulk_prefill_tokens >= 1,

@@ -71,9 +71,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-bulk-prefill-tokens", type=int, default=512,
                        help="priority policy: prompt tokens of requests with priority > 0 computed per step at most, "
                             "so bulk prefill steps stay short for urgent requests arriving (0: no limit)")
-    group.add_argument("--prefill-order", choices=("arrival", "shortest"), default="arrival",
-                       help="priority policy: equal priorities admitted by fair share and arrival, or the "
-                            "fewest prompt tokens first (sooner first tokens for a burst's short prompts)")
+    group.add_argument("--prefill-order", choices=("arrival", "burst", "shortest"), default="burst",
+                       help="priority policy: equal priorities admitted by fair share and arrival (burst: those "
+                            "arriving between two steps fewest prompt tokens first), or fewest prompt tokens "
+                            "first before fair share (shortest)")
     group.add_argument("--fair-step-tokens", type=int, default=8,
                        help="priority policy: when tenants share a step, the busiest is held to the next one's "
                             "level of tokens, at least this many (0: no step shares; seats are still shared)")

@@ -66,7 +66,7 @@ class Scheduler(WaitingAdmission):
         self.plan_ahead_max_tokens: int | None = None  # no plan ahead of a longer step (lookahead.py; CPUs)
         self._seats_reserved: dict[str | None, int] = {}  # free seats kept this step for tenants under their share
         self.waiting = WaitingQueue(config.scheduling_policy, config.priority_aging_steps,
-                                    shortest_first=config.prefill_order == "shortest")
+                                    prefill_order=config.prefill_order)
         self.by_priority = self.waiting.by_priority
         self.running: list[Sequence] = []
         self.sequences: dict[int, Sequence] = {}

@@ -43,15 +43,25 @@ def urgency(seq: Sequence, step: int = 0, aging_steps: int = 0,
             0.0 if start is None else start, seq.request.arrival_order)
 
 
+PREFILL_ORDERS = ("arrival", "burst", "shortest")
+
+
 class WaitingQueue:
-    def __init__(self, policy: str = "fcfs", aging_steps: int = 0, shortest_first: bool = False) -> None:
+    def __init__(self, policy: str = "fcfs", aging_steps: int = 0, prefill_order: str = "arrival") -> None:
         if policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be one of {POLICIES}, got {policy!r}")
+        if prefill_order not in PREFILL_ORDERS:
+            raise ValueError(f"prefill_order must be one of {PREFILL_ORDERS}, got {prefill_order!r}")
         self.by_priority = policy == "priority"
         self.aging_steps = aging_steps
         # priority policy, prefill_order "shortest": within a priority (and seat share) the sequence with
         # the fewest tokens to compute first, then fair share; aging still lifts a long one that waits.
-        self.shortest_first = shortest_first
+        self.shortest_first = prefill_order == "shortest"
+        # priority policy, prefill_order "burst": the requests that arrived since the last step take their
+        # fair-share places fewest prompt tokens first (settle), so within each tenant a burst's short
+        # prompts go first, and no request ever goes ahead of one that arrived a step before it.
+        self.burst_shortest = prefill_order == "burst"
+        self._arrivals: list[Sequence] = []  # burst: added since the last settle, not yet tagged
         self.fair_share = FairShare()
         self.over_share: frozenset[str | None] = frozenset()  # tenants over their seat share this step
         self._items: deque[Sequence] = deque()
@@ -62,9 +72,18 @@ class WaitingQueue:
         self._step = step
         if not self.by_priority:
             return
+        self._tag_arrivals()
         self.fair_share.forget_idle(bool(self._items))
         if len(self._items) > 1:
             self._items = deque(sorted(self._items, key=self.key))
+
+    def _tag_arrivals(self) -> None:
+        """burst: this step's arrivals get their virtual starts (fair_share.py) in order of prompt length,
+        arrival breaking ties. Each tenant's starts still follow each other by cost, so the tenants keep
+        their shares; only which of a tenant's new requests takes which of its places changes."""
+        for seq in sorted(self._arrivals, key=lambda seq: (seq.request.num_prompt_tokens, seq.request.arrival_order)):
+            self.fair_share.tag(seq.request)
+        self._arrivals.clear()
 
     def key(self, seq: Sequence) -> tuple[int | bool | float, ...]:
         order = urgency(seq, self._step, self.aging_steps, self.over_share)
@@ -82,7 +101,9 @@ class WaitingQueue:
     def add(self, seq: Sequence, step: int) -> None:
         """A new arrival (in order at the next `settle`)."""
         seq.waiting_since_step = step
-        if self.by_priority:
+        if self.by_priority and self.burst_shortest:
+            self._arrivals.append(seq)  # tagged at the next settle, with the rest of its step's arrivals
+        elif self.by_priority:
             self.fair_share.tag(seq.request)
         self._items.append(seq)
 
@@ -114,6 +135,8 @@ class WaitingQueue:
 
     def remove(self, seq: Sequence) -> None:
         self._items.remove(seq)
+        if seq in self._arrivals:
+            self._arrivals.remove(seq)
 
     def __contains__(self, seq: object) -> bool:
         return seq in self._items

@@ -159,3 +159,47 @@ def test_prefill_order_shortest_still_puts_priority_first():
     scheduler.add_request(make_request("urgent-long", prompt_len=20, max_tokens=2, priority=-1))
     scheduler.add_request(make_request("short", prompt_len=3, max_tokens=2, first_token=50))
     assert _admission_order(scheduler) == ["urgent-long", "short"]
+
+
+def test_prefill_order_burst_admits_one_steps_arrivals_fewest_prompt_tokens_first():
+    scheduler = make_scheduler(max_num_batched_tokens=64, max_num_seqs=1, scheduling_policy="priority",
+                               prefill_order="burst")
+    for request_id, prompt_len in (("long", 20), ("short", 3), ("middle", 9), ("short-too", 3)):
+        scheduler.add_request(make_request(request_id, prompt_len=prompt_len, max_tokens=2, first_token=prompt_len))
+    assert _admission_order(scheduler) == ["short", "short-too", "middle", "long"]  # arrival breaks ties
+
+
+def test_prefill_order_burst_never_puts_a_later_arrival_first():
+    """Unlike "shortest": a prompt waiting since an earlier step keeps its place before later, shorter ones."""
+    for order, expected in (("burst", ["running", "long", "short"]), ("shortest", ["running", "short", "long"])):
+        scheduler = make_scheduler(max_num_batched_tokens=64, max_num_seqs=1, scheduling_policy="priority",
+                                   prefill_order=order)
+        scheduler.add_request(make_request("running", prompt_len=4, max_tokens=6, first_token=1))
+        run_step(scheduler)
+        scheduler.add_request(make_request("long", prompt_len=20, max_tokens=2, first_token=20))
+        run_step(scheduler)  # "long" waits a step for the only seat
+        scheduler.add_request(make_request("short", prompt_len=3, max_tokens=2, first_token=3))
+        assert _admission_order(scheduler) == expected, order
+
+
+def test_prefill_order_burst_keeps_each_tenants_share():
+    """A step's arrivals from two tenants: each tenant's own come shortest first, at the places fair share
+    gives its requests by their cost (alice's cost 5, 6, 7 tokens: starts 0, 5, 11; bob's 12, 13, 14:
+    starts 0, 12, 25), as in arrival order."""
+    scheduler = make_scheduler(num_blocks=256, max_num_batched_tokens=64, max_num_seqs=1,
+                               scheduling_policy="priority", prefill_order="burst")
+    for tenant, lengths in (("alice", (3, 4, 5)), ("bob", (12, 10, 11))):
+        for length in lengths:
+            request = make_request(f"{tenant}-{length}", prompt_len=length, max_tokens=2, first_token=length)
+            request.tenant = tenant
+            scheduler.add_request(request)
+    assert _admission_order(scheduler) == ["alice-3", "bob-10", "alice-4", "alice-5", "bob-11", "bob-12"]
+
+
+def test_an_aborted_arrival_is_not_tagged_by_burst_order():
+    scheduler = make_scheduler(max_num_batched_tokens=64, max_num_seqs=1, scheduling_policy="priority",
+                               prefill_order="burst")
+    scheduler.add_request(make_request("gone", prompt_len=5, max_tokens=2))
+    scheduler.abort_request("gone")
+    run_step(scheduler)
+    assert scheduler.waiting.fair_share.num_tenants == 0
