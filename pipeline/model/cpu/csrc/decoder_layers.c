@@ -122,8 +122,8 @@ static int linear(const Linear *l, void *y, const void *x, int gated, const Step
     }
 }
 
-/* hidden += delta, count elements; bfloat16: the float sum rounded to nearest even, as torch (8 lanes at
- * a time, input_rows.h's rounding). */
+/* hidden += delta, count elements; bfloat16: the float sum rounded to nearest even, as torch (a vector
+ * at a time, input_rows.h's rounding). */
 static void add_residual(void *hidden, const void *delta, int64_t count, int io_bf16) {
     if (io_bf16) {
         uint16_t *h = hidden;
