@@ -24,7 +24,7 @@ import statistics
 import time
 
 from actors.cli.bench_serve.workload import serve_workload
-from pipeline.config import EngineConfig, ModelConfig, SchedulerConfig
+from pipeline.config import PREFILL_ORDERS, EngineConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.request.sampling_params import SamplingParams
 
@@ -64,8 +64,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--orders", nargs="+", default=["arrival", "burst", "shortest"],
-                        choices=["arrival", "burst", "shortest"])
+    parser.add_argument("--orders", nargs="+", default=list(PREFILL_ORDERS), choices=PREFILL_ORDERS)
     parser.add_argument("--budgets", nargs="+", type=int, default=[2048], help="--max-num-batched-tokens values")
     parser.add_argument("--serve-workload", action="store_true",
                         help="the prompts of `aqueduct bench --serve` (its corpus words), not this file's ten words")

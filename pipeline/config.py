@@ -20,6 +20,7 @@ LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # vLLM's flag values (d
 ATTENTION_BACKENDS = ("auto", "torch", "flex")
 RUNNERS = ("auto", "generate", "pooling")  # vLLM's --runner; auto: pooling for encoder families
 SCHEDULING_POLICIES = ("priority", "fcfs")
+PREFILL_ORDERS = ("arrival", "burst", "shortest")  # SchedulerConfig.prefill_order
 
 
 def parse_size(text: str | int) -> int:
@@ -161,8 +162,8 @@ class SchedulerConfig:
     prefill_order: str = "burst"
 
     def __post_init__(self) -> None:
-        _require(self.prefill_order in ("arrival", "burst", "shortest"),
-                 f"prefill_order must be 'arrival', 'burst' or 'shortest', got {self.prefill_order!r}")
+        _require(self.prefill_order in PREFILL_ORDERS,
+                 f"prefill_order must be one of {PREFILL_ORDERS}, got {self.prefill_order!r}")
         _require(self.fair_step_tokens is None or self.fair_step_tokens >= 1,
                  f"fair_step_tokens must be >= 1 or None, got {self.fair_step_tokens}")
         _require(self.max_bulk_prefill_tokens is None or self.max_bulk_prefill_tokens >= 1,

@@ -12,6 +12,7 @@ from pipeline.config import (
     DTYPES,
     KV_CACHE_DTYPES,
     LOGPROBS_MODES,
+    PREFILL_ORDERS,
     QUANTIZATIONS,
     RUNNERS,
     SCHEDULING_POLICIES,
@@ -71,7 +72,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-bulk-prefill-tokens", type=int, default=512,
                        help="priority policy: prompt tokens of requests with priority > 0 computed per step at most, "
                             "so bulk prefill steps stay short for urgent requests arriving (0: no limit)")
-    group.add_argument("--prefill-order", choices=("arrival", "burst", "shortest"), default="burst",
+    group.add_argument("--prefill-order", choices=PREFILL_ORDERS, default="burst",
                        help="priority policy: equal priorities admitted by fair share and arrival (burst: those "
                             "arriving between two steps fewest prompt tokens first), or fewest prompt tokens "
                             "first before fair share (shortest)")

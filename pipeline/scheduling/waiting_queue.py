@@ -18,6 +18,7 @@ import bisect
 from collections import deque
 from collections.abc import Iterator
 
+from pipeline.config import PREFILL_ORDERS
 from pipeline.request.request import Sequence
 from pipeline.scheduling.fair_share import FairShare
 
@@ -41,9 +42,6 @@ def urgency(seq: Sequence, step: int = 0, aging_steps: int = 0,
     start = seq.request.virtual_start
     return (aged_priority(seq, step, aging_steps), (seq.request.tenant or None) in over_share,
             0.0 if start is None else start, seq.request.arrival_order)
-
-
-PREFILL_ORDERS = ("arrival", "burst", "shortest")
 
 
 class WaitingQueue:

@@ -52,9 +52,8 @@ async def _published(redis: aioredis.Redis, prefix: str, workers: list[str], key
     block `key`. A later turn is placed by its history's blocks: on a fast box the next turn came
     before the last one's blocks were published, while another conversation's already were."""
     for _ in range(100):
-        if key is None and any([await redis.scard(blocks_key(prefix, worker)) for worker in workers]):
-            return
-        if key is not None and any([await redis.sismember(blocks_key(prefix, worker), key) for worker in workers]):
+        if any([await (redis.scard(blocks_key(prefix, worker)) if key is None
+                       else redis.sismember(blocks_key(prefix, worker), key)) for worker in workers]):
             return
         await asyncio.sleep(0.05)
     raise TimeoutError("no worker published its cached prefixes")

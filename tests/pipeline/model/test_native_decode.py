@@ -125,25 +125,31 @@ def test_gguf_4bit_native_equals_per_op(tmp_path: Path) -> None:
         assert decoder.max_rows == limit
 
 
+def _many_rows_native_equals_per_op(model_dir: Path, quantization: str) -> tuple[list[int], NativeDecoder]:
+    """30 bfloat16 requests, up to 32 decoding at once: the native engine's outputs equal the per-op
+    engine's; the rows of each step the native decoder served, and the decoder."""
+    def engine() -> LLMEngine:
+        return LLMEngine(EngineConfig(
+            model=ModelConfig(model=str(model_dir), dtype="bfloat16", quantization=quantization),
+            cache=CacheConfig(block_size=8, num_kv_blocks=512),
+            scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=32)))
+
+    requests = _requests(30)
+    native_engine = engine()
+    served, decoder = _counting(native_engine)
+    per_op = engine()
+    per_op.runner.model.native_decoder = None
+    assert _outputs(native_engine, requests) == _outputs(per_op, requests)
+    return served, decoder
+
+
 @pytest.mark.skipif(not _amx_for_4bit(), reason="no AMX on this CPU")
 def test_amx_4bit_rows_run_natively(tmp_path: Path) -> None:
     """Decode steps of AMX_MIN_ROWS rows or more: the native layers multiply 4-bit weights on AMX tiles
     (csrc/int4_amx.c, the down projection gated first), as the per-op path does, bit for bit."""
     hf_dir = make_tiny_hf_model("llama", tmp_path / "hf", seed=7)
     model_dir = write_gguf(hf_dir, tmp_path / "q4.gguf", gguf.GGMLQuantizationType.Q4_0)
-    requests = _requests(30)
-
-    def engine() -> LLMEngine:
-        return LLMEngine(EngineConfig(
-            model=ModelConfig(model=str(model_dir), dtype="bfloat16", quantization="gguf"),
-            cache=CacheConfig(block_size=8, num_kv_blocks=512),
-            scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=32)))
-
-    native_engine = engine()
-    served, decoder = _counting(native_engine)
-    per_op = engine()
-    per_op.runner.model.native_decoder = None
-    assert _outputs(native_engine, requests) == _outputs(per_op, requests)
+    served, decoder = _many_rows_native_equals_per_op(model_dir, "gguf")
     assert decoder.max_rows == ANY_ROWS
     assert max(served) >= AMX_MIN_ROWS and min(served) < AMX_MIN_ROWS  # both sides of the AMX limit
 
@@ -156,19 +162,7 @@ def test_copy_panels_take_many_rows_natively(tmp_path: Path, arch: str, quantiza
     hf_dir = make_tiny_hf_model(arch, tmp_path / "hf", seed=5)
     model_dir = write_gguf(hf_dir, tmp_path / "q4.gguf", gguf.GGMLQuantizationType.Q4_0) \
         if quantization == "gguf" else hf_dir
-    requests = _requests(30)
-
-    def engine() -> LLMEngine:
-        return LLMEngine(EngineConfig(
-            model=ModelConfig(model=str(model_dir), dtype="bfloat16", quantization=quantization),
-            cache=CacheConfig(block_size=8, num_kv_blocks=512),
-            scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=32)))
-
-    native_engine = engine()
-    served, decoder = _counting(native_engine)
-    per_op = engine()
-    per_op.runner.model.native_decoder = None
-    assert _outputs(native_engine, requests) == _outputs(per_op, requests)
+    served, decoder = _many_rows_native_equals_per_op(model_dir, quantization)
     assert decoder.max_rows == PackedLinear.PANEL_ROWS
     assert max(served) >= COPY_MIN_ROWS and min(served) < COPY_MIN_ROWS  # both sides of the copies' limit
 

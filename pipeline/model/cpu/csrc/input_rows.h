@@ -40,18 +40,15 @@ static inline float input_value(const void *x, int io_bf16, int gated, int64_t i
 #pragma GCC diagnostic ignored "-Wpsabi" /* static inline helpers: no vector crosses an ABI boundary */
 #endif
 #if defined(__AVX512F__) /* one AVX-512 register: the gating's exponentials and roundings at half the instructions */
-typedef float row_lanes __attribute__((vector_size(64)));
-typedef int32_t row_ilanes __attribute__((vector_size(64)));
-typedef uint16_t row_hlanes __attribute__((vector_size(32)));
 enum { ROW_LANES = 16 };
 #define row_exp_reduced exp_reduced16
 #else
-typedef float row_lanes __attribute__((vector_size(32)));
-typedef int32_t row_ilanes __attribute__((vector_size(32)));
-typedef uint16_t row_hlanes __attribute__((vector_size(16)));
 enum { ROW_LANES = 8 };
 #define row_exp_reduced exp_reduced
 #endif
+typedef float row_lanes __attribute__((vector_size(ROW_LANES * 4)));
+typedef int32_t row_ilanes __attribute__((vector_size(ROW_LANES * 4)));
+typedef uint16_t row_hlanes __attribute__((vector_size(ROW_LANES * 2)));
 
 static inline row_lanes row_lanes_at(const void *x, int io_bf16, int64_t index) {
     if (io_bf16) {
