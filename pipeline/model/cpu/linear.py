@@ -20,11 +20,15 @@ what lets a decode step's layers run in one native call (native_decode.py): Smol
 So `cpu_linear="auto"` (the default) keeps the plain weight beside the packed one (twice the linear
 layers' weight memory) and sends 1-4 rows to the kernel, more to oneDNN; on CPUs with AVX-512, float32
 weights are kept as the panel kernel's panels instead of plainly (csrc/panel_linear.c), which take
-1-64 rows (a decode batch) in one kernel per layer: as fast as the few-rows kernel for 1-4 rows and
-faster than oneDNN up to 64 (SmolLM2's layers, Zen 5; figures in that file), so a decode step of up
-to 64 sequences runs natively too. bfloat16 weights get panels of their own where the CPU has
-AVX512-BF16 (k pairs multiplied by VDPBF16PS): SmolLM2 bfloat16 decoded 1.07-1.12x as fast for one
-sequence and 1.18-1.20x for 32 as with the few-rows kernel and oneDNN (alternating runs, Zen 4).
+1-256 rows (a decode batch) in one kernel per layer: as fast as the few-rows kernel for 1-4 rows,
+faster than oneDNN up to 64 (SmolLM2's layers, Zen 5; figures in that file) and within 5% of it either
+way from 64 to 256 (SmolLM2's and the 5M model's shapes, 2 threads, 2-core Zen 4 VM), so a decode step
+of up to 256 sequences runs natively too (128 requests, float32, in process on that VM: the 5M model's
+decode steps 2.2-2.5 s against 2.9 s, SmolLM2's 16.8 s against 19.6-21.9 s, with the layers run one by
+one past 64 rows). bfloat16 weights get panels of their own where the CPU has AVX512-BF16 (k pairs
+multiplied by VDPBF16PS), for 1-64 rows (beyond, oneDNN's product was 10-20% faster): SmolLM2 bfloat16
+decoded 1.07-1.12x as fast for one sequence and 1.18-1.20x for 32 as with the few-rows kernel and
+oneDNN (alternating runs, Zen 4).
 Where the CPU has AMX, oneDNN's bfloat16 product runs on AMX tiles and overtakes the panels from a
 few rows (SmolLM2's 3072 x 576, 2-core Xeon VM: 0.58 against 0.13 ms at 32 rows), so bfloat16 panels
 take 1-16 rows there (AMX_PANEL_ROWS): `aqueduct bench --model smollm2 --quantization none --dtype
@@ -72,7 +76,10 @@ class PackedLinear(nn.Module):
     """y = x W^T + b with W held in oneDNN's blocked layout (not a Parameter: not trainable)."""
 
     FEW_ROWS = 4  # float32 inputs up to this many rows take the few-rows kernel when one is given
-    PANEL_ROWS = 64  # weights with panels: 1 to this many rows take the panel kernel
+    PANEL_ROWS = 64  # bfloat16 panels: 1 to this many rows take the panel kernel (oneDNN 10-20% faster beyond)
+    # float32 panels: as fast as oneDNN's product to 256 rows (module docstring), so a decode step of up to
+    # 256 sequences (twice max_num_seqs' default) runs its layers in one native call
+    FLOAT32_PANEL_ROWS = 256
     # bfloat16 panels where the CPU has AMX, whose oneDNN product (AMX tiles) overtakes VDPBF16PS panels
     # from a few rows: AMX_PANEL_ROWS (module docstring)
     AMX_PANEL_ROWS = int(os.environ.get("AQUEDUCT_AMX_PANEL_ROWS", "16"))
@@ -90,10 +97,15 @@ class PackedLinear(nn.Module):
         self.panel = panel if panel is not None and panel.takes(linear.weight.dtype) else None
         self.panels = self.panel.pack(linear.weight) if self.panel is not None else None
         amx = linear.weight.dtype == torch.bfloat16 and "amx_bf16" in cpu_flags()
-        self.panel_rows = self.AMX_PANEL_ROWS if amx else self.PANEL_ROWS
+        self.panel_rows = self.AMX_PANEL_ROWS if amx else self.row_limit(linear.weight.dtype)
         self.few_rows = few_rows if self.panel is None else None
         self.plain_weight = linear.weight.detach() if self.few_rows is not None else None
         self._small_rows = torch.zeros(_BUFFERED_ROWS, self.in_features, dtype=linear.weight.dtype)
+
+    @classmethod
+    def row_limit(cls, dtype: torch.dtype) -> int:
+        """The most rows the panels of a `dtype` weight take where oneDNN's product is not AMX's."""
+        return cls.FLOAT32_PANEL_ROWS if dtype == torch.float32 else cls.PANEL_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -140,6 +152,11 @@ class FewRowsLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias, self.few_rows = linear.weight, linear.bias, few_rows
+
+    @classmethod
+    def row_limit(cls, dtype: torch.dtype) -> int:
+        """The most rows the panels of a `dtype` weight take where oneDNN's product is not AMX's."""
+        return cls.FLOAT32_PANEL_ROWS if dtype == torch.float32 else cls.PANEL_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)

@@ -29,8 +29,8 @@ def route_many_rows(model: nn.Module, native: QuantizedLinearKernel | None, dtyp
         for module in model.modules():
             if type(module) is Int4Linear:
                 module.many_rows_on_amx = False
-            elif type(module) is PackedLinear:
-                module.panel_rows = PackedLinear.PANEL_ROWS
+            elif type(module) is PackedLinear and module.panels is not None:
+                module.panel_rows = PackedLinear.row_limit(module.panels.dtype)
         return
     if native is None or dtype != torch.bfloat16 or not copies_pay() or not copy_budget_bytes:
         return

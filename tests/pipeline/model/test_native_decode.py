@@ -13,7 +13,7 @@ import torch
 from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
 from pipeline.model.cpu.gguf_kernel import load_gguf_linear_kernel
-from pipeline.model.cpu.kernels import load_decoder_layers, load_quantized_linear_kernel
+from pipeline.model.cpu.kernels import load_decoder_layers, load_panel_linear_kernel, load_quantized_linear_kernel
 from pipeline.model.cpu.library import cpu_flags
 from pipeline.model.cpu.linear import PackedLinear
 from pipeline.model.layers.bf16_copies import COPY_MIN_ROWS, copy_panel_kernel, copy_takes
@@ -33,11 +33,12 @@ def _amx_for_4bit() -> bool:
     return kernel is not None and kernel.int4_amx_available
 
 
-def _engine(model_dir: Path, dtype: str, quantization: str = "none", lora: LoRAConfig | None = None) -> LLMEngine:
+def _engine(model_dir: Path, dtype: str, quantization: str = "none", lora: LoRAConfig | None = None,
+            max_num_batched_tokens: int = 256) -> LLMEngine:
     return LLMEngine(EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype=dtype, quantization=quantization),
         cache=CacheConfig(block_size=8, num_kv_blocks=256),
-        scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16), lora=lora))
+        scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=16), lora=lora))
 
 
 def _requests(count: int) -> dict[str, tuple[list[int], SamplingParams]]:
@@ -125,22 +126,33 @@ def test_gguf_4bit_native_equals_per_op(tmp_path: Path) -> None:
         assert decoder.max_rows == limit
 
 
-def _many_rows_native_equals_per_op(model_dir: Path, quantization: str) -> tuple[list[int], NativeDecoder]:
-    """30 bfloat16 requests, up to 32 decoding at once: the native engine's outputs equal the per-op
+def _many_rows_native_equals_per_op(model_dir: Path, quantization: str, dtype: str = "bfloat16",
+                                    count: int = 30) -> tuple[list[int], NativeDecoder]:
+    """`count` requests (30: up to 32 decoding at once): the native engine's outputs equal the per-op
     engine's; the rows of each step the native decoder served, and the decoder."""
     def engine() -> LLMEngine:
         return LLMEngine(EngineConfig(
-            model=ModelConfig(model=str(model_dir), dtype="bfloat16", quantization=quantization),
-            cache=CacheConfig(block_size=8, num_kv_blocks=512),
-            scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=32)))
+            model=ModelConfig(model=str(model_dir), dtype=dtype, quantization=quantization),
+            cache=CacheConfig(block_size=8, num_kv_blocks=64 * count),
+            scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=max(32, count))))
 
-    requests = _requests(30)
+    requests = _requests(count)
     native_engine = engine()
     served, decoder = _counting(native_engine)
     per_op = engine()
     per_op.runner.model.native_decoder = None
     assert _outputs(native_engine, requests) == _outputs(per_op, requests)
     return served, decoder
+
+
+@pytest.mark.skipif(load_panel_linear_kernel() is None, reason="panels need AVX-512")
+def test_float32_panels_take_decode_steps_past_64_rows_natively(tmp_path: Path) -> None:
+    """float32 panels take up to FLOAT32_PANEL_ROWS rows (as fast as oneDNN there: cpu/linear.py), so steps
+    of 65+ decode rows run in the native call too, with the per-op path's outputs bit for bit."""
+    hf_dir = make_tiny_hf_model("llama", tmp_path / "hf", seed=9)
+    served, decoder = _many_rows_native_equals_per_op(hf_dir, "none", dtype="float32", count=80)
+    assert decoder.max_rows == PackedLinear.FLOAT32_PANEL_ROWS
+    assert max(served) > PackedLinear.PANEL_ROWS
 
 
 @pytest.mark.skipif(not _amx_for_4bit(), reason="no AMX on this CPU")
@@ -203,11 +215,11 @@ def test_fp8_cache_keeps_per_op_path(tmp_path: Path) -> None:
 def test_the_layers_start_hook_runs_once_per_forward_native_or_per_op(tmp_path: Path) -> None:
     """on_layers_start (the worker's cue to hand the previous step's result over) fires once in every
     forward: just before the native call, or as the per-op path starts (prefills, large batches)."""
-    engine = _engine(make_tiny_hf_model("llama", tmp_path / "llama"), "float32")
+    engine = _engine(make_tiny_hf_model("llama", tmp_path / "llama"), "float32", max_num_batched_tokens=512)
     served, decoder = _counting(engine)
     starts: list[int] = []
     decoder.on_layers_start = lambda: starts.append(1)
-    _outputs(engine, _requests(6))
+    _outputs(engine, _requests(16))  # 334 prompt tokens in the first step: more rows than any kernel takes
     assert 0 < len(served) < engine.stats.num_steps  # native steps, and per-op ones (the prefill)
     assert len(starts) == engine.stats.num_steps
 

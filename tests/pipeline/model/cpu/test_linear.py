@@ -284,11 +284,11 @@ def test_float32_packed_linear_keeps_panels_instead_of_the_plain_weight_and_uses
     layer = PackedLinear(linear, few_rows, panel)
     assert layer.plain_weight is None and layer.few_rows is None and layer.panels is not None
     with torch.no_grad():
-        for rows in (1, 4, 5, 64):
+        for rows in (1, 4, 5, 64, 65, PackedLinear.FLOAT32_PANEL_ROWS):
             x = torch.randn(rows, 68)
             assert torch.equal(layer(x), panel(x, layer.panels, 48, linear.bias))
-        many = torch.randn(65, 68)
-        assert torch.equal(layer(many), PackedLinear(linear)(many))  # oneDNN above PANEL_ROWS
+        many = torch.randn(PackedLinear.FLOAT32_PANEL_ROWS + 1, 68)
+        assert torch.equal(layer(many), PackedLinear(linear)(many))  # oneDNN above FLOAT32_PANEL_ROWS
         gate_up = torch.randn(3, 136)
         assert torch.equal(layer.forward_gated(gate_up), panel(gate_up, layer.panels, 48, linear.bias, gated=True))
     bf16 = PackedLinear(linear.to(torch.bfloat16), few_rows, panel)
