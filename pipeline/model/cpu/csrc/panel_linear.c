@@ -78,15 +78,25 @@ void pack_panels_bf16(uint16_t *panels, const uint16_t *weight, int64_t out_feat
 #include <immintrin.h>
 
 /* A tile: R rows of x times one panel -> out [R][PANEL]. `depth`: the k steps (float32 panels:
- * in_features; bfloat16 panels: k pairs); x's rows are `depth` steps apart. */
-typedef void (*tile_fn)(float *out, const void *x, const void *panel, int64_t depth);
+ * in_features; bfloat16 panels: k pairs); x's rows are `depth` steps apart. Either panel holds 128
+ * bytes (two cache lines) a step; the tile prefetches the same two lines of `ahead` into L2 as it
+ * goes (run_panels says which panel). */
+typedef void (*tile_fn)(float *out, const void *x, const void *panel, int64_t depth, const char *ahead);
+
+#define PREFETCH_STEP(ahead, k)                                                                       \
+    do {                                                                                              \
+        _mm_prefetch((ahead) + (k) * 128, _MM_HINT_T1);                                               \
+        _mm_prefetch((ahead) + (k) * 128 + 64, _MM_HINT_T1);                                          \
+    } while (0)
 
 #define DEFINE_TILE(R)                                                                                \
-    static void tile_##R(float *out, const void *x_, const void *panel_, int64_t in_features) {       \
+    static void tile_##R(float *out, const void *x_, const void *panel_, int64_t in_features,         \
+                         const char *ahead) {                                                         \
         const float *x = x_, *panel = panel_;                                                         \
         __m512 low[R], high[R];                                                                       \
         for (int r = 0; r < R; r++) low[r] = high[r] = _mm512_setzero_ps();                           \
         for (int64_t k = 0; k < in_features; k++) {                                                   \
+            PREFETCH_STEP(ahead, k);                                                                  \
             const __m512 w0 = _mm512_loadu_ps(panel + k * PANEL);                                     \
             const __m512 w1 = _mm512_loadu_ps(panel + k * PANEL + 16);                                \
             for (int r = 0; r < R; r++) {                                                             \
@@ -130,9 +140,15 @@ static void run_panels(void *context, int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; p++) {
         const int64_t first = p * PANEL;
         const int64_t width = j->out_features - first < PANEL ? j->out_features - first : PANEL;
+        const char *panel = j->panels + p * j->panel_bytes;
+        /* The task's next panel is fetched while the second tile runs, so that the fetch overlaps
+         * tiles whose panel is already in cache (one tile: while it runs); the last panel refetches
+         * itself (cached: no traffic), as do the other tiles. */
+        const char *next = p + 1 < end ? panel + j->panel_bytes : panel;
+        const int64_t fetch_at = j->rows > TILE_ROWS ? TILE_ROWS : 0;
         for (int64_t m0 = 0; m0 < j->rows; m0 += TILE_ROWS) {
             const int64_t rows = j->rows - m0 < TILE_ROWS ? j->rows - m0 : TILE_ROWS;
-            j->tiles[rows - 1](out, j->x + m0 * j->x_row_bytes, j->panels + p * j->panel_bytes, j->depth);
+            j->tiles[rows - 1](out, j->x + m0 * j->x_row_bytes, panel, j->depth, m0 == fetch_at ? next : panel);
             for (int64_t r = 0; r < rows; r++)
                 store_outputs(j->y, j->io_bf16, (m0 + r) * j->out_features + first, out + r * PANEL,
                               j->bias ? j->bias + first : NULL, width);
@@ -180,12 +196,14 @@ int panel_linear(void *y, const void *x, const float *panels, const float *bias,
 
 /* R rows of x (bfloat16 pairs as 32-bit words, rows num_pairs apart) times one bfloat16 panel. */
 #define DEFINE_PAIR_TILE(R)                                                                           \
-    static void pair_tile_##R(float *out, const void *x_, const void *panel_, int64_t num_pairs) {    \
+    static void pair_tile_##R(float *out, const void *x_, const void *panel_, int64_t num_pairs,      \
+                              const char *ahead) {                                                    \
         const uint32_t *x = x_;                                                                       \
         const uint16_t *panel = panel_;                                                               \
         __m512 low[R], high[R];                                                                       \
         for (int r = 0; r < R; r++) low[r] = high[r] = _mm512_setzero_ps();                           \
         for (int64_t q = 0; q < num_pairs; q++) {                                                     \
+            PREFETCH_STEP(ahead, q);                                                                  \
             const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + q * 2 * PANEL);                  \
             const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + q * 2 * PANEL + PANEL);          \
             for (int r = 0; r < R; r++) {                                                             \
