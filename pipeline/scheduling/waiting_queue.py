@@ -18,11 +18,9 @@ import bisect
 from collections import deque
 from collections.abc import Iterator
 
-from pipeline.config import PREFILL_ORDERS
+from pipeline.config import PREFILL_ORDERS, SCHEDULING_POLICIES
 from pipeline.request.request import Sequence
 from pipeline.scheduling.fair_share import FairShare
-
-POLICIES = ("fcfs", "priority")
 
 
 def aged_priority(seq: Sequence, step: int = 0, aging_steps: int = 0) -> int:
@@ -46,8 +44,8 @@ def urgency(seq: Sequence, step: int = 0, aging_steps: int = 0,
 
 class WaitingQueue:
     def __init__(self, policy: str = "fcfs", aging_steps: int = 0, prefill_order: str = "arrival") -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"scheduling_policy must be one of {POLICIES}, got {policy!r}")
+        if policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {policy!r}")
         if prefill_order not in PREFILL_ORDERS:
             raise ValueError(f"prefill_order must be one of {PREFILL_ORDERS}, got {prefill_order!r}")
         self.by_priority = policy == "priority"
