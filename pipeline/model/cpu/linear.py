@@ -153,11 +153,6 @@ class FewRowsLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias, self.few_rows = linear.weight, linear.bias, few_rows
 
-    @classmethod
-    def row_limit(cls, dtype: torch.dtype) -> int:
-        """The most rows the panels of a `dtype` weight take where oneDNN's product is not AMX's."""
-        return cls.FLOAT32_PANEL_ROWS if dtype == torch.float32 else cls.PANEL_ROWS
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if not 0 < rows.shape[0] <= self.few_rows.MAX_ROWS:

@@ -96,7 +96,7 @@ def test_native_layers_equal_per_op_path(tmp_path: Path, arch: str, dtype: str, 
     assert served, "the native decoder never ran"
     # Steps of more decode rows than its kernels take ran per op; smaller ones natively. With the
     # few-rows kernels (4 or 8 rows) 11 requests start above the limit and end below it; panels
-    # (64 rows: float32 on AVX-512 CPUs, bfloat16 with AVX512-BF16) take every step.
+    # (float32 on AVX-512 CPUs: 256 rows; bfloat16 with AVX512-BF16: 64) take every step.
     assert max(served) <= decoder.max_rows and min(served) == 1
 
 
