@@ -78,5 +78,6 @@ def main() -> None:
             print(f"round {round_index + 1} {order:8s} budget {budget:5d}: TTFT p50 {p50:.2f} s, p99 {p99:.2f} s, "
                   f"{throughput:.1f} output tokens/s")
 
+
 if __name__ == "__main__":
     main()

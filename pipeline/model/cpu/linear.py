@@ -88,7 +88,7 @@ class PackedLinear(nn.Module):
                  panel: PanelLinearKernel | None = None) -> None:
         """few_rows: keep the plain weight too, for 1-FEW_ROWS rows through this kernel (module docstring).
         panel: weights it takes (float32; bfloat16 with AVX512-BF16) kept in its panel layout instead of
-        the plain one, for 1-PANEL_ROWS rows."""
+        the plain one, for 1 to row_limit(dtype) rows (AMX_PANEL_ROWS for bfloat16 where the CPU has AMX)."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         # batch-size hint None: the layout suits every row count (measured: within noise of a hint).

@@ -1,4 +1,5 @@
-/* y = x W^T (+ b) for a batch of rows (a decode step of 1-64 sequences), W float32 packed in panels (CPU).
+/* y = x W^T (+ b) for a batch of rows (a decode step's sequences, up to PackedLinear.row_limit), W float32
+ * packed in panels (CPU).
  *
  * The few-rows kernel multiplies each weight row into every input row with one dot product per
  * (row, column); past four rows its loads of x, not its FMAs, set the pace. Here W is repacked
