@@ -1,6 +1,7 @@
 """csrc/int4_amx.c: 4-bit column blocks widened to bfloat16 and multiplied on AMX tiles give the
 bfloat16 product of the dequantized weights, and a row the same bits whatever other rows share the
-call (partial tiles, several 32-row passes); Int4Linear takes it for AMX_MIN_ROWS bfloat16 rows on."""
+call (partial tiles, several 32-row passes, a pass's rows written out during the next one's, a task's
+blocks in several runs of panels); Int4Linear takes it for AMX_MIN_ROWS bfloat16 rows on."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def _layer(out_features: int, in_features: int, seed: int) -> Int4Linear:
                       torch.randn(out_features, generator=generator), NATIVE)
 
 
-@pytest.mark.parametrize("shape", [(100, 96), (576, 1536)], ids=["padded-block", "smollm2-down"])
+@pytest.mark.parametrize("shape", [(100, 96), (576, 1536), (2400, 1536)],
+                         ids=["padded-block", "smollm2-down", "several-panel-runs-a-task"])
 def test_the_product_is_the_dequantized_bfloat16_weights_and_each_row_its_own(shape):
     out_features, in_features = shape
     layer = _layer(out_features, in_features, seed=1)
