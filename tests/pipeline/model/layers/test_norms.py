@@ -34,6 +34,23 @@ def test_native_norm_matches_the_torch_path(dtype: torch.dtype, tolerance: float
     torch.testing.assert_close(ours.float(), theirs.float(), atol=tolerance, rtol=tolerance)
 
 
+def test_bfloat16_rows_round_alike_in_vectors_and_in_the_tail() -> None:
+    """dim 40: elements 0-31 are normalised 16 lanes at a time, 32-39 one by one; the same x and w
+    values in both give the same bits (the normalised value rounded, times w, rounded again), a NaN
+    row's NaNs included."""
+    kernel = load_rms_norm_kernel()
+    if kernel is None:
+        pytest.skip("no C compiler")
+    generator = torch.Generator().manual_seed(5)
+    x = (torch.randn(64, 8, generator=generator) * 4).repeat(1, 5).to(torch.bfloat16)
+    x[0, 3] = float("nan")
+    weight = (torch.rand(8, generator=generator) + 0.5).repeat(5).to(torch.bfloat16)
+    bits = kernel(x, weight, 1e-6).view(torch.int16)
+    for first in (0, 8, 16, 24):
+        assert torch.equal(bits[:, first:first + 8], bits[:, 32:40]), first
+    assert torch.isnan(bits[0].view(torch.bfloat16)).all() and not torch.isnan(bits[1:].view(torch.bfloat16)).any()
+
+
 def test_worked_example_and_fallbacks() -> None:
     if load_rms_norm_kernel() is None:
         pytest.skip("no C compiler")
