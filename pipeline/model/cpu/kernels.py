@@ -69,7 +69,7 @@ class RopeKVKernel:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._fn = bind(library, "rope_kv_write", [p, p, p, p, p, p, i64, i64, i64, i64, i64], None)
+        self._fn = bind(library, "rope_kv_write", [p, p, p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_int], None)
 
     def __call__(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                  slots: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
@@ -77,7 +77,7 @@ class RopeKVKernel:
         bfloat16, the cache's too); slots [T] int64 (< 0: not written)."""
         key_ptr, value_ptr = _halves(kv_cache)
         self._fn(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), key_ptr, value_ptr, slots.data_ptr(),
-                 qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.element_size())
+                 qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.element_size(), torch.get_num_threads())
 
     @staticmethod
     def applies(qkv: torch.Tensor, cos: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> bool:

@@ -80,7 +80,7 @@ int panel_linear_bf16(void *y, const void *x, const uint16_t *panels, const floa
                       int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads);
 void rope_kv_write(void *qkv, const void *cos, const void *sin, void *key_cache, void *value_cache,
                    const int64_t *slots, int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
-                   int64_t head_dim, int64_t elem_size);
+                   int64_t head_dim, int64_t elem_size, int num_threads);
 int paged_decode_attention(void *out, const void *q, const void *key_cache, const void *value_cache,
                            const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                            int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -154,7 +154,7 @@ static int run_layer(void *hidden, const Layer *l, const Step *s, const Scratch 
     rms_norm(b->normed, hidden, l->input_norm, rows, s->hidden_size, l->input_eps, io_bf16, threads);
     if ((failed = linear(&l->qkv, b->qkv, b->normed, 0, s))) return failed;
     rope_kv_write(b->qkv, s->cos, s->sin, l->key_cache, l->value_cache, s->slots, rows, s->num_heads,
-                  s->num_kv_heads, s->head_dim, elem);
+                  s->num_kv_heads, s->head_dim, elem, threads);
     /* The attention kernel reads q as [rows, num_heads, head_dim]: the q part of each qkv row. */
     const char *q = b->qkv;
     if (rows > 1) {

@@ -20,10 +20,13 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "threads.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=off")
 #endif
+
+#include "input_rows.h" /* after the pragma: its lanes compile without contraction too */
 
 static void rotate_f32(float *head, const float *cos, const float *sin, int64_t half) {
     for (int64_t i = 0; i < half; ++i) {
@@ -34,8 +37,22 @@ static void rotate_f32(float *head, const float *cos, const float *sin, int64_t 
     }
 }
 
+/* bfloat16 rotation ROW_LANES elements at a time (input_rows.h's lanes and rounding; the same bits as
+ * element by element, the tail still so): 30 calls of SmolLM2's rows (9 q, 3 k heads), 2-core Xeon VM,
+ * one thread: 32 tokens 0.44 against 0.50-0.51 ms, 2,048 tokens 38-39 against 42-46 ms. */
 static void rotate_bf16(uint16_t *head, const uint16_t *cos, const uint16_t *sin, int64_t half) {
-    for (int64_t i = 0; i < half; ++i) {
+    int64_t i = 0;
+    for (; i + ROW_LANES <= half; i += ROW_LANES) {
+        const row_lanes x1 = row_lanes_at(head, 1, i), x2 = row_lanes_at(head, 1, i + half);
+        const row_lanes co = row_lanes_at(cos, 1, i), si = row_lanes_at(sin, 1, i);
+        const row_lanes a = round_bf16_lanes(x1 * co), b = round_bf16_lanes(x2 * si);
+        const row_lanes c = round_bf16_lanes(x2 * co), d = round_bf16_lanes(x1 * si);
+        const row_hlanes first = __builtin_convertvector((row_ilanes)round_bf16_lanes(a - b) >> 16, row_hlanes);
+        const row_hlanes second = __builtin_convertvector((row_ilanes)round_bf16_lanes(c + d) >> 16, row_hlanes);
+        memcpy(head + i, &first, sizeof first);
+        memcpy(head + i + half, &second, sizeof second);
+    }
+    for (; i < half; ++i) {
         const float x1 = bf16_to_float(head[i]), x2 = bf16_to_float(head[i + half]);
         const float co = bf16_to_float(cos[i]), si = bf16_to_float(sin[i]);
         const float a = round_bf16(x1 * co), b = round_bf16(x2 * si);
@@ -45,24 +62,42 @@ static void rotate_bf16(uint16_t *head, const uint16_t *cos, const uint16_t *sin
     }
 }
 
-/* elem_size 4: float32 everywhere; 2: bfloat16 everywhere (qkv, cos, sin and the cache). */
+typedef struct {
+    void *qkv;
+    const void *cos, *sin;
+    void *key_cache, *value_cache;
+    const int64_t *slots;
+    int64_t num_heads, num_kv_heads, head_dim, elem_size;
+} RopeCall;
+
+static void rope_tokens(void *context, int64_t begin, int64_t end) {
+    const RopeCall *r = context;
+    const int64_t half = r->head_dim / 2, kv_row = r->num_kv_heads * r->head_dim, elem_size = r->elem_size;
+    const int64_t row = (r->num_heads + 2 * r->num_kv_heads) * r->head_dim;
+    for (int64_t t = begin; t < end; ++t) {
+        char *token = (char *)r->qkv + t * row * elem_size;
+        const char *c = (const char *)r->cos + t * half * elem_size, *s = (const char *)r->sin + t * half * elem_size;
+        for (int64_t h = 0; h < r->num_heads + r->num_kv_heads; ++h) {
+            if (elem_size == 4)
+                rotate_f32((float *)token + h * r->head_dim, (const float *)c, (const float *)s, half);
+            else
+                rotate_bf16((uint16_t *)token + h * r->head_dim, (const uint16_t *)c, (const uint16_t *)s, half);
+        }
+        if (r->slots[t] < 0) continue;
+        const int64_t k_offset = r->num_heads * r->head_dim * elem_size, bytes = kv_row * elem_size;
+        memcpy((char *)r->key_cache + r->slots[t] * bytes, token + k_offset, bytes);
+        memcpy((char *)r->value_cache + r->slots[t] * bytes, token + k_offset + bytes, bytes);
+    }
+}
+
+/* elem_size 4: float32 everywhere; 2: bfloat16 everywhere (qkv, cos, sin and the cache). Tokens are
+ * independent: a prefill's split between the threads (threads.h's rule on the qkv bytes; 30 calls of
+ * 2,048 SmolLM2 tokens, 2-core Xeon VM: 19 ms on two threads against 38-39 ms on one). */
 void rope_kv_write(void *qkv, const void *cos, const void *sin, void *key_cache, void *value_cache,
                    const int64_t *slots, int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
-                   int64_t head_dim, int64_t elem_size) {
-    const int64_t half = head_dim / 2, kv_row = num_kv_heads * head_dim;
-    const int64_t row = (num_heads + 2 * num_kv_heads) * head_dim;
-    for (int64_t t = 0; t < num_tokens; ++t) {
-        char *token = (char *)qkv + t * row * elem_size;
-        const char *c = (const char *)cos + t * half * elem_size, *s = (const char *)sin + t * half * elem_size;
-        for (int64_t h = 0; h < num_heads + num_kv_heads; ++h) {
-            if (elem_size == 4)
-                rotate_f32((float *)token + h * head_dim, (const float *)c, (const float *)s, half);
-            else
-                rotate_bf16((uint16_t *)token + h * head_dim, (const uint16_t *)c, (const uint16_t *)s, half);
-        }
-        if (slots[t] < 0) continue;
-        const int64_t k_offset = num_heads * head_dim * elem_size, bytes = kv_row * elem_size;
-        memcpy((char *)key_cache + slots[t] * bytes, token + k_offset, bytes);
-        memcpy((char *)value_cache + slots[t] * bytes, token + k_offset + bytes, bytes);
-    }
+                   int64_t head_dim, int64_t elem_size, int num_threads) {
+    RopeCall call = {qkv, cos, sin, key_cache, value_cache, slots, num_heads, num_kv_heads, head_dim, elem_size};
+    const int64_t row_bytes = (num_heads + 2 * num_kv_heads) * head_dim * elem_size;
+    const int threads = threads_for(num_tokens * row_bytes, num_threads);
+    pool_run(rope_tokens, &call, num_tokens, (num_tokens + threads - 1) / threads, threads);
 }

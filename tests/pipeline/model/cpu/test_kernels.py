@@ -140,27 +140,36 @@ def test_kernel_reads_bfloat16_kv(num_heads, num_kv_heads, head_dim, block_size)
     assert torch.equal(out, exact.bfloat16())  # bfloat16 q is widened exactly; out is rounded once
 
 
+@pytest.mark.parametrize(("head_dim", "num_tokens"), [(32, 5), (40, 300)],
+                         ids=["whole-vectors", "vector-and-tail-threaded"])  # 300 tokens: a prefill on two threads
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_kv_kernel_is_bit_identical_to_the_torch_path(dtype):
+def test_rope_kv_kernel_is_bit_identical_to_the_torch_path(dtype, head_dim, num_tokens):
     from pipeline.model.cpu.kernels import load_rope_kv_kernel
     from pipeline.model.layers.rope import RopeParams, RotaryEmbedding, apply_rotary
 
     rope_kv = load_rope_kv_kernel()
     assert rope_kv is not None
     generator = torch.Generator().manual_seed(1)
-    num_heads, num_kv_heads, head_dim, num_tokens = 6, 2, 32, 5
+    num_heads, num_kv_heads = 6, 2
     rotary = RotaryEmbedding(head_dim, 64, RopeParams(theta=10000.0))
     rotary.build("cpu")
-    cos, sin = rotary.lookup(torch.tensor([0, 3, 17, 40, 63]), dtype)
+    positions = torch.tensor([0, 3, 17, 40, 63]) if num_tokens == 5 else torch.arange(num_tokens) % 64
+    cos, sin = rotary.lookup(positions, dtype)
     qkv = (torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, generator=generator) * 3).to(dtype)
-    kv_cache = torch.zeros(2, 4, 4, num_kv_heads, head_dim, dtype=dtype)
-    slots = torch.tensor([5, -1, 0, 15, 9])
+    kv_cache = torch.zeros(2, 4 if num_tokens == 5 else num_tokens // 4, 4, num_kv_heads, head_dim, dtype=dtype)
+    slots = (torch.tensor([5, -1, 0, 15, 9]) if num_tokens == 5 else
+             torch.where(torch.arange(num_tokens) % 7 == 3, -1, torch.randperm(num_tokens, generator=generator)))
     heads = qkv[:, :(num_heads + num_kv_heads) * head_dim].view(num_tokens, -1, head_dim)
     expected = apply_rotary(heads, cos, sin).reshape(num_tokens, -1)
     values = qkv[:, (num_heads + num_kv_heads) * head_dim:].clone()
     ours = qkv.clone()
     assert rope_kv.applies(ours, cos, kv_cache, slots)
-    rope_kv(ours, cos, sin, kv_cache, slots, num_heads, num_kv_heads, head_dim)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        rope_kv(ours, cos, sin, kv_cache, slots, num_heads, num_kv_heads, head_dim)
+    finally:
+        torch.set_num_threads(threads)
     assert torch.equal(ours[:, :(num_heads + num_kv_heads) * head_dim], expected)
     assert torch.equal(ours[:, (num_heads + num_kv_heads) * head_dim:], values)  # v is not rotated
     flat = kv_cache.view(2, -1, num_kv_heads * head_dim)
@@ -168,7 +177,8 @@ def test_rope_kv_kernel_is_bit_identical_to_the_torch_path(dtype):
     for row, slot in enumerate(slots.tolist()):
         if slot >= 0:
             assert torch.equal(flat[0, slot], keys[row]) and torch.equal(flat[1, slot], values[row])
-    assert int(torch.count_nonzero(flat.abs().sum(-1))) == 2 * 4  # only the four slots were written
+    written = int((slots >= 0).sum())
+    assert int(torch.count_nonzero(flat.abs().sum(-1))) == 2 * written  # only the slots given were written
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

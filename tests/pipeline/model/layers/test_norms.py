@@ -35,7 +35,7 @@ def test_native_norm_matches_the_torch_path(dtype: torch.dtype, tolerance: float
 
 
 def test_bfloat16_rows_round_alike_in_vectors_and_in_the_tail() -> None:
-    """dim 40: elements 0-31 are normalised 16 lanes at a time, 32-39 one by one; the same x and w
+    """dim 40: elements 0-31 are normalised 16 lanes at a time (AVX-512), 32-39 one by one; the same x and w
     values in both give the same bits (the normalised value rounded, times w, rounded again), a NaN
     row's NaNs included."""
     kernel = load_rms_norm_kernel()
