@@ -30,7 +30,7 @@ _POOL_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared
 # One library, so that one pool of threads serves every kernel that splits its work.
 _POOLED_SOURCES = ("thread_pool", "few_rows_linear", "panel_linear", "int8_linear", "int4_linear", "int4_amx",
                    "gguf_linear", "gguf_columns", "paged_decode_attention", "rms_norm", "rope_kv_write",
-                   "decoder_layers")
+                   "decoder_layers", "silu_table")
 
 
 def bind(library: ctypes.CDLL, name: str, argtypes: list[Any], restype: Any) -> Any:

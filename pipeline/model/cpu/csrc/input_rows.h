@@ -87,10 +87,31 @@ static inline row_lanes exp_lanes(row_lanes x) {
     return row_select(overflow, (row_lanes){0} + INFINITY, scaled);
 }
 
+/* silu(gate) = gate / (1 + e^-gate) lane-wise, in float32. */
+static inline row_lanes silu_lanes(row_lanes gate) { return gate / (1.0f + exp_lanes(-gate)); }
+
+/* A bfloat16 gate has 65,536 values, so its rounded SiLU is looked up where the CPU gathers 16 lanes
+ * (AVX-512): silu_table.c fills aq_silu_bf16 with round_bf16_lanes(silu_lanes(g)) for every g, the
+ * very operations gate_lanes otherwise runs, so a lane's value is the same either way. The exact
+ * quotient and the exponential took ~60 cycles a vector; a gather from the 128 KiB table (in L2) takes
+ * fewer. SmolLM2's 30 gated down projections on AMX (2 threads, 2-core Xeon VM, two alternated runs):
+ * 2,048 rows 76.6-78.2 against 105.4-106.5 ms, 32 rows 2.00-2.14 against 2.60-2.74 ms. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+extern uint16_t aq_silu_bf16[65536 + 1]; /* + 1: a 32-bit gather of the last entry reads 2 bytes past it */
+#define SILU_TABLE 1
+static inline row_lanes rounded_silu_bf16(row_lanes gate) {
+    const __m512i index = _mm512_srli_epi32((__m512i)gate, 16); /* a widened bfloat16: its high half */
+    return (row_lanes)_mm512_slli_epi32(_mm512_i32gather_epi32(index, (const void *)aq_silu_bf16, 2), 16);
+}
+#else
+#define SILU_TABLE 0
+static inline row_lanes rounded_silu_bf16(row_lanes gate) { return round_bf16_lanes(silu_lanes(gate)); }
+#endif
+
 /* silu(gate) * up lane-wise, rounded as input_value rounds it. */
 static inline row_lanes gate_lanes(row_lanes gate, row_lanes up, int io_bf16) {
-    const row_lanes silu = gate / (1.0f + exp_lanes(-gate));
-    return io_bf16 ? round_bf16_lanes(round_bf16_lanes(silu) * up) : silu * up;
+    return io_bf16 ? round_bf16_lanes(rounded_silu_bf16(gate) * up) : silu_lanes(gate) * up;
 }
 
 /* out[0, in_features) = row m's input values (input_value's, with exp_lanes for expf in whole lanes).
