@@ -86,10 +86,10 @@ static void configure(int64_t first_rows, int64_t second_rows) {
  * (no change in the kernel's time measured: the passes' pairing below gave its gain).
  * q d + m as one FMA is the multiply-then-add's value: q d (4 bits times float16's 11) is exact.
  * Worked example: byte 0x5A -> low nibble 10 -> 10.0f, high nibble 5 -> 5.0f.
- * Each group first asks for the bytes and scales of the group CHUNK_AHEAD bytes ahead (past the weights' end a prefetch
- * is harmless: it never faults). SmolLM2's 120 4-bit layers at 32 rows, from memory (2 threads, a
- * 2-core Xeon VM with AMX, three alternated runs): 8.1-8.4 ms against 9.4-9.9 without; perf had put
- * ~45% of write_panel's samples on instructions waiting for a group's bytes. */
+ * Each group first asks for the bytes and scales of the group CHUNK_AHEAD bytes ahead (past the
+ * weights' end a prefetch is harmless: it never faults). SmolLM2's 120 4-bit layers at 32 rows, from
+ * memory (2 threads, a 2-core Xeon VM with AMX, three alternated runs): 8.1-8.4 ms against 9.4-9.9
+ * without; perf had put ~45% of write_panel's samples on instructions waiting for a group's bytes. */
 static void write_panel(const Problem *p, int64_t b, uint16_t *panel) {
     const int64_t groups = p->in_features / GROUP_INPUTS;
     const __m512 nibble_values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -132,7 +132,8 @@ static inline void store_row(const Problem *p, int64_t row, int64_t column0, __m
  * group of the next pass's multiplies (run_pass), while the tile unit works. Written out straight after
  * the tile stores, as they were, the rows took over a quarter of the kernel's time (SmolLM2's 120 4-bit
  * layers at 2,048 rows, 2 threads, a 2-core Xeon VM with AMX: 140-147 ms with the rows left unwritten,
- * 198-211 ms writing them; 172-175 ms written this way). The values are the same: only when changes. */
+ * 198-211 ms writing them; 172-175 ms written this way). The values are the same; only the moment
+ * they are stored moves. */
 typedef struct {
     float sums[2][PASS_ROWS][BLOCK]; /* [block of the pair][row][column] */
     int64_t b, first, count, done;   /* done: rows already in y */
@@ -153,12 +154,6 @@ static void flush_rows(const Problem *p, Pending *pending, int64_t end) {
     pending->done = end > pending->done ? end : pending->done;
 }
 
-/* Rows first .. first + count - 1 (count <= 32) of blocks b and, with pair, b + 1 (whose panel follows
- * b's), over their panels; the tiles are configured for `count` rows (configured: the count they were
- * last configured for on this thread). Two blocks a pass: each A tile serves both, and the four C tiles'
- * sums are independent chains of TDPBF16PS (one block's two chains waited on each other's latency:
- * perf put half of this function's samples on the instruction after the multiply). Each C tile still
- * sums its block's groups in order, so the result is the one-block pass's, bit for bit. */
 /* The next pass's rows of x, asked into L2 while this pass's block pairs run (run_pass): pair j of a run's
  * `pairs` takes its j-th share of their cache lines, `per_group` lines at each group. The passes of a
  * prefill read x from memory (2,048 rows of SmolLM2 are 2.4-6.3 MB), and perf had put a third of
@@ -180,6 +175,14 @@ static RowsAhead rows_ahead(const Problem *p, int64_t next, int64_t pair_index, 
                        (share + groups - 1) / groups};
 }
 
+/* Rows first .. first + count - 1 (count <= 32) of blocks b and, with pair, b + 1 (whose panel follows
+ * b's), over their panels; the tiles are configured for `count` rows (configured: the count they were
+ * last configured for on this thread). Two blocks a pass: each A tile serves both, and the four C tiles'
+ * sums are independent chains of TDPBF16PS (one block's two chains waited on each other's latency:
+ * perf put half of this function's samples on the instruction after the multiply). Each C tile still
+ * sums its block's groups in order, so the result is the one-block pass's, bit for bit.
+ * ahead: the next pass's rows of x to ask for (rows_ahead); previous: the pass before, whose rows this
+ * one writes out (NULL: none); own: where this pass's sums wait for the next pass (or the task's end). */
 static void run_pass(const Problem *p, int64_t b, int pair, const uint16_t *panel, int64_t panel_elements,
                      int64_t first, int64_t count, int64_t *configured, RowsAhead ahead, Pending *previous,
                      Pending *own) {
@@ -196,7 +199,8 @@ static void run_pass(const Problem *p, int64_t b, int pair, const uint16_t *pane
     const uint16_t *x = p->x + first * p->in_features;
     /* the previous pass's rows, a few at each group, all of them by the loop's middle (over every group:
      * no faster) */
-    const int64_t rows_per_group = previous ? (previous->count + groups / 2 - 1) / (groups / 2 > 0 ? groups / 2 : 1) : 0;
+    const int64_t half = groups / 2 > 0 ? groups / 2 : 1;
+    const int64_t rows_per_group = previous ? (previous->count + half - 1) / half : 0;
     for (int64_t g = 0; g < groups; g++) {
         if (previous && previous->done < previous->count) flush_rows(p, previous, (g + 1) * rows_per_group);
         for (int64_t line = g * ahead.per_group; line < (g + 1) * ahead.per_group; line++)
@@ -283,11 +287,12 @@ static void gate_rows(void *context, int64_t begin, int64_t end) {
     free(row);
 }
 
-/* threads.h's units for one gated input: an exponential, a quotient and two roundings cost about what
- * reading 16 bytes does, so a decode step's 32 rows of SmolLM2 (49K inputs) split between two
- * threads. Counted as the 4 bytes each reads (the earlier units), those rows ran on one thread:
- * SmolLM2's 30 gated down projections at 32 rows (2 threads, a 2-core Xeon VM with AMX, best of 20,
- * three alternated runs) took 3.26-3.60 ms so, against 2.65-2.79 ms split. */
+/* threads.h's units for one gated input: its SiLU (a table lookup with AVX-512, else an exponential
+ * and a quotient) and two roundings cost about what reading 16 bytes does, so a decode step's 32 rows
+ * of SmolLM2 (49K inputs) split between two threads. Counted as the 4 bytes each reads (the earlier
+ * units), those rows ran on one thread: SmolLM2's 30 gated down projections at 32 rows (2 threads, a
+ * 2-core Xeon VM with AMX, best of 20, three alternated runs) took 3.26-3.60 ms so, against 2.65-2.79 ms
+ * split; with the SiLU table 2.33-2.39 against 2.01-2.20 ms. */
 #define GATING_UNITS 16
 
 /* x's rows [M, 2 I] gated into [M, I] bfloat16 (header comment), or NULL when out of memory. A
