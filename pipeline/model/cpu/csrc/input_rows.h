@@ -99,13 +99,11 @@ static inline row_lanes silu_lanes(row_lanes gate) { return gate / (1.0f + exp_l
 #if defined(__AVX512F__)
 #include <immintrin.h>
 extern uint16_t aq_silu_bf16[65536 + 1]; /* + 1: a 32-bit gather of the last entry reads 2 bytes past it */
-#define SILU_TABLE 1
 static inline row_lanes rounded_silu_bf16(row_lanes gate) {
     const __m512i index = _mm512_srli_epi32((__m512i)gate, 16); /* a widened bfloat16: its high half */
     return (row_lanes)_mm512_slli_epi32(_mm512_i32gather_epi32(index, (const void *)aq_silu_bf16, 2), 16);
 }
 #else
-#define SILU_TABLE 0
 static inline row_lanes rounded_silu_bf16(row_lanes gate) { return round_bf16_lanes(silu_lanes(gate)); }
 #endif
 

@@ -140,8 +140,8 @@ def test_kernel_reads_bfloat16_kv(num_heads, num_kv_heads, head_dim, block_size)
     assert torch.equal(out, exact.bfloat16())  # bfloat16 q is widened exactly; out is rounded once
 
 
-@pytest.mark.parametrize(("head_dim", "num_tokens"), [(32, 5), (40, 300)],
-                         ids=["whole-vectors", "vector-and-tail-threaded"])  # 300 tokens: a prefill on two threads
+@pytest.mark.parametrize(("head_dim", "num_tokens"), [(32, 5), (40, 400)],
+                         ids=["whole-vectors", "vector-and-tail-threaded"])  # 400 tokens: 320 KB+, two threads
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_kv_kernel_is_bit_identical_to_the_torch_path(dtype, head_dim, num_tokens):
     from pipeline.model.cpu.kernels import load_rope_kv_kernel
