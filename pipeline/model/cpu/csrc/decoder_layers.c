@@ -130,8 +130,7 @@ static void add_residual(void *hidden, const void *delta, int64_t count, int io_
         const uint16_t *d = delta;
         int64_t i = 0;
         for (; i + ROW_LANES <= count; i += ROW_LANES) {
-            const row_lanes sum = round_bf16_lanes(row_lanes_at(h, 1, i) + row_lanes_at(d, 1, i));
-            const row_hlanes halves = __builtin_convertvector((row_ilanes)sum >> 16, row_hlanes);
+            const row_hlanes halves = to_bf16_lanes(row_lanes_at(h, 1, i) + row_lanes_at(d, 1, i));
             memcpy(h + i, &halves, sizeof halves);
         }
         for (; i < count; i++) h[i] = float_to_bf16(bf16_to_float(h[i]) + bf16_to_float(d[i]));

@@ -76,8 +76,7 @@ static void norm_bf16(uint16_t *y, const uint16_t *x, const uint16_t *w, int64_t
     int64_t i = 0;
     for (; i + ROW_LANES <= dim; i += ROW_LANES) {
         const row_lanes normed = round_bf16_lanes(row_lanes_at(x, 1, i) * scale);
-        const row_lanes out = round_bf16_lanes(row_lanes_at(w, 1, i) * normed);
-        const row_hlanes halves = __builtin_convertvector((row_ilanes)out >> 16, row_hlanes);
+        const row_hlanes halves = to_bf16_lanes(row_lanes_at(w, 1, i) * normed);
         memcpy(y + i, &halves, sizeof halves);
     }
     for (; i < dim; i++)

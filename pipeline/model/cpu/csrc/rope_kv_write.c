@@ -47,8 +47,7 @@ static void rotate_bf16(uint16_t *head, const uint16_t *cos, const uint16_t *sin
         const row_lanes co = row_lanes_at(cos, 1, i), si = row_lanes_at(sin, 1, i);
         const row_lanes a = round_bf16_lanes(x1 * co), b = round_bf16_lanes(x2 * si);
         const row_lanes c = round_bf16_lanes(x2 * co), d = round_bf16_lanes(x1 * si);
-        const row_hlanes first = __builtin_convertvector((row_ilanes)round_bf16_lanes(a - b) >> 16, row_hlanes);
-        const row_hlanes second = __builtin_convertvector((row_ilanes)round_bf16_lanes(c + d) >> 16, row_hlanes);
+        const row_hlanes first = to_bf16_lanes(a - b), second = to_bf16_lanes(c + d);
         memcpy(head + i, &first, sizeof first);
         memcpy(head + i + half, &second, sizeof second);
     }
