@@ -77,9 +77,10 @@ class AttentionBackend(Protocol):
 
 
 # Float32 prefills of sequences up to this long (context included) go through the decode kernel, each
-# query row as a one-query sequence over its sequence's blocks (rows_as_sequences). The kernel reads a
-# row's keys once per row where SDPA's flash kernel shares them across a block of rows, but SDPA
-# computes each block of rows against whole blocks of keys, masked squares included. SmolLM2 float32,
+# query row as a one-query sequence over its sequence's blocks (rows_as_sequences). The kernel takes a
+# sequence's consecutive rows in tiles of 8, each block of keys read once a tile (as SDPA's flash kernel
+# shares them across a block of rows), and computes no masked squares, where SDPA computes each block of
+# rows against whole blocks of keys. SmolLM2 float32,
 # 32 requests of 16-256 prompt tokens (`aqueduct batch`'s benchmark workload), Zen 4 VM: its prefill
 # steps 6.33-6.41 s against 6.96-7.30 s through SDPA (then in padded groups of several prompts).
 # Single sequences past this length are faster through SDPA (one of 2,040 tokens, bfloat16: 3.84

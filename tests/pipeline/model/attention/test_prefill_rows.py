@@ -86,3 +86,55 @@ def test_prefill_rows_give_what_sdpa_groups_give() -> None:
         k_rows, v_rows = flat[0][metadata.slot_mapping], flat[1][metadata.slot_mapping]
         outs.append(backend.forward(q, k_rows, v_rows, kv_cache, metadata, kv_written=True))
     torch.testing.assert_close(outs[0], outs[1], atol=2e-5, rtol=1e-5)
+
+
+def _kernel_rows(chunks: list[tuple[int, int]], num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 seed: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
+    """A step's rows as the kernel gets them (rows_as_sequences), with a random cache: kv, q, tables, lens."""
+    inputs, num_blocks = _step(chunks, np.random.default_rng(seed))
+    starts = inputs.query_start_loc
+    _, lens, tables = rows_as_sequences(starts[:-1].astype(np.int64), np.diff(starts).astype(np.int64),
+                                        inputs.seq_lens.astype(np.int64), inputs.block_tables)
+    generator = torch.Generator().manual_seed(seed)
+    kv_cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator).to(dtype)
+    q = torch.randn(len(lens), NUM_HEADS, head_dim, generator=generator)
+    return kv_cache, q, np.ascontiguousarray(tables), lens.astype(np.int32)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("num_kv_heads", "head_dim", "dtype"), [
+    (2, 32, torch.float32), (3, 64, torch.float32), (2, 128, torch.float32), (6, 40, torch.float32),
+    (1, 64, torch.float32), (3, 64, torch.bfloat16)])
+@pytest.mark.parametrize("features", [{}, {"softcap": 30.0, "sinks": True}])
+def test_runs_of_prefill_rows_in_tiles_equal_row_by_row_bit_for_bit(num_kv_heads: int, head_dim: int,
+                                                                    dtype: torch.dtype, features: dict) -> None:
+    """Rows of one sequence in order (a run: the kernel takes them in tiles of rows) against the same rows
+    in reverse order (no runs: one row at a time): the same bits. Runs of 1-20 rows (partial tiles), keys
+    ending mid-block, context before the chunk, and decodes of other sequences in the same call."""
+    chunks = [(0, 37), (0, 1), (21, 50), (40, 1), (0, 2), (5, 9), (130, 20), (3, 1), (0, 8)]
+    kv_cache, q, tables, lens = _kernel_rows(chunks, num_kv_heads, head_dim, dtype, seed=head_dim)
+    sinks = torch.randn(NUM_HEADS) if features.get("sinks") else None
+    softcap = features.get("softcap", 0.0)
+    kernel = load_decode_kernel()
+
+    def attend(order: np.ndarray) -> torch.Tensor:
+        out = kernel(q[order].contiguous(), kv_cache, torch.from_numpy(tables[order]),
+                     torch.from_numpy(lens[order]), int(lens.max()), head_dim**-0.5, softcap=softcap, sinks=sinks)
+        return out[np.argsort(order)]
+
+    in_runs = attend(np.arange(len(lens)))
+    assert torch.equal(in_runs, attend(np.arange(len(lens))[::-1].copy()))
+    # And both are attention: against explicit float32 math on one row of the long run.
+    row = 37 + 1 + 50 - 1  # the last row of the third chunk: position 70, keys 0..70
+    block_ids = torch.from_numpy(tables[row][: -(-int(lens[row]) // BLOCK_SIZE)].astype(np.int64))
+    keys, values = (kv_cache[i][block_ids].reshape(-1, num_kv_heads, head_dim)[: lens[row]].float() for i in (0, 1))
+    scores = torch.einsum("hd,khd->hk", q[row],
+                          keys.repeat_interleave(NUM_HEADS // num_kv_heads, dim=1)) * head_dim**-0.5
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    if sinks is not None:
+        weights = torch.softmax(torch.cat([scores, sinks[:, None]], dim=1), dim=1)[:, :-1]
+    else:
+        weights = torch.softmax(scores, dim=1)
+    expected = torch.einsum("hk,khd->hd", weights, values.repeat_interleave(NUM_HEADS // num_kv_heads, dim=1))
+    torch.testing.assert_close(in_runs[row], expected, atol=2e-5, rtol=1e-5)
