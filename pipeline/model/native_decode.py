@@ -50,6 +50,8 @@ from pipeline.model.layers.quantized_linear import AMX_MIN_ROWS, Int4Linear, Int
 from pipeline.model.models.llama import Attention, DecoderLayer, LlamaForCausalLM
 
 _LINEAR_INT4, _LINEAR_INT8, _LINEAR_FLOAT, _LINEAR_GGUF = 0, 1, 2, 3
+# _Linear.weight_bf16 of panels by their dtype: float32, bfloat16 pairs, float32 values as bfloat16 halves
+_PANEL_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int32: 2}
 ANY_ROWS = 1 << 30  # the row limit of layers whose kernels take any number of rows (quantized)
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -226,7 +228,7 @@ def _describe_kernel(module: nn.Module, kept: list[torch.Tensor], dtype: torch.d
         return _Linear(_LINEAR_GGUF, 0, ctypes.addressof(segments), None, bias, module.out_features,
                        module.in_features), min(ANY_ROWS, module.dequantize_min_rows(dtype) - 1)
     if type(module) is PackedLinear and module.panels is not None:  # every row count it takes: the panels
-        return _Linear(_LINEAR_FLOAT, int(module.panels.dtype == torch.bfloat16), None, None, bias,
+        return _Linear(_LINEAR_FLOAT, _PANEL_KINDS[module.panels.dtype], None, None, bias,
                        module.out_features, module.in_features, module.panels.data_ptr()), module.panel_rows
     if type(module) is FewRowsLinear:
         weight, max_rows = module.weight, FewRowsLinearKernel.MAX_ROWS

@@ -25,10 +25,15 @@ faster than oneDNN up to 64 (SmolLM2's layers, Zen 5; figures in that file) and 
 way from 64 to 256 (SmolLM2's and the 5M model's shapes, 2 threads, 2-core Zen 4 VM), so a decode step
 of up to 256 sequences runs natively too (128 requests, float32, in process on that VM: the 5M model's
 decode steps 2.2-2.5 s against 2.9 s, SmolLM2's 16.8 s against 19.6-21.9 s, with the layers run one by
-one past 64 rows). bfloat16 weights get panels of their own where the CPU has AVX512-BF16 (k pairs
-multiplied by VDPBF16PS), for 1-64 rows (beyond, oneDNN's product was 10-20% faster): SmolLM2 bfloat16
-decoded 1.07-1.12x as fast for one sequence and 1.18-1.20x for 32 as with the few-rows kernel and
-oneDNN (alternating runs, Zen 4).
+one past 64 rows). Float32 weights that are all bfloat16 values (a bfloat16 or GGUF checkpoint run in
+float32) keep panels of their high halves, which the kernel widens back to the same float32 values: the
+same products bit for bit from half the bytes, so decode steps of few rows, which wait on memory, read
+half as much (SmolLM2's 120 layers from memory, 2 threads, 2-core Zen 4 VM: 1 row 7.4 against 13.5 ms,
+8 rows 10.3 against 14.7, 16 rows 18.6 against 21.3, 32 rows 35.2 against 36.7; its float32 batch
+benchmark's decode steps of 12-29 rows 26.9-46.4 against 34.3-54.8 ms). bfloat16 weights get panels
+of their own where the CPU has AVX512-BF16 (k pairs multiplied by VDPBF16PS), for 1-64 rows (beyond,
+oneDNN's product was 10-20% faster): SmolLM2 bfloat16 decoded 1.07-1.12x as fast for one sequence and
+1.18-1.20x for 32 as with the few-rows kernel and oneDNN (alternating runs, Zen 4).
 Where the CPU has AMX, oneDNN's bfloat16 product runs on AMX tiles and overtakes the panels from a
 few rows (SmolLM2's 3072 x 576, 2-core Xeon VM: 0.58 against 0.13 ms at 32 rows), so bfloat16 panels
 take 1-16 rows there (AMX_PANEL_ROWS): `aqueduct bench --model smollm2 --quantization none --dtype
@@ -61,6 +66,7 @@ from torch import nn
 from pipeline.model.cpu.kernels import (
     FewRowsLinearKernel,
     PanelLinearKernel,
+    are_bfloat16_values,
     load_few_rows_linear_kernel,
     load_panel_linear_kernel,
 )
@@ -91,11 +97,15 @@ class PackedLinear(nn.Module):
         the plain one, for 1 to row_limit(dtype) rows (AMX_PANEL_ROWS for bfloat16 where the CPU has AMX)."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight_dtype = linear.weight.dtype
         # batch-size hint None: the layout suits every row count (measured: within noise of a hint).
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.bias = linear.bias
         self.panel = panel if panel is not None and panel.takes(linear.weight.dtype) else None
-        self.panels = self.panel.pack(linear.weight) if self.panel is not None else None
+        # Float32 weights that are bfloat16 values (a bfloat16 or GGUF checkpoint run in float32) keep half
+        # the bytes, widened in the kernel to the same products (module docstring).
+        wide = linear.weight.dtype == torch.float32 and are_bfloat16_values(linear.weight)
+        self.panels = self.panel.pack(linear.weight, wide=wide) if self.panel is not None else None
         amx = linear.weight.dtype == torch.bfloat16 and "amx_bf16" in cpu_flags()
         self.panel_rows = self.AMX_PANEL_ROWS if amx else self.row_limit(linear.weight.dtype)
         self.few_rows = few_rows if self.panel is None else None

@@ -30,7 +30,7 @@ def route_many_rows(model: nn.Module, native: QuantizedLinearKernel | None, dtyp
             if type(module) is Int4Linear:
                 module.many_rows_on_amx = False
             elif type(module) is PackedLinear and module.panels is not None:
-                module.panel_rows = PackedLinear.row_limit(module.panels.dtype)
+                module.panel_rows = PackedLinear.row_limit(module.weight_dtype)
         return
     if native is None or dtype != torch.bfloat16 or not copies_pay() or not copy_budget_bytes:
         return

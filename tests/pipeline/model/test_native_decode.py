@@ -4,11 +4,13 @@ the kernels' row limit), sliding windows and biases; models it does not serve ke
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import gguf
 import pytest
 import torch
+import transformers
 
 from pipeline.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from pipeline.engine import LLMEngine
@@ -26,6 +28,7 @@ from tests.support.gguf_files import write_gguf
 from tests.support.hf_models import make_tiny_hf_model
 
 pytestmark = pytest.mark.skipif(load_decoder_layers() is None, reason="no C compiler")
+TILE_ROWS = 8  # panel_linear.c's rows a tile: steps of more rows run several tiles over each panel
 
 
 def _amx_for_4bit() -> bool:
@@ -153,6 +156,21 @@ def test_float32_panels_take_decode_steps_past_64_rows_natively(tmp_path: Path) 
     served, decoder = _many_rows_native_equals_per_op(hf_dir, "none", dtype="float32", count=80)
     assert decoder.max_rows == PackedLinear.FLOAT32_PANEL_ROWS
     assert max(served) > PackedLinear.PANEL_ROWS
+
+
+@pytest.mark.skipif(load_panel_linear_kernel() is None, reason="panels need AVX-512")
+def test_a_bfloat16_checkpoint_run_in_float32_decodes_over_wide_panels(tmp_path: Path) -> None:
+    """Its float32 weights are all bfloat16 values, so every projection and the head keep panels of their
+    halves (cpu/linear.py); the native layers over them give the per-op path's outputs bit for bit."""
+    hf_dir = make_tiny_hf_model("llama", tmp_path / "hf", seed=11)
+    bf16_dir = tmp_path / "bf16"
+    shutil.copytree(hf_dir, bf16_dir)
+    transformers.AutoModelForCausalLM.from_pretrained(hf_dir).to(torch.bfloat16).save_pretrained(bf16_dir)
+    kinds = {module.panels.dtype for module in _engine(bf16_dir, "float32").runner.model.modules()
+             if type(module) is PackedLinear}
+    assert kinds == {torch.int32}
+    served, decoder = _many_rows_native_equals_per_op(bf16_dir, "none", dtype="float32", count=40)
+    assert decoder.max_rows == PackedLinear.FLOAT32_PANEL_ROWS and max(served) > TILE_ROWS
 
 
 @pytest.mark.skipif(not _amx_for_4bit(), reason="no AMX on this CPU")

@@ -21,10 +21,12 @@
 #include "input_rows.h"
 
 enum { LINEAR_INT4 = 0, LINEAR_INT8 = 1, LINEAR_FLOAT = 2, LINEAR_GGUF = 3 };
+enum { WIDE_PANELS = 2 };
 
 typedef struct {
     int64_t kind;        /* LINEAR_* */
-    int64_t weight_bf16; /* LINEAR_FLOAT: bfloat16 weight (else float32) */
+    int64_t weight_bf16; /* LINEAR_FLOAT: bfloat16 weight (else float32); with panels, WIDE_PANELS: float32
+                          * values held as bfloat16 halves (panel_linear.c's pack_panels_wide) */
     const void *values;  /* int4: column blocks (int4_linear.c); int8: values; float: the weight;
                           * gguf: the segments (gguf_linear.c) */
     const void *scales;  /* int4: block scales and offsets; int8: per-row scales; float: unused */
@@ -78,6 +80,8 @@ int panel_linear(void *y, const void *x, const float *panels, const float *bias,
                  int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads);
 int panel_linear_bf16(void *y, const void *x, const uint16_t *panels, const float *bias, int64_t rows,
                       int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads);
+int panel_linear_wide(void *y, const void *x, const uint32_t *panels, const float *bias, int64_t rows,
+                      int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads);
 void rope_kv_write(void *qkv, const void *cos, const void *sin, void *key_cache, void *value_cache,
                    const int64_t *slots, int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
                    int64_t head_dim, int64_t elem_size, int num_threads);
@@ -109,6 +113,9 @@ static int linear(const Linear *l, void *y, const void *x, int gated, const Step
     case LINEAR_GGUF:
         return gguf_linear(y, x, l->values, l->bias, s->rows, l->in_features, io_bf16, gated, threads);
     case LINEAR_FLOAT:
+        if (l->panels && l->weight_bf16 == WIDE_PANELS)
+            return panel_linear_wide(y, x, (const uint32_t *)l->panels, l->bias, s->rows, l->out_features,
+                                     l->in_features, io_bf16, gated, threads);
         if (l->panels && l->weight_bf16)
             return panel_linear_bf16(y, x, (const uint16_t *)l->panels, l->bias, s->rows, l->out_features,
                                      l->in_features, io_bf16, gated, threads);

@@ -47,6 +47,35 @@ void pack_panels(float *panels, const float *weight, int64_t out_features, int64
             }
 }
 
+/* ---- float32 weights that are bfloat16 values: panels of halves, widened in the tile -----------
+ *
+ * A float32 model whose weights came from a bfloat16 or GGUF checkpoint holds float32 values whose low
+ * 16 bits are all zero. Their panels can keep the high halves only, and the tile widens them back
+ * (a shift and a mask) into exactly the float32 values it multiplied before: the same products and
+ * sums, bit for bit, from half the bytes. A decode step reads every weight once, so its few-row steps,
+ * which wait on memory, read half as much.
+ *
+ * Packed layout: per k, 16 32-bit words; word c holds column c's half in its low 16 bits and column
+ * c + 16's in its high 16, so `word << 16` is columns 0-15 and `word & 0xFFFF0000` columns 16-31.
+ * Worked example (panel width shown as 2 + 2, one k): weights (1.0, 2.0, 3.0, 4.0) = 0x3F800000,
+ * 0x40000000, 0x40400000, 0x40800000 -> words 0x40403F80, 0x40804000. */
+int64_t panel_linear_wide_packed_size(int64_t out_features, int64_t in_features) {
+    return (out_features + PANEL - 1) / PANEL * (PANEL / 2) * in_features;
+}
+
+void pack_panels_wide(uint32_t *panels, const float *weight, int64_t out_features, int64_t in_features) {
+    const int64_t num_panels = (out_features + PANEL - 1) / PANEL;
+    for (int64_t p = 0; p < num_panels; p++)
+        for (int64_t k = 0; k < in_features; k++)
+            for (int64_t c = 0; c < PANEL / 2; c++) {
+                const int64_t low = p * PANEL + c, high = low + PANEL / 2;
+                uint32_t low_bits = 0, high_bits = 0;
+                if (low < out_features) memcpy(&low_bits, weight + low * in_features + k, sizeof low_bits);
+                if (high < out_features) memcpy(&high_bits, weight + high * in_features + k, sizeof high_bits);
+                panels[(p * in_features + k) * (PANEL / 2) + c] = (low_bits >> 16) | (high_bits & 0xFFFF0000u);
+            }
+}
+
 /* ---- bfloat16 weights: panels of k pairs, products by VDPBF16PS (AVX512-BF16) --------------------
  *
  * The same panels of 32 output columns, holding bfloat16 weights in k pairs: for each pair
@@ -122,6 +151,43 @@ DEFINE_TILE(8)
 
 static const tile_fn TILES[TILE_ROWS] = {tile_1, tile_2, tile_3, tile_4, tile_5, tile_6, tile_7, tile_8};
 
+/* A tile over a panel of halves (64 bytes a step; its prefetch of `ahead` one line a step). */
+#define DEFINE_WIDE_TILE(R)                                                                           \
+    static void wide_tile_##R(float *out, const void *x_, const void *panel_, int64_t in_features,    \
+                              const char *ahead) {                                                    \
+        const float *x = x_;                                                                          \
+        const uint32_t *panel = panel_;                                                               \
+        const __m512i high_half = _mm512_set1_epi32((int)0xFFFF0000u);                                \
+        __m512 low[R], high[R];                                                                       \
+        for (int r = 0; r < R; r++) low[r] = high[r] = _mm512_setzero_ps();                           \
+        for (int64_t k = 0; k < in_features; k++) {                                                   \
+            _mm_prefetch(ahead + k * 64, _MM_HINT_T1);                                                \
+            const __m512i words = _mm512_loadu_si512(panel + k * (PANEL / 2));                        \
+            const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));                      \
+            const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(words, high_half));                \
+            for (int r = 0; r < R; r++) {                                                             \
+                const __m512 xr = _mm512_set1_ps(x[r * in_features + k]);                             \
+                low[r] = _mm512_fmadd_ps(xr, w0, low[r]);                                             \
+                high[r] = _mm512_fmadd_ps(xr, w1, high[r]);                                           \
+            }                                                                                         \
+        }                                                                                             \
+        for (int r = 0; r < R; r++) {                                                                 \
+            _mm512_storeu_ps(out + r * PANEL, low[r]);                                                \
+            _mm512_storeu_ps(out + r * PANEL + 16, high[r]);                                          \
+        }                                                                                             \
+    }
+DEFINE_WIDE_TILE(1)
+DEFINE_WIDE_TILE(2)
+DEFINE_WIDE_TILE(3)
+DEFINE_WIDE_TILE(4)
+DEFINE_WIDE_TILE(5)
+DEFINE_WIDE_TILE(6)
+DEFINE_WIDE_TILE(7)
+DEFINE_WIDE_TILE(8)
+
+static const tile_fn WIDE_TILES[TILE_ROWS] = {wide_tile_1, wide_tile_2, wide_tile_3, wide_tile_4,
+                                              wide_tile_5, wide_tile_6, wide_tile_7, wide_tile_8};
+
 int panel_linear_available(void) { return 1; }
 
 /* One call's work, whichever panel type: tiles[R - 1] multiplies R rows. */
@@ -164,20 +230,34 @@ static void run_panel_job(const PanelJob *job, int64_t weight_bytes, int num_thr
     pool_run(run_panels, (void *)job, num_panels, columns_per_task(num_panels, threads, 1), threads);
 }
 
-/* Returns 0; 1 without AVX-512 (the caller keeps its other path); 2 when out of memory. */
-int panel_linear(void *y, const void *x, const float *panels, const float *bias, int64_t rows,
-                 int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads) {
+/* Float32 rows times float32 panels (element_size 4: TILES) or panels of halves (2: WIDE_TILES). */
+static int float_rows_times_panels(void *y, const void *x, const void *panels, int64_t element_size,
+                                   const float *bias, int64_t rows, int64_t out_features, int64_t in_features,
+                                   int io_bf16, int gated, int num_threads) {
     if (rows < 1) return 1;
     const int as_given = io_bf16 == IO_FLOAT32 && !gated; /* x's rows are already the inputs */
     float *x_f32 = as_given ? NULL : malloc(sizeof(float) * rows * in_features);
     if (!as_given && !x_f32) return 2;
     for (int64_t m = 0; !as_given && m < rows; m++) input_row(x_f32 + m * in_features, x, io_bf16, gated, in_features, m);
-    const PanelJob job = {y, io_bf16, TILES, as_given ? (const char *)x : (const char *)x_f32, (const char *)panels,
-                          in_features * (int64_t)sizeof(float), in_features * PANEL * (int64_t)sizeof(float),
+    const PanelJob job = {y, io_bf16, element_size == 4 ? TILES : WIDE_TILES,
+                          as_given ? (const char *)x : (const char *)x_f32, (const char *)panels,
+                          in_features * (int64_t)sizeof(float), in_features * PANEL * element_size,
                           in_features, bias, rows, out_features};
-    run_panel_job(&job, out_features * in_features * (int64_t)sizeof(float), num_threads);
+    run_panel_job(&job, out_features * in_features * element_size, num_threads);
     free(x_f32);
     return 0;
+}
+
+/* Returns 0; 1 without AVX-512 (the caller keeps its other path); 2 when out of memory. */
+int panel_linear(void *y, const void *x, const float *panels, const float *bias, int64_t rows,
+                 int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads) {
+    return float_rows_times_panels(y, x, panels, 4, bias, rows, out_features, in_features, io_bf16, gated, num_threads);
+}
+
+/* panel_linear over panels of halves (pack_panels_wide); the same returns. */
+int panel_linear_wide(void *y, const void *x, const uint32_t *panels, const float *bias, int64_t rows,
+                      int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads) {
+    return float_rows_times_panels(y, x, panels, 2, bias, rows, out_features, in_features, io_bf16, gated, num_threads);
 }
 
 #else
@@ -186,6 +266,13 @@ int panel_linear_available(void) { return 0; }
 
 int panel_linear(void *y, const void *x, const float *panels, const float *bias, int64_t rows,
                  int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads) {
+    (void)y, (void)x, (void)panels, (void)bias, (void)rows, (void)out_features, (void)in_features, (void)io_bf16,
+        (void)gated, (void)num_threads;
+    return 1;
+}
+
+int panel_linear_wide(void *y, const void *x, const uint32_t *panels, const float *bias, int64_t rows,
+                      int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads) {
     (void)y, (void)x, (void)panels, (void)bias, (void)rows, (void)out_features, (void)in_features, (void)io_bf16,
         (void)gated, (void)num_threads;
     return 1;

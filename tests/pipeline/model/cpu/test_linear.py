@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
-from pipeline.model.cpu.kernels import load_few_rows_linear_kernel, load_panel_linear_kernel
+from pipeline.model.cpu.kernels import are_bfloat16_values, load_few_rows_linear_kernel, load_panel_linear_kernel
 from pipeline.model.cpu.library import cpu_flags
 from pipeline.model.cpu.linear import (
     FewRowsLinear,
@@ -304,6 +304,53 @@ def test_float32_packed_linear_keeps_panels_instead_of_the_plain_weight_and_uses
         assert torch.equal(bf16(above), PackedLinear(linear)(above))
     else:
         assert bf16.panels is None and bf16.plain_weight is not None
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8, 9, 33, 130])
+@pytest.mark.parametrize("shape", [(37, 19), (100, 68), (64, 1536), (40, 576)])  # part-filled panels, a lone half
+def test_wide_panels_of_bfloat16_valued_float32_weights_give_the_float32_panels_bits(
+        rows: int, shape: tuple[int, int]) -> None:
+    """Float32 weights that are bfloat16 values, packed as their halves and widened in the kernel: the
+    float32 panels' outputs bit for bit, plain, with bias, gated, from bfloat16 rows and to float32."""
+    kernel = load_panel_linear_kernel()
+    if kernel is None:
+        pytest.skip("no AVX-512 or no C compiler")
+    out_features, in_features = shape
+    generator = torch.Generator().manual_seed(rows + out_features)
+    weight = torch.randn(out_features, in_features, generator=generator).bfloat16().float()
+    bias = torch.randn(out_features, generator=generator)
+    x, gate_up = (torch.randn(rows, n, generator=generator) for n in (in_features, 2 * in_features))
+    full, wide = kernel.pack(weight), kernel.pack(weight, wide=True)
+    assert wide.dtype == torch.int32 and wide.numel() * 2 == full.numel()
+    assert torch.equal(kernel(x, wide, out_features, bias), kernel(x, full, out_features, bias))
+    assert torch.equal(kernel(gate_up, wide, out_features, None, gated=True),
+                       kernel(gate_up, full, out_features, None, gated=True))
+    assert torch.equal(kernel(x.bfloat16(), wide, out_features, bias, float32_out=True),
+                       kernel(x.bfloat16(), full, out_features, bias, float32_out=True))
+    torch.testing.assert_close(kernel(x, wide, out_features, bias).double(),
+                               x.double() @ weight.double().T + bias.double(), atol=1e-4, rtol=1e-5)
+
+
+def test_only_float32_weights_that_are_bfloat16_values_keep_wide_panels() -> None:
+    panel, few_rows = load_panel_linear_kernel(), load_few_rows_linear_kernel()
+    if panel is None or few_rows is None:
+        pytest.skip("no AVX-512 or no C compiler")
+    torch.manual_seed(6)
+    linear = nn.Linear(68, 48)
+    with torch.no_grad():
+        linear.weight.copy_(linear.weight.bfloat16().float())
+    assert are_bfloat16_values(linear.weight)
+    layer = PackedLinear(linear, few_rows, panel)
+    assert layer.panels is not None and layer.panels.dtype == torch.int32
+    assert layer.panel_rows == PackedLinear.FLOAT32_PANEL_ROWS
+    with torch.no_grad():
+        x = torch.randn(9, 68)
+        assert torch.equal(layer(x), panel(x, panel.pack(linear.weight), 48, linear.bias))
+        linear.weight[3, 5] += 2.0 ** -20  # no longer a bfloat16 value
+    assert not are_bfloat16_values(linear.weight)
+    assert PackedLinear(linear, few_rows, panel).panels.dtype == torch.float32
+    with pytest.raises(ValueError, match="bfloat16 values"):
+        panel.pack(linear.weight, wide=True)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 64])
