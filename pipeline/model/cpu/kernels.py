@@ -118,8 +118,8 @@ class FewRowsLinearKernel:
 class PanelLinearKernel:
     """y = x W^T + b for a batch of rows, W repacked into panels (csrc/panel_linear.c; AVX-512):
     float32 weights, and bfloat16 ones where the CPU has AVX512-BF16 (`bf16_available`). Float32
-    weights that are all bfloat16 values may be packed `wide` instead: their high halves only, in an
-    int32 tensor of half the bytes, widened back in the kernel (the same products, bit for bit)."""
+    weights that are all bfloat16 values can be packed as their halves instead (pack_halves): an int32
+    tensor of half the bytes, widened back in the kernel (the same products, bit for bit)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -127,7 +127,7 @@ class PanelLinearKernel:
         suffixes = {torch.float32: "", torch.bfloat16: "_bf16", torch.int32: "_wide"}
         self._size = {dtype: bind(library, f"panel_linear{suffix}_packed_size", [i64, i64], i64)
                       for dtype, suffix in suffixes.items()}
-        self._pack = {dtype: bind(library, f"pack_panels{suffix}", [p, p, i64, i64], None)
+        self._pack = {dtype: bind(library, f"pack_panels{suffix}", [p, p, i64, i64], i32 if suffix == "_wide" else None)
                       for dtype, suffix in suffixes.items()}
         self._fn = {dtype: bind(library, f"panel_linear{suffix}", [p, p, p, p, i64, i64, i64, i32, i32, i32], i32)
                     for dtype, suffix in suffixes.items()}
@@ -136,17 +136,24 @@ class PanelLinearKernel:
     def takes(self, dtype: torch.dtype) -> bool:
         return dtype == torch.float32 or (dtype == torch.bfloat16 and self.bf16_available)
 
-    def pack(self, weight: torch.Tensor, wide: bool = False) -> torch.Tensor:
-        """weight [O, I] float32 or bfloat16 -> its panels (a flat tensor of its dtype), once at load;
-        wide (float32 weights that are_bfloat16_values only): int32 panels of their halves."""
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """weight [O, I] float32 or bfloat16 -> its panels (a flat tensor of its dtype), once at load."""
         weight = weight.detach().contiguous()
         out_features, in_features = weight.shape
-        kind = torch.int32 if wide else weight.dtype
-        if wide and not (weight.dtype == torch.float32 and are_bfloat16_values(weight)):
-            raise ValueError("wide panels hold float32 weights whose values are all bfloat16 values")
-        panels = torch.empty(self._size[kind](out_features, in_features), dtype=kind)
-        self._pack[kind](panels.data_ptr(), weight.data_ptr(), out_features, in_features)
+        panels = torch.empty(self._size[weight.dtype](out_features, in_features), dtype=weight.dtype)
+        self._pack[weight.dtype](panels.data_ptr(), weight.data_ptr(), out_features, in_features)
         return panels
+
+    def pack_halves(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """float32 weight [O, I] -> int32 panels of its values' high halves, or None where some value is not
+        a bfloat16 value (its low 16 bits not all zero), once at load."""
+        if weight.dtype != torch.float32:
+            return None
+        weight = weight.detach().contiguous()
+        out_features, in_features = weight.shape
+        panels = torch.empty(self._size[torch.int32](out_features, in_features), dtype=torch.int32)
+        exact = self._pack[torch.int32](panels.data_ptr(), weight.data_ptr(), out_features, in_features)
+        return panels if exact else None
 
     def __call__(self, x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
                  gated: bool = False, float32_out: bool = False) -> torch.Tensor:
@@ -318,13 +325,6 @@ def load_decode_kernel() -> DecodeKernel | None:
 def load_few_rows_linear_kernel() -> FewRowsLinearKernel | None:
     library = pooled_library()
     return FewRowsLinearKernel(library) if library is not None else None
-
-
-def are_bfloat16_values(weight: torch.Tensor) -> bool:
-    """Whether every element of a float32 tensor is a bfloat16 value (the low 16 bits of each are zero),
-    as in any float32 model loaded from a bfloat16 or GGUF checkpoint."""
-    bits = weight.detach().contiguous().view(torch.int32)
-    return not bool(torch.bitwise_and(bits, 0xFFFF).any())
 
 
 @functools.cache

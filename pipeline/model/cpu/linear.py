@@ -66,7 +66,6 @@ from torch import nn
 from pipeline.model.cpu.kernels import (
     FewRowsLinearKernel,
     PanelLinearKernel,
-    are_bfloat16_values,
     load_few_rows_linear_kernel,
     load_panel_linear_kernel,
 )
@@ -104,8 +103,8 @@ class PackedLinear(nn.Module):
         self.panel = panel if panel is not None and panel.takes(linear.weight.dtype) else None
         # Float32 weights that are bfloat16 values (a bfloat16 or GGUF checkpoint run in float32) keep half
         # the bytes, widened in the kernel to the same products (module docstring).
-        wide = linear.weight.dtype == torch.float32 and are_bfloat16_values(linear.weight)
-        self.panels = self.panel.pack(linear.weight, wide=wide) if self.panel is not None else None
+        halves = self.panel.pack_halves(linear.weight) if self.panel is not None else None
+        self.panels = halves if halves is not None or self.panel is None else self.panel.pack(linear.weight)
         amx = linear.weight.dtype == torch.bfloat16 and "amx_bf16" in cpu_flags()
         self.panel_rows = self.AMX_PANEL_ROWS if amx else self.row_limit(linear.weight.dtype)
         self.few_rows = few_rows if self.panel is None else None

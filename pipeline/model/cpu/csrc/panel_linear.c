@@ -63,8 +63,11 @@ int64_t panel_linear_wide_packed_size(int64_t out_features, int64_t in_features)
     return (out_features + PANEL - 1) / PANEL * (PANEL / 2) * in_features;
 }
 
-void pack_panels_wide(uint32_t *panels, const float *weight, int64_t out_features, int64_t in_features) {
+/* Returns 1 when every weight was a bfloat16 value (the panels hold them all), else 0 (the panels are
+ * then incomplete: the caller packs float32 panels instead). */
+int pack_panels_wide(uint32_t *panels, const float *weight, int64_t out_features, int64_t in_features) {
     const int64_t num_panels = (out_features + PANEL - 1) / PANEL;
+    uint32_t dropped = 0; /* the low halves' bits, all of them or'ed */
     for (int64_t p = 0; p < num_panels; p++)
         for (int64_t k = 0; k < in_features; k++)
             for (int64_t c = 0; c < PANEL / 2; c++) {
@@ -72,8 +75,10 @@ void pack_panels_wide(uint32_t *panels, const float *weight, int64_t out_feature
                 uint32_t low_bits = 0, high_bits = 0;
                 if (low < out_features) memcpy(&low_bits, weight + low * in_features + k, sizeof low_bits);
                 if (high < out_features) memcpy(&high_bits, weight + high * in_features + k, sizeof high_bits);
+                dropped |= (low_bits | high_bits) & 0xFFFFu;
                 panels[(p * in_features + k) * (PANEL / 2) + c] = (low_bits >> 16) | (high_bits & 0xFFFF0000u);
             }
+    return dropped == 0;
 }
 
 /* ---- bfloat16 weights: panels of k pairs, products by VDPBF16PS (AVX512-BF16) --------------------

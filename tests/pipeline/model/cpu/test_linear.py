@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
-from pipeline.model.cpu.kernels import are_bfloat16_values, load_few_rows_linear_kernel, load_panel_linear_kernel
+from pipeline.model.cpu.kernels import load_few_rows_linear_kernel, load_panel_linear_kernel
 from pipeline.model.cpu.library import cpu_flags
 from pipeline.model.cpu.linear import (
     FewRowsLinear,
@@ -320,8 +320,8 @@ def test_wide_panels_of_bfloat16_valued_float32_weights_give_the_float32_panels_
     weight = torch.randn(out_features, in_features, generator=generator).bfloat16().float()
     bias = torch.randn(out_features, generator=generator)
     x, gate_up = (torch.randn(rows, n, generator=generator) for n in (in_features, 2 * in_features))
-    full, wide = kernel.pack(weight), kernel.pack(weight, wide=True)
-    assert wide.dtype == torch.int32 and wide.numel() * 2 == full.numel()
+    full, wide = kernel.pack(weight), kernel.pack_halves(weight)
+    assert wide is not None and wide.dtype == torch.int32 and wide.numel() * 2 == full.numel()
     assert torch.equal(kernel(x, wide, out_features, bias), kernel(x, full, out_features, bias))
     assert torch.equal(kernel(gate_up, wide, out_features, None, gated=True),
                        kernel(gate_up, full, out_features, None, gated=True))
@@ -339,18 +339,16 @@ def test_only_float32_weights_that_are_bfloat16_values_keep_wide_panels() -> Non
     linear = nn.Linear(68, 48)
     with torch.no_grad():
         linear.weight.copy_(linear.weight.bfloat16().float())
-    assert are_bfloat16_values(linear.weight)
     layer = PackedLinear(linear, few_rows, panel)
     assert layer.panels is not None and layer.panels.dtype == torch.int32
     assert layer.panel_rows == PackedLinear.FLOAT32_PANEL_ROWS
     with torch.no_grad():
         x = torch.randn(9, 68)
         assert torch.equal(layer(x), panel(x, panel.pack(linear.weight), 48, linear.bias))
-        linear.weight[3, 5] += 2.0 ** -20  # no longer a bfloat16 value
-    assert not are_bfloat16_values(linear.weight)
+        linear.weight[47, 67] += 2.0 ** -20  # the last weight of a part-filled panel: no longer a bfloat16 value
+    assert panel.pack_halves(linear.weight) is None
     assert PackedLinear(linear, few_rows, panel).panels.dtype == torch.float32
-    with pytest.raises(ValueError, match="bfloat16 values"):
-        panel.pack(linear.weight, wide=True)
+    assert panel.pack_halves(linear.weight.bfloat16()) is None  # bfloat16 weights keep their pair panels
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 64])
