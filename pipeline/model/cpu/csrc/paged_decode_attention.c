@@ -769,7 +769,7 @@ static int attend_split(Call *c, int64_t num_seqs, int threads) {
  * each row reads its whole prefix of K and V again (SmolLM2: 200 KB a layer for 256 keys, from L2),
  * one load per multiply-add. Such a run of rows is taken TILE_ROWS rows at a time instead: each block
  * of 8 K rows (then V rows) is read once per tile and multiplied into every query head of the tile's
- * rows, two query heads a load. Each score, softmax and output element is computed by the same
+ * rows, each load feeding three query heads (pass 1) or two (pass 3). Each score, softmax and output element is computed by the same
  * operations in the same order as row by row (scores_in_blocks, normalize_rows,
  * weighted_sum_in_blocks), so the results are bit for bit the same; rows of other sequences (decodes
  * in the same step) are tiles of one row. Only calls without windows or chunks (every row attends
@@ -965,8 +965,8 @@ static void attend_tile_units(void *context, int64_t begin, int64_t end) {
     free(widened);
 }
 
-/* The call in tiles when some row continues another's run (a prefill by rows), else 0 tiles made: returns
- * -1 for "not taken", else c->failed. */
+/* The call in tiles where some row continues another's run (a prefill by rows): returns c->failed; -1
+ * where no row does or the call is not one this path takes (the caller goes row by row). */
 static int attend_runs(Call *c, int64_t num_seqs, int num_threads) {
     if (c->window > 0 || c->chunk > 0 || c->io_bf16 || (c->kv_format != KV_F32 && c->kv_format != KV_BF16) ||
         c->head_dim % VL != 0) /* a tail's scalar sums compiled to other roundings than the row path's */
