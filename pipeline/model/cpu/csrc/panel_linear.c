@@ -68,16 +68,22 @@ int64_t panel_linear_wide_packed_size(int64_t out_features, int64_t in_features)
 int pack_panels_wide(uint32_t *panels, const float *weight, int64_t out_features, int64_t in_features) {
     const int64_t num_panels = (out_features + PANEL - 1) / PANEL;
     uint32_t dropped = 0; /* the low halves' bits, all of them or'ed */
+    /* Column by column, k innermost: each weight row is read in order (the 32 rows of a panel read a
+     * float at a time, k outermost, took 1.5x as long: SmolLM2's 121 weights 0.155 against 0.103 s). */
     for (int64_t p = 0; p < num_panels; p++)
-        for (int64_t k = 0; k < in_features; k++)
-            for (int64_t c = 0; c < PANEL / 2; c++) {
-                const int64_t low = p * PANEL + c, high = low + PANEL / 2;
+        for (int64_t c = 0; c < PANEL / 2; c++) {
+            const int64_t low = p * PANEL + c, high = low + PANEL / 2;
+            const float *low_row = low < out_features ? weight + low * in_features : NULL;
+            const float *high_row = high < out_features ? weight + high * in_features : NULL;
+            uint32_t *column = panels + p * in_features * (PANEL / 2) + c;
+            for (int64_t k = 0; k < in_features; k++) {
                 uint32_t low_bits = 0, high_bits = 0;
-                if (low < out_features) memcpy(&low_bits, weight + low * in_features + k, sizeof low_bits);
-                if (high < out_features) memcpy(&high_bits, weight + high * in_features + k, sizeof high_bits);
+                if (low_row) memcpy(&low_bits, low_row + k, sizeof low_bits);
+                if (high_row) memcpy(&high_bits, high_row + k, sizeof high_bits);
                 dropped |= (low_bits | high_bits) & 0xFFFFu;
-                panels[(p * in_features + k) * (PANEL / 2) + c] = (low_bits >> 16) | (high_bits & 0xFFFF0000u);
+                column[k * (PANEL / 2)] = (low_bits >> 16) | (high_bits & 0xFFFF0000u);
             }
+        }
     return dropped == 0;
 }
 
