@@ -287,6 +287,14 @@ static inline __attribute__((always_inline)) const void *kv_element(const void *
     return kv_bf16 ? (const void *)((const uint16_t *)row + offset) : (const void *)((const float *)row + offset);
 }
 
+/* The rows of tokens t0 .. t0 + 7 (a partial last block repeats token len - 1's row, so a pass always
+ * takes 8 rows). */
+static inline __attribute__((always_inline)) void block_rows(const void *rows[VL], const void *cache,
+                                                             const int64_t *restrict offsets, int64_t t0, int64_t len,
+                                                             const int kv_bf16) {
+    for (int j = 0; j < VL; ++j) rows[j] = kv_element(cache, offsets[t0 + j < len ? t0 + j : len - 1], kv_bf16);
+}
+
 /* The slices of KV head kv in a block's 8 rows as float32: pointers into the cache (float32), or
  * into `widened` [8, head_dim] after one widening that every query head of the group then reads
  * (bfloat16: widening each slice once per query head was most of a long sequence's instructions). */
@@ -378,7 +386,7 @@ static inline __attribute__((always_inline)) void scores_in_blocks(
         prefetch_ahead(ahead);
         prefetch_rolling(cache, offsets, t0, len, kv_first * head_dim, span, kv_bf16);
         const void *rows[VL];
-        for (int j = 0; j < VL; ++j) rows[j] = kv_element(cache, offsets[t0 + j < len ? t0 + j : len - 1], kv_bf16);
+        block_rows(rows, cache, offsets, t0, len, kv_bf16);
         for (int64_t kv = kv_first; kv < kv_end; ++kv) {
             const float *k[VL];
             block_slices(k, widened, rows, kv * head_dim, head_dim, kv_bf16);
@@ -420,7 +428,7 @@ static inline __attribute__((always_inline)) void weighted_sum_in_blocks(
         prefetch_rolling(cache, offsets, t0, len, column, span, kv_bf16);
         const int64_t n = len - t0 < VL ? len - t0 : VL;
         const void *rows[VL];
-        for (int j = 0; j < VL; ++j) rows[j] = kv_element(cache, offsets[t0 + j < len ? t0 + j : len - 1], kv_bf16);
+        block_rows(rows, cache, offsets, t0, len, kv_bf16);
         for (int64_t kv = kv_first; kv < kv_end; ++kv) {
             const float *v[VL];
             block_slices(v, widened, rows, kv * head_dim + d_first, width, kv_bf16);
@@ -866,6 +874,23 @@ static inline __attribute__((always_inline)) void tile_block_sums(const Tile *t,
         }
 }
 
+/* The first of a tile's query heads whose row has keys past t0 (rows hold first_len, first_len + 1, ...
+ * keys, so every later one does too). */
+static inline int64_t first_vector_past(const Tile *t, int64_t t0) {
+    return t0 < t->first_len ? 0 : (t0 - t->first_len + 1) * t->group;
+}
+
+/* Block t0's 8 slices of a KV head (at `column`, `span` bytes of each row), the rows ahead prefetched. */
+static inline __attribute__((always_inline)) void tile_block(const float *slices[VL], float *restrict widened,
+                                                             const void *cache, const int64_t *restrict offsets,
+                                                             int64_t t0, int64_t len, int64_t column, int64_t span,
+                                                             const int64_t head_dim, const int kv_bf16) {
+    prefetch_rolling(cache, offsets, t0, len, column, span, kv_bf16);
+    const void *rows[VL];
+    block_rows(rows, cache, offsets, t0, len, kv_bf16);
+    block_slices(slices, widened, rows, column, head_dim, kv_bf16);
+}
+
 /* One tile of `rows` rows against KV head t->kv: pass 1 over the longest row's keys (a row's query
  * heads skip the blocks past its own keys), pass 2 per query head, pass 3 as pass 1. */
 static inline __attribute__((always_inline)) void attend_tile(const Tile *t, int64_t rows, const void *key_cache,
@@ -876,12 +901,9 @@ static inline __attribute__((always_inline)) void attend_tile(const Tile *t, int
     const int64_t column = t->kv * head_dim, span = head_dim * (kv_bf16 ? 2 : 4);
     prefetch_rows(key_cache, offsets, 0, len < ROLL ? len : ROLL, column, span, kv_bf16);
     for (int64_t t0 = 0; t0 < len; t0 += VL) {
-        prefetch_rolling(key_cache, offsets, t0, len, column, span, kv_bf16);
-        const void *block[VL];
-        for (int j = 0; j < VL; ++j) block[j] = kv_element(key_cache, offsets[t0 + j < len ? t0 + j : len - 1], kv_bf16);
         const float *k[VL];
-        block_slices(k, widened, block, column, head_dim, kv_bf16);
-        int64_t v = t0 < t->first_len ? 0 : (t0 - t->first_len + 1) * t->group; /* rows with keys past t0 */
+        tile_block(k, widened, key_cache, offsets, t0, len, column, span, head_dim, kv_bf16);
+        int64_t v = first_vector_past(t, t0);
         for (; v + SCORE_HEADS <= vectors; v += SCORE_HEADS) tile_block_scores(t, v, SCORE_HEADS, k, t0, head_dim, scale);
         if (vectors - v == 2) tile_block_scores(t, v, 2, k, t0, head_dim, scale);
         else if (vectors - v == 1) tile_block_scores(t, v, 1, k, t0, head_dim, scale);
@@ -894,12 +916,9 @@ static inline __attribute__((always_inline)) void attend_tile(const Tile *t, int
     }
     prefetch_rows(value_cache, offsets, 0, len < ROLL ? len : ROLL, column, span, kv_bf16);
     for (int64_t t0 = 0; t0 < len; t0 += VL) {
-        prefetch_rolling(value_cache, offsets, t0, len, column, span, kv_bf16);
-        const void *block[VL];
-        for (int j = 0; j < VL; ++j) block[j] = kv_element(value_cache, offsets[t0 + j < len ? t0 + j : len - 1], kv_bf16);
         const float *vs[VL];
-        block_slices(vs, widened, block, column, head_dim, kv_bf16);
-        int64_t v = t0 < t->first_len ? 0 : (t0 - t->first_len + 1) * t->group;
+        tile_block(vs, widened, value_cache, offsets, t0, len, column, span, head_dim, kv_bf16);
+        int64_t v = first_vector_past(t, t0);
         /* Pairs of query heads with all 8 of the block's keys; a row whose keys end in the block alone. */
         for (; v < vectors; ++v) {
             const int64_t n = t->len[v] - t0 < VL ? t->len[v] - t0 : VL;

@@ -119,9 +119,9 @@ void pack_panels_bf16(uint16_t *panels, const uint16_t *weight, int64_t out_feat
 #include <immintrin.h>
 
 /* A tile: R rows of x times one panel -> out [R][PANEL]. `depth`: the k steps (float32 panels:
- * in_features; bfloat16 panels: k pairs); x's rows are `depth` steps apart. Either panel holds 128
- * bytes (two cache lines) a step; the tile prefetches the same two lines of `ahead` into L2 as it
- * goes (run_panels says which panel). */
+ * in_features; bfloat16 panels: k pairs); x's rows are `depth` steps apart. A float32 or bfloat16 panel
+ * holds 128 bytes (two cache lines) a step, a panel of halves 64; the tile prefetches the same lines of
+ * `ahead` into L2 as it goes (run_panels says which panel). */
 typedef void (*tile_fn)(float *out, const void *x, const void *panel, int64_t depth, const char *ahead);
 
 #define PREFETCH_STEP(ahead, k)                                                                       \
@@ -130,52 +130,33 @@ typedef void (*tile_fn)(float *out, const void *x, const void *panel, int64_t de
         _mm_prefetch((ahead) + (k) * 128 + 64, _MM_HINT_T1);                                          \
     } while (0)
 
-#define DEFINE_TILE(R)                                                                                \
-    static void tile_##R(float *out, const void *x_, const void *panel_, int64_t in_features,         \
-                         const char *ahead) {                                                         \
-        const float *x = x_, *panel = panel_;                                                         \
-        __m512 low[R], high[R];                                                                       \
-        for (int r = 0; r < R; r++) low[r] = high[r] = _mm512_setzero_ps();                           \
-        for (int64_t k = 0; k < in_features; k++) {                                                   \
-            PREFETCH_STEP(ahead, k);                                                                  \
-            const __m512 w0 = _mm512_loadu_ps(panel + k * PANEL);                                     \
-            const __m512 w1 = _mm512_loadu_ps(panel + k * PANEL + 16);                                \
-            for (int r = 0; r < R; r++) {                                                             \
-                const __m512 xr = _mm512_set1_ps(x[r * in_features + k]);                             \
-                low[r] = _mm512_fmadd_ps(xr, w0, low[r]);                                             \
-                high[r] = _mm512_fmadd_ps(xr, w1, high[r]);                                           \
-            }                                                                                         \
-        }                                                                                             \
-        for (int r = 0; r < R; r++) {                                                                 \
-            _mm512_storeu_ps(out + r * PANEL, low[r]);                                                \
-            _mm512_storeu_ps(out + r * PANEL + 16, high[r]);                                          \
-        }                                                                                             \
-    }
-DEFINE_TILE(1)
-DEFINE_TILE(2)
-DEFINE_TILE(3)
-DEFINE_TILE(4)
-DEFINE_TILE(5)
-DEFINE_TILE(6)
-DEFINE_TILE(7)
-DEFINE_TILE(8)
+/* Step k's 32 float32 weights as two vectors: read from a float32 panel, or widened from a panel of
+ * halves (pack_panels_wide: `word << 16` is columns 0-15, `word & 0xFFFF0000` columns 16-31). */
+static inline __attribute__((always_inline)) void float_weights(const void *panel, int64_t k, const char *ahead,
+                                                                __m512 *w0, __m512 *w1) {
+    PREFETCH_STEP(ahead, k);
+    *w0 = _mm512_loadu_ps((const float *)panel + k * PANEL);
+    *w1 = _mm512_loadu_ps((const float *)panel + k * PANEL + 16);
+}
 
-static const tile_fn TILES[TILE_ROWS] = {tile_1, tile_2, tile_3, tile_4, tile_5, tile_6, tile_7, tile_8};
+static inline __attribute__((always_inline)) void widened_weights(const void *panel, int64_t k, const char *ahead,
+                                                                  __m512 *w0, __m512 *w1) {
+    _mm_prefetch(ahead + k * 64, _MM_HINT_T1);
+    const __m512i words = _mm512_loadu_si512((const uint32_t *)panel + k * (PANEL / 2));
+    *w0 = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
+    *w1 = _mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
 
-/* A tile over a panel of halves (64 bytes a step; its prefetch of `ahead` one line a step). */
-#define DEFINE_WIDE_TILE(R)                                                                           \
-    static void wide_tile_##R(float *out, const void *x_, const void *panel_, int64_t in_features,    \
-                              const char *ahead) {                                                    \
+/* NAME_R: R float32 rows of x times a panel whose step-k weights WEIGHTS gives. */
+#define DEFINE_TILE(NAME, WEIGHTS, R)                                                                 \
+    static void NAME##_##R(float *out, const void *x_, const void *panel, int64_t in_features,        \
+                           const char *ahead) {                                                       \
         const float *x = x_;                                                                          \
-        const uint32_t *panel = panel_;                                                               \
-        const __m512i high_half = _mm512_set1_epi32((int)0xFFFF0000u);                                \
         __m512 low[R], high[R];                                                                       \
         for (int r = 0; r < R; r++) low[r] = high[r] = _mm512_setzero_ps();                           \
         for (int64_t k = 0; k < in_features; k++) {                                                   \
-            _mm_prefetch(ahead + k * 64, _MM_HINT_T1);                                                \
-            const __m512i words = _mm512_loadu_si512(panel + k * (PANEL / 2));                        \
-            const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));                      \
-            const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(words, high_half));                \
+            __m512 w0, w1;                                                                            \
+            WEIGHTS(panel, k, ahead, &w0, &w1);                                                       \
             for (int r = 0; r < R; r++) {                                                             \
                 const __m512 xr = _mm512_set1_ps(x[r * in_features + k]);                             \
                 low[r] = _mm512_fmadd_ps(xr, w0, low[r]);                                             \
@@ -187,17 +168,14 @@ static const tile_fn TILES[TILE_ROWS] = {tile_1, tile_2, tile_3, tile_4, tile_5,
             _mm512_storeu_ps(out + r * PANEL + 16, high[r]);                                          \
         }                                                                                             \
     }
-DEFINE_WIDE_TILE(1)
-DEFINE_WIDE_TILE(2)
-DEFINE_WIDE_TILE(3)
-DEFINE_WIDE_TILE(4)
-DEFINE_WIDE_TILE(5)
-DEFINE_WIDE_TILE(6)
-DEFINE_WIDE_TILE(7)
-DEFINE_WIDE_TILE(8)
-
-static const tile_fn WIDE_TILES[TILE_ROWS] = {wide_tile_1, wide_tile_2, wide_tile_3, wide_tile_4,
-                                              wide_tile_5, wide_tile_6, wide_tile_7, wide_tile_8};
+#define DEFINE_TILES(NAME, WEIGHTS)                                                                   \
+    DEFINE_TILE(NAME, WEIGHTS, 1) DEFINE_TILE(NAME, WEIGHTS, 2) DEFINE_TILE(NAME, WEIGHTS, 3)          \
+    DEFINE_TILE(NAME, WEIGHTS, 4) DEFINE_TILE(NAME, WEIGHTS, 5) DEFINE_TILE(NAME, WEIGHTS, 6)          \
+    DEFINE_TILE(NAME, WEIGHTS, 7) DEFINE_TILE(NAME, WEIGHTS, 8)                                        \
+    static const tile_fn NAME##s[TILE_ROWS] = {NAME##_1, NAME##_2, NAME##_3, NAME##_4,                 \
+                                               NAME##_5, NAME##_6, NAME##_7, NAME##_8};
+DEFINE_TILES(tile, float_weights)
+DEFINE_TILES(wide_tile, widened_weights)
 
 int panel_linear_available(void) { return 1; }
 
@@ -241,7 +219,7 @@ static void run_panel_job(const PanelJob *job, int64_t weight_bytes, int num_thr
     pool_run(run_panels, (void *)job, num_panels, columns_per_task(num_panels, threads, 1), threads);
 }
 
-/* Float32 rows times float32 panels (element_size 4: TILES) or panels of halves (2: WIDE_TILES). */
+/* Float32 rows times float32 panels (element_size 4: tiles) or panels of halves (2: wide_tiles). */
 static int float_rows_times_panels(void *y, const void *x, const void *panels, int64_t element_size,
                                    const float *bias, int64_t rows, int64_t out_features, int64_t in_features,
                                    int io_bf16, int gated, int num_threads) {
@@ -250,7 +228,7 @@ static int float_rows_times_panels(void *y, const void *x, const void *panels, i
     float *x_f32 = as_given ? NULL : malloc(sizeof(float) * rows * in_features);
     if (!as_given && !x_f32) return 2;
     for (int64_t m = 0; !as_given && m < rows; m++) input_row(x_f32 + m * in_features, x, io_bf16, gated, in_features, m);
-    const PanelJob job = {y, io_bf16, element_size == 4 ? TILES : WIDE_TILES,
+    const PanelJob job = {y, io_bf16, element_size == 4 ? tiles : wide_tiles,
                           as_given ? (const char *)x : (const char *)x_f32, (const char *)panels,
                           in_features * (int64_t)sizeof(float), in_features * PANEL * element_size,
                           in_features, bias, rows, out_features};
