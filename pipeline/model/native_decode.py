@@ -14,7 +14,7 @@ float32/bfloat16. Per step (NativeDecoder.__call__) when every row is one sequen
 short float32 prefill's rows count as such: attention/groups.py's rows_as_sequences; this call writes
 every row's K/V before any row attends) and the few-rows kernels take that many rows (up to 8, or 4
 for float32 weights kept beside oneDNN's packed copy, or 256 where float32 weights are kept as the
-panel kernel's panels instead, on CPUs with AVX-512, 64 for bfloat16 panels; quantized layers below
+panel kernel's panels instead, on CPUs with AVX-512 or AVX2, 64 for bfloat16 panels; quantized layers below
 quantized_linear.dequantize_min_rows, or, with bfloat16 copies (bf16_copies.py), below their
 COPY_MIN_ROWS, or up to 64 where the copies keep panels, which then take COPY_MIN_ROWS rows and
 more; 4-bit layers on CPUs with AMX any number, AMX tiles taking AMX_MIN_ROWS rows and more, as per op);

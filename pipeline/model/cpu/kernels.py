@@ -116,7 +116,7 @@ class FewRowsLinearKernel:
 
 
 class PanelLinearKernel:
-    """y = x W^T + b for a batch of rows, W repacked into panels (csrc/panel_linear.c; AVX-512):
+    """y = x W^T + b for a batch of rows, W repacked into panels (csrc/panel_linear.c; AVX-512 or AVX2):
     float32 weights, and bfloat16 ones where the CPU has AVX512-BF16 (`bf16_available`). Float32
     weights that are all bfloat16 values can be packed as their halves instead (pack_halves): an int32
     tensor of half the bytes, widened back in the kernel (the same products, bit for bit)."""
@@ -167,7 +167,7 @@ class PanelLinearKernel:
                                         out_features, in_features, _io_mode(io_bf16, float32_out), int(gated),
                                         torch.get_num_threads())
         if failed == 1:
-            raise ValueError(f"the panel linear kernel takes 1 or more rows on an AVX-512 CPU (AVX512-BF16 for "
+            raise ValueError(f"the panel linear kernel takes 1 or more rows on an AVX-512 or AVX2 CPU (AVX512-BF16 for "
                              f"bfloat16 panels), got {rows} rows")
         if failed:
             raise MemoryError("the panel linear kernel could not allocate its scratch buffer")
@@ -329,7 +329,7 @@ def load_few_rows_linear_kernel() -> FewRowsLinearKernel | None:
 
 @functools.cache
 def load_panel_linear_kernel() -> PanelLinearKernel | None:
-    """The panel kernel where this CPU runs it (AVX-512 and a C compiler), else None."""
+    """The panel kernel where this CPU runs it (AVX-512 or AVX2, and a C compiler), else None."""
     library = pooled_library()
     if library is None or not bind(library, "panel_linear_available", [], ctypes.c_int)():
         return None

@@ -99,7 +99,7 @@ def test_native_layers_equal_per_op_path(tmp_path: Path, arch: str, dtype: str, 
     assert served, "the native decoder never ran"
     # Steps of more decode rows than its kernels take ran per op; smaller ones natively. With the
     # few-rows kernels (4 or 8 rows) 11 requests start above the limit and end below it; panels
-    # (float32 on AVX-512 CPUs: 256 rows; bfloat16 with AVX512-BF16: 64) take every step.
+    # (float32 on AVX-512 or AVX2 CPUs: 256 rows; bfloat16 with AVX512-BF16: 64) take every step.
     assert max(served) <= decoder.max_rows and min(served) == 1
 
 
@@ -148,7 +148,7 @@ def _many_rows_native_equals_per_op(model_dir: Path, quantization: str, dtype: s
     return served, decoder
 
 
-@pytest.mark.skipif(load_panel_linear_kernel() is None, reason="panels need AVX-512")
+@pytest.mark.skipif(load_panel_linear_kernel() is None, reason="panels need AVX-512 or AVX2")
 def test_float32_panels_take_decode_steps_past_64_rows_natively(tmp_path: Path) -> None:
     """float32 panels take up to FLOAT32_PANEL_ROWS rows (as fast as oneDNN there: cpu/linear.py), so steps
     of 65+ decode rows run in the native call too, with the per-op path's outputs bit for bit."""
@@ -158,7 +158,7 @@ def test_float32_panels_take_decode_steps_past_64_rows_natively(tmp_path: Path) 
     assert max(served) > PackedLinear.PANEL_ROWS
 
 
-@pytest.mark.skipif(load_panel_linear_kernel() is None, reason="panels need AVX-512")
+@pytest.mark.skipif(load_panel_linear_kernel() is None, reason="panels need AVX-512 or AVX2")
 def test_a_bfloat16_checkpoint_run_in_float32_decodes_over_wide_panels(tmp_path: Path) -> None:
     """Its float32 weights are all bfloat16 values, so every projection and the head keep panels of their
     halves (cpu/linear.py); the native layers over them give the per-op path's outputs bit for bit."""

@@ -13,8 +13,9 @@
  * kernel, 2 threads: 1 row 12.2 vs 12.8 ms, 4 rows 12.4 vs 13.7 ms, 8 rows 12.2 vs 22.5 ms.
  *
  * Sums run in float32, one FMA chain per output, k in order, so each output's value does not depend
- * on how many rows or threads share the call. Needs AVX-512 (16-lane vectors); elsewhere
- * panel_linear returns 1 and callers keep oneDNN.
+ * on how many rows or threads share the call, nor on the vector width: AVX-512 tiles (8 rows) and
+ * AVX2 tiles (4 rows, each panel's two 16-column halves in turn: 16 registers hold 8 sums, 2 weight
+ * vectors and a broadcast) give the same bits. Elsewhere panel_linear returns 1 and callers keep oneDNN.
  *
  * Packed layout, worked example (out_features 2, in_features 3, panel width shown as 4):
  * W = [[a0 a1 a2], [b0 b1 b2]] -> [a0 b0 0 0 | a1 b1 0 0 | a2 b2 0 0] (columns past out_features 0).
@@ -30,8 +31,7 @@
 #include "input_rows.h"
 #include "threads.h"
 
-#define PANEL 32    /* output columns per panel: two 16-lane vectors */
-#define TILE_ROWS 8 /* rows per tile: 16 accumulators */
+#define PANEL 32 /* output columns per panel: two 16-lane vectors */
 
 int64_t panel_linear_packed_size(int64_t out_features, int64_t in_features) {
     return (out_features + PANEL - 1) / PANEL * PANEL * in_features;
@@ -115,7 +115,7 @@ void pack_panels_bf16(uint16_t *panels, const uint16_t *weight, int64_t out_feat
                 }
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 
 /* A tile: R rows of x times one panel -> out [R][PANEL]. `depth`: the k steps (float32 panels:
@@ -129,6 +129,9 @@ typedef void (*tile_fn)(float *out, const void *x, const void *panel, int64_t de
         _mm_prefetch((ahead) + (k) * 128, _MM_HINT_T1);                                               \
         _mm_prefetch((ahead) + (k) * 128 + 64, _MM_HINT_T1);                                          \
     } while (0)
+
+#if defined(__AVX512F__)
+#define TILE_ROWS 8 /* rows per tile: 16 accumulators */
 
 /* Step k's 32 float32 weights as two vectors: read from a float32 panel, or widened from a panel of
  * halves (pack_panels_wide: `word << 16` is columns 0-15, `word & 0xFFFF0000` columns 16-31). */
@@ -174,6 +177,64 @@ static inline __attribute__((always_inline)) void widened_weights(const void *pa
     DEFINE_TILE(NAME, WEIGHTS, 7) DEFINE_TILE(NAME, WEIGHTS, 8)                                        \
     static const tile_fn NAME##s[TILE_ROWS] = {NAME##_1, NAME##_2, NAME##_3, NAME##_4,                 \
                                                NAME##_5, NAME##_6, NAME##_7, NAME##_8};
+#else /* AVX2: 8-lane vectors */
+#define TILE_ROWS 6 /* rows per tile: 12 accumulators a half panel */
+
+/* Step k's 16 float32 weights of the panel's columns 16 * half .. 16 * half + 15 as two vectors, read
+ * or widened as above (a panel of halves: words 0-15 give columns 0-15 shifted, 16-31 masked). Each
+ * half prefetches its own line of `ahead` (a panel of halves has one line a step: the first half's). */
+static inline __attribute__((always_inline)) void float_weights(const void *panel, int64_t k, int half,
+                                                                const char *ahead, __m256 *w0, __m256 *w1) {
+    _mm_prefetch(ahead + k * 128 + 64 * half, _MM_HINT_T1);
+    const float *at = (const float *)panel + k * PANEL + 16 * half;
+    *w0 = _mm256_loadu_ps(at);
+    *w1 = _mm256_loadu_ps(at + 8);
+}
+
+static inline __attribute__((always_inline)) void widened_weights(const void *panel, int64_t k, int half,
+                                                                  const char *ahead, __m256 *w0, __m256 *w1) {
+    if (half == 0) _mm_prefetch(ahead + k * 64, _MM_HINT_T1);
+    const uint32_t *at = (const uint32_t *)panel + k * (PANEL / 2);
+    const __m256i words0 = _mm256_loadu_si256((const __m256i *)at), words1 = _mm256_loadu_si256((const __m256i *)(at + 8));
+    if (half == 0) {
+        *w0 = _mm256_castsi256_ps(_mm256_slli_epi32(words0, 16));
+        *w1 = _mm256_castsi256_ps(_mm256_slli_epi32(words1, 16));
+    } else {
+        const __m256i high_halves = _mm256_set1_epi32((int)0xFFFF0000u);
+        *w0 = _mm256_castsi256_ps(_mm256_and_si256(words0, high_halves));
+        *w1 = _mm256_castsi256_ps(_mm256_and_si256(words1, high_halves));
+    }
+}
+
+/* NAME_R: R float32 rows of x times a panel, one 16-column half at a time (the half is in L1 or L2
+ * when the second row group of a call reads it again). */
+#define DEFINE_TILE(NAME, WEIGHTS, R)                                                                 \
+    static void NAME##_##R(float *out, const void *x_, const void *panel, int64_t in_features,        \
+                           const char *ahead) {                                                       \
+        const float *x = x_;                                                                          \
+        for (int half = 0; half < 2; half++) {                                                        \
+            __m256 low[R], high[R];                                                                   \
+            for (int r = 0; r < R; r++) low[r] = high[r] = _mm256_setzero_ps();                       \
+            for (int64_t k = 0; k < in_features; k++) {                                               \
+                __m256 w0, w1;                                                                        \
+                WEIGHTS(panel, k, half, ahead, &w0, &w1);                                             \
+                for (int r = 0; r < R; r++) {                                                         \
+                    const __m256 xr = _mm256_broadcast_ss(x + r * in_features + k);                   \
+                    low[r] = _mm256_fmadd_ps(xr, w0, low[r]);                                         \
+                    high[r] = _mm256_fmadd_ps(xr, w1, high[r]);                                       \
+                }                                                                                     \
+            }                                                                                         \
+            for (int r = 0; r < R; r++) {                                                             \
+                _mm256_storeu_ps(out + r * PANEL + 16 * half, low[r]);                                \
+                _mm256_storeu_ps(out + r * PANEL + 16 * half + 8, high[r]);                           \
+            }                                                                                         \
+        }                                                                                             \
+    }
+#define DEFINE_TILES(NAME, WEIGHTS)                                                                   \
+    DEFINE_TILE(NAME, WEIGHTS, 1) DEFINE_TILE(NAME, WEIGHTS, 2) DEFINE_TILE(NAME, WEIGHTS, 3)          \
+    DEFINE_TILE(NAME, WEIGHTS, 4) DEFINE_TILE(NAME, WEIGHTS, 5) DEFINE_TILE(NAME, WEIGHTS, 6)          \
+    static const tile_fn NAME##s[TILE_ROWS] = {NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6};
+#endif
 DEFINE_TILES(tile, float_weights)
 DEFINE_TILES(wide_tile, widened_weights)
 
@@ -237,7 +298,7 @@ static int float_rows_times_panels(void *y, const void *x, const void *panels, i
     return 0;
 }
 
-/* Returns 0; 1 without AVX-512 (the caller keeps its other path); 2 when out of memory. */
+/* Returns 0; 1 without AVX-512 or AVX2 (the caller keeps its other path); 2 when out of memory. */
 int panel_linear(void *y, const void *x, const float *panels, const float *bias, int64_t rows,
                  int64_t out_features, int64_t in_features, int io_bf16, int gated, int num_threads) {
     return float_rows_times_panels(y, x, panels, 4, bias, rows, out_features, in_features, io_bf16, gated, num_threads);

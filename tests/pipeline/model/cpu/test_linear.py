@@ -260,7 +260,7 @@ def test_few_rows_kernel_takes_and_returns_bfloat16_rounding_its_float32_sums_as
 def test_panel_kernel_matches_float64_with_bias_and_gating(rows: int, shape: tuple[int, int]) -> None:
     kernel = load_panel_linear_kernel()
     if kernel is None:
-        pytest.skip("no AVX-512 or no C compiler")
+        pytest.skip("no AVX-512 or AVX2, or no C compiler")
     torch.manual_seed(rows)
     out_features, in_features = shape
     weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
@@ -278,7 +278,7 @@ def test_panel_kernel_matches_float64_with_bias_and_gating(rows: int, shape: tup
 def test_float32_packed_linear_keeps_panels_instead_of_the_plain_weight_and_uses_them_up_to_64_rows() -> None:
     panel, few_rows = load_panel_linear_kernel(), load_few_rows_linear_kernel()
     if panel is None or few_rows is None:
-        pytest.skip("no AVX-512 or no C compiler")
+        pytest.skip("no AVX-512 or AVX2, or no C compiler")
     torch.manual_seed(5)
     linear = nn.Linear(68, 48)
     layer = PackedLinear(linear, few_rows, panel)
@@ -291,6 +291,8 @@ def test_float32_packed_linear_keeps_panels_instead_of_the_plain_weight_and_uses
         assert torch.equal(layer(many), PackedLinear(linear)(many))  # oneDNN above FLOAT32_PANEL_ROWS
         gate_up = torch.randn(3, 136)
         assert torch.equal(layer.forward_gated(gate_up), panel(gate_up, layer.panels, 48, linear.bias, gated=True))
+    if not onednn_linear_works(torch.bfloat16):
+        return  # (AVX2 without AVX-NE-CONVERT: bfloat16 layers are not packed; FewRowsLinear takes them)
     bf16 = PackedLinear(linear.to(torch.bfloat16), few_rows, panel)
     if panel.bf16_available:  # bfloat16 panels (AVX512-BF16), else the few-rows kernel's plain weight
         assert bf16.panels is not None and bf16.panels.dtype == torch.bfloat16 and bf16.plain_weight is None
@@ -314,7 +316,7 @@ def test_wide_panels_of_bfloat16_valued_float32_weights_give_the_float32_panels_
     float32 panels' outputs bit for bit, plain, with bias, gated, from bfloat16 rows and to float32."""
     kernel = load_panel_linear_kernel()
     if kernel is None:
-        pytest.skip("no AVX-512 or no C compiler")
+        pytest.skip("no AVX-512 or AVX2, or no C compiler")
     out_features, in_features = shape
     generator = torch.Generator().manual_seed(rows + out_features)
     weight = torch.randn(out_features, in_features, generator=generator).bfloat16().float()
@@ -334,7 +336,7 @@ def test_wide_panels_of_bfloat16_valued_float32_weights_give_the_float32_panels_
 def test_only_float32_weights_that_are_bfloat16_values_keep_wide_panels() -> None:
     panel, few_rows = load_panel_linear_kernel(), load_few_rows_linear_kernel()
     if panel is None or few_rows is None:
-        pytest.skip("no AVX-512 or no C compiler")
+        pytest.skip("no AVX-512 or AVX2, or no C compiler")
     torch.manual_seed(6)
     linear = nn.Linear(68, 48)
     with torch.no_grad():
