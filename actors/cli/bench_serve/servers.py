@@ -6,6 +6,7 @@
 - vLLM: its OpenAI server (`vllm serve`, run by the given python) on an HF directory: the
   GGUF file as our loader converts it (every tensor dequantized to bfloat16, standard HF names),
   linked without our 4-bit block file, which vLLM would not know; an HF `--model` directory as it is.
+  In bfloat16 where the CPU multiplies it natively, else in float32 (vllm_dtype).
 A peer whose command is not installed, or that cannot serve the model, is skipped with the reason.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from actors.cli.bench import gguf_file_of
 from actors.cli.bench_serve.engine_flags import given_engine_flags
+from pipeline.model.cpu.library import cpu_has_bfloat16_arithmetic
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +84,21 @@ def vllm_server(args: argparse.Namespace, model: str, port: int) -> ServerSpec |
         return Skipped("vLLM", f"--vllm-python {args.vllm_python} does not exist")
     model_dir = vllm_model_dir(model)
     max_len = request_context(args)
+    dtype = vllm_dtype()
     command = [args.vllm_python, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir), "--host", "127.0.0.1",
-               "--port", str(port), "--dtype", "bfloat16", "--max-model-len", str(max_len),
+               "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_len),
                "--served-model-name", "bench"]
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
     gguf = gguf_file_of(model)
     what = f"{gguf.name} dequantized to bfloat16 by our converter" if gguf else "an HF directory"
-    return ServerSpec("vLLM", command, f"{model_dir} ({what}; --dtype bfloat16, its default threads)", env)
+    return ServerSpec("vLLM", command, f"{model_dir} ({what}; --dtype {dtype}, its default threads)", env)
+
+
+def vllm_dtype() -> str:
+    """bfloat16 where the CPU multiplies it natively, else float32: aqueduct's own `--dtype auto`. Without
+    bfloat16 arithmetic (AVX2 only) vLLM's bfloat16 runs emulated: 2-core Zen 3 VM, SmolLM2, 11.8 output
+    tokens/s for 32 concurrent requests (docs/benchmarks.md), not what a user of that box would run."""
+    return "bfloat16" if cpu_has_bfloat16_arithmetic() else "float32"
 
 
 def vllm_model_dir(model: str) -> Path:

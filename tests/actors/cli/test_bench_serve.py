@@ -92,3 +92,19 @@ def test_vllm_gets_the_gguf_file_as_an_hf_checkpoint_without_our_block_file(tmp_
     names = {child.name for child in directory.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= names and "gguf_blocks.safetensors" not in names
     assert json.loads((directory / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+def test_vllm_is_given_bfloat16_only_where_the_cpu_multiplies_it(default_model_path, monkeypatch, tmp_path):
+    """vLLM gets aqueduct's own `--dtype auto` choice: on an AVX2-only CPU its bfloat16 runs emulated."""
+    from actors.cli.bench_serve import servers
+
+    monkeypatch.setenv("AQUEDUCT_CACHE_DIR", str(default_model_path.parent))
+    python = tmp_path / "python"
+    python.write_text("")
+    args = build_parser().parse_args(["bench", "--serve", "--model", "builtin", "--vllm-python", str(python),
+                                      "--prompt-words", "8", "16", "--output-len", "8", "8"])
+    for native, dtype in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(servers, "cpu_has_bfloat16_arithmetic", lambda native=native: native)
+        spec = servers.vllm_server(args, "builtin", 8000)
+        assert isinstance(spec, servers.ServerSpec)
+        assert spec.command[spec.command.index("--dtype") + 1] == dtype and f"--dtype {dtype}" in spec.weights
