@@ -18,8 +18,8 @@ Zen 4 (AVX-512) oneDNN alone was about as fast as the kernel for a single linear
 what lets a decode step's layers run in one native call (native_decode.py): SmolLM2 decoded 2.1x
 (float32) and 2.9-3.1x (bfloat16) faster with it than with oneDNN's per-op path (benchmarks/cpu_speed.py).
 So `cpu_linear="auto"` (the default) keeps the plain weight beside the packed one (twice the linear
-layers' weight memory) and sends 1-4 rows to the kernel, more to oneDNN; on CPUs with AVX-512, float32
-weights are kept as the panel kernel's panels instead of plainly (csrc/panel_linear.c), which take
+layers' weight memory) and sends 1-4 rows to the kernel, more to oneDNN; on CPUs with AVX-512 or AVX2,
+float32 weights are kept as the panel kernel's panels instead of plainly (csrc/panel_linear.c), which take
 1-256 rows (a decode batch) in one kernel per layer: as fast as the few-rows kernel for 1-4 rows,
 faster than oneDNN up to 64 (SmolLM2's layers, Zen 5; figures in that file) and within 5% of it either
 way from 64 to 256 (SmolLM2's and the 5M model's shapes, 2 threads, 2-core Zen 4 VM), so a decode step
@@ -30,10 +30,16 @@ float32) keep panels of their high halves, which the kernel widens back to the s
 same products bit for bit from half the bytes, so decode steps of few rows, which wait on memory, read
 half as much (SmolLM2's 120 layers from memory, 2 threads, 2-core Zen 4 VM: 1 row 7.4 against 13.5 ms,
 8 rows 10.3 against 14.7, 16 rows 18.6 against 21.3, 32 rows 35.2 against 36.7; its float32 batch
-benchmark's decode steps of 12-29 rows 26.9-46.4 against 34.3-54.8 ms). bfloat16 weights get panels
-of their own where the CPU has AVX512-BF16 (k pairs multiplied by VDPBF16PS), for 1-64 rows (beyond,
-oneDNN's product was 10-20% faster): SmolLM2 bfloat16 decoded 1.07-1.12x as fast for one sequence and
-1.18-1.20x for 32 as with the few-rows kernel and oneDNN (alternating runs, Zen 4).
+benchmark's decode steps of 12-29 rows 26.9-46.4 against 34.3-54.8 ms). On AVX2 (2-core Zen 3 VM, SmolLM2's
+120 layers, bfloat16-valued float32 weights, 2 threads, best of 9, three runs) panels of halves took 15-19 ms
+for 1-4 rows against 31-41 for the few-rows kernel and 67-76 for oneDNN, 28-32 ms for 8 rows against 46-59,
+60-84 for 32 against 95-100, 119 for 64 against 175 (float32 panels: about oneDNN's time from 8 to 256
+rows); at 512-2,048 rows oneDNN's product ran 1.2-2x the panels' rate, so prefill stays on it. That
+box's float32 batch benchmark (docs/benchmarks.md) took 29.0-30.4 s against 39.5-42.5 s with the few-rows
+kernel and oneDNN. bfloat16 weights get panels of their own where the CPU has AVX512-BF16 (k pairs
+multiplied by VDPBF16PS), for 1-64 rows (beyond, oneDNN's product was 10-20% faster): SmolLM2 bfloat16
+decoded 1.07-1.12x as fast for one sequence and 1.18-1.20x for 32 as with the few-rows kernel and oneDNN
+(alternating runs, Zen 4).
 Where the CPU has AMX, oneDNN's bfloat16 product runs on AMX tiles and overtakes the panels from a
 few rows (SmolLM2's 3072 x 576, 2-core Xeon VM: 0.58 against 0.13 ms at 32 rows), so bfloat16 panels
 take 1-16 rows there (AMX_PANEL_ROWS): `aqueduct bench --model smollm2 --quantization none --dtype
