@@ -5,5 +5,5 @@ process.py (the servers and their lifetimes), workload.py, client.py and phases.
 timed).
 
 May import: actors.cli.bench (the GGUF file of a model), actors.cli.engine_args, actors.kit.process_tuning,
-pipeline.loading.
+pipeline.loading, pipeline.model.cpu.library (whether the CPU multiplies bfloat16: vLLM's dtype).
 """
