@@ -31,7 +31,7 @@ same products bit for bit from half the bytes, so decode steps of few rows, whic
 half as much (SmolLM2's 120 layers from memory, 2 threads, 2-core Zen 4 VM: 1 row 7.4 against 13.5 ms,
 8 rows 10.3 against 14.7, 16 rows 18.6 against 21.3, 32 rows 35.2 against 36.7; its float32 batch
 benchmark's decode steps of 12-29 rows 26.9-46.4 against 34.3-54.8 ms). On AVX2 (2-core Zen 3 VM, SmolLM2's
-120 layers, bfloat16-valued float32 weights, 2 threads, best of 9, three runs) panels of halves took 15-19 ms
+120 layers, bfloat16-valued float32 weights, 2 threads, best of 9, 1-3 runs) panels of halves took 15-19 ms
 for 1-4 rows against 31-41 for the few-rows kernel and 67-76 for oneDNN, 28-32 ms for 8 rows against 46-59,
 60-84 for 32 against 95-100, 119 for 64 against 175 (float32 panels: about oneDNN's time from 8 to 256
 rows); at 512-2,048 rows oneDNN's product ran 1.2-2x the panels' rate, so prefill stays on it. That

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.config import CacheConfig, ModelConfig, SchedulerConfig
-from pipeline.model.cpu.kernels import load_few_rows_linear_kernel, load_panel_linear_kernel
+from pipeline.model.cpu.kernels import PanelLinearKernel, load_few_rows_linear_kernel, load_panel_linear_kernel
 from pipeline.model.cpu.library import cpu_flags
 from pipeline.model.cpu.linear import (
     FewRowsLinear,
@@ -255,12 +255,18 @@ def test_few_rows_kernel_takes_and_returns_bfloat16_rounding_its_float32_sums_as
     assert torch.equal(ours, kernel(x.float(), linear.weight.detach(), linear.bias).to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("rows", [1, 7, 8, 9, 33, 64, 130])
-@pytest.mark.parametrize("shape", [(37, 19), (100, 68), (64, 1536)])  # a part-filled panel; K in any size
-def test_panel_kernel_matches_float64_with_bias_and_gating(rows: int, shape: tuple[int, int]) -> None:
+def _panel_kernel() -> PanelLinearKernel:
+    """The panel kernel; the test skips where there is none (no AVX-512 or AVX2, or no C compiler)."""
     kernel = load_panel_linear_kernel()
     if kernel is None:
         pytest.skip("no AVX-512 or AVX2, or no C compiler")
+    return kernel
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 33, 64, 130])
+@pytest.mark.parametrize("shape", [(37, 19), (100, 68), (64, 1536)])  # a part-filled panel; K in any size
+def test_panel_kernel_matches_float64_with_bias_and_gating(rows: int, shape: tuple[int, int]) -> None:
+    kernel = _panel_kernel()
     torch.manual_seed(rows)
     out_features, in_features = shape
     weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
@@ -276,9 +282,7 @@ def test_panel_kernel_matches_float64_with_bias_and_gating(rows: int, shape: tup
 
 
 def test_float32_packed_linear_keeps_panels_instead_of_the_plain_weight_and_uses_them_up_to_64_rows() -> None:
-    panel, few_rows = load_panel_linear_kernel(), load_few_rows_linear_kernel()
-    if panel is None or few_rows is None:
-        pytest.skip("no AVX-512 or AVX2, or no C compiler")
+    panel, few_rows = _panel_kernel(), load_few_rows_linear_kernel()  # one library: both or neither
     torch.manual_seed(5)
     linear = nn.Linear(68, 48)
     layer = PackedLinear(linear, few_rows, panel)
@@ -314,9 +318,7 @@ def test_wide_panels_of_bfloat16_valued_float32_weights_give_the_float32_panels_
         rows: int, shape: tuple[int, int]) -> None:
     """Float32 weights that are bfloat16 values, packed as their halves and widened in the kernel: the
     float32 panels' outputs bit for bit, plain, with bias, gated, from bfloat16 rows and to float32."""
-    kernel = load_panel_linear_kernel()
-    if kernel is None:
-        pytest.skip("no AVX-512 or AVX2, or no C compiler")
+    kernel = _panel_kernel()
     out_features, in_features = shape
     generator = torch.Generator().manual_seed(rows + out_features)
     weight = torch.randn(out_features, in_features, generator=generator).bfloat16().float()
@@ -334,9 +336,7 @@ def test_wide_panels_of_bfloat16_valued_float32_weights_give_the_float32_panels_
 
 
 def test_only_float32_weights_that_are_bfloat16_values_keep_wide_panels() -> None:
-    panel, few_rows = load_panel_linear_kernel(), load_few_rows_linear_kernel()
-    if panel is None or few_rows is None:
-        pytest.skip("no AVX-512 or AVX2, or no C compiler")
+    panel, few_rows = _panel_kernel(), load_few_rows_linear_kernel()  # one library: both or neither
     torch.manual_seed(6)
     linear = nn.Linear(68, 48)
     with torch.no_grad():
