@@ -14,6 +14,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +47,34 @@ def _compile(sources: list[Path], flags: list[str], target: Path) -> None:
         raise FileNotFoundError("no C compiler (cc/gcc) on PATH")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
+        objects = _compile_objects(compiler, sources, flags, Path(staging))
         built = Path(staging) / target.name
-        subprocess.run([compiler, *flags, *map(str, sources), "-o", str(built), "-lm"],
-                       check=True, capture_output=True, text=True)
+        _run_compiler([compiler, *flags, *map(str, objects), "-o", str(built), "-lm"])
         os.replace(built, target)  # atomic: concurrent processes never load a half-written file
+
+
+def _compile_objects(compiler: str, sources: list[Path], flags: list[str], staging: Path) -> list[Path]:
+    """Each source to its own object file, as many at once as this process has CPUs.
+
+    A first run's build is a start-up cost: one compiler call over every source took ~14 s on two
+    cores, one of them idle; the longest source (~5 s) goes first so that it does not finish last.
+    """
+    objects = [staging / f"{index}-{source.stem}.o" for index, source in enumerate(sources)]
+    jobs = sorted(zip(sources, objects, strict=True), key=lambda job: job[0].stat().st_size, reverse=True)
+    with ThreadPoolExecutor(max_workers=_usable_cpus()) as pool:
+        builds = [pool.submit(_run_compiler, [compiler, *flags, "-c", str(source), "-o", str(obj)])
+                  for source, obj in jobs]
+        for build in builds:
+            build.result()  # the first failure raises here, with the compiler's stderr
+    return objects
+
+
+def _run_compiler(command: list[str]) -> None:
+    subprocess.run(command, check=True, capture_output=True, text=True)
+
+
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _load_library(name: str, flags: list[str], sources: tuple[str, ...] | None = None) -> ctypes.CDLL | None:
