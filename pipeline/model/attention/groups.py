@@ -22,8 +22,16 @@ from pipeline.model.attention.windows import Window
 # of 8-16 tokens took 56-64 ms one call each against 37-42 ms in one padded call; 32 of 18-64 tokens
 # 78-81 against 113-133 ms; 24 of 34-95, 121-128 against 213-214 ms.
 ALONE_MIN_TOKENS = 32
-# A prefill group may cost at most this many times its unpadded attention work.
+# A prefill group may cost at most this many times its unpadded attention work, and pad at most this
+# many query x key pairs (scores per head) in all. The bound matters where one chunk is long: a 1,024-token
+# chunk over 4,096 keys beside a 200-token one fits the ratio (2 x 1024 x 4096 <= 2 x the real work),
+# and padding the short one to its size nearly doubled the step (SmolLM2 bfloat16, a 5,000-word prompt
+# in prefill under --long-prefill-token-threshold 1024 while 32 prompts arrive: steps of 5.0-6.5 s
+# against 3.3-3.8 s with the bound). A call costs ~30 us a layer on a 2-core box, ~650 padded query x key
+# pairs' worth for SmolLM2's 9 heads at SDPA's ~50 GFLOP/s; grouping won only for tiny prompts (64 of
+# 8-16 tokens: ~7k padded pairs against 63 calls saved), hence 16k.
 MAX_PADDING_RATIO = 2.0
+MAX_PADDED_SCORES = 16_384
 # Decode groups: padded keys at most this many times the real ones, but at least this many
 # sequences per group (each group is one more SDPA call per layer).
 DECODE_PADDING_RATIO = 1.25
@@ -85,12 +93,14 @@ def prefill_groups(query_lens: np.ndarray, seq_lens: np.ndarray) -> list[np.ndar
 
 
 def split_prefills(query_lens: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
-    """Group prefill sequences (indices into the arrays) so padding wastes at most ~2x.
+    """Group prefill sequences (indices into the arrays) so padding wastes at most ~2x, and little.
 
     Sorted by cost, a group grows while padded work (n * max_q * max_kv) stays within
-    MAX_PADDING_RATIO of the real work (sum of q * kv). Worked example, no cached context:
-    query lens [300, 8, 290, 6, 5] -> groups [[0, 2, 1], [3, 4]] (the 8-token chunk still fits
-    beside the long ones; 3 * 300 * 300 <= 2 * (300^2 + 290^2 + 8^2)).
+    MAX_PADDING_RATIO of the real work (sum of q * kv) and exceeds it by at most MAX_PADDED_SCORES.
+    Worked example, no cached context: query lens [300, 290, 8] -> groups [[0, 1], [2]]. The 290-token
+    chunk pads 2 * 300^2 - (300^2 + 290^2) = 5,900 scores beside the 300-token one (within both
+    bounds); the 8-token chunk would pad 3 * 300^2 - (300^2 + 290^2 + 8^2) = 95,836, within 2x of the
+    real work but past MAX_PADDED_SCORES, so it starts a group of its own.
     """
     order = np.argsort(-(query_lens * seq_lens), kind="stable")
     groups: list[list[int]] = []
@@ -99,7 +109,8 @@ def split_prefills(query_lens: np.ndarray, seq_lens: np.ndarray) -> list[np.ndar
         q_len, kv_len = int(query_lens[seq]), int(seq_lens[seq])
         grown = len(groups[-1]) + 1 if groups else 0
         padded = grown * max(max_q, q_len) * max(max_kv, kv_len)
-        if groups and padded <= MAX_PADDING_RATIO * (real + q_len * kv_len):
+        grown_real = real + q_len * kv_len
+        if groups and padded <= MAX_PADDING_RATIO * grown_real and padded - grown_real <= MAX_PADDED_SCORES:
             groups[-1].append(seq)
             real, max_q, max_kv = real + q_len * kv_len, max(max_q, q_len), max(max_kv, kv_len)
         else:

@@ -25,3 +25,16 @@ def test_groups_cover_every_sequence_once() -> None:
     assert sorted(np.concatenate(groups).tolist()) == list(range(40))
     alone = {int(group[0]) for group in groups if len(group) == 1}
     assert all(seq in alone for seq in np.flatnonzero((query_lens == seq_lens) & (query_lens >= ALONE_MIN_TOKENS)))
+
+
+def test_a_short_chunk_is_not_padded_to_a_long_chunk_over_a_long_context() -> None:
+    # A 1,024-token chunk over 4,096 keys and a 200-token one over 400: within 2x of the real work
+    # together, but the short one would pay ~3.8M padded scores a head.
+    groups = [group.tolist() for group in prefill_groups(np.array([1024, 200]), np.array([4096, 400]))]
+    assert sorted(groups) == [[0], [1]]
+
+
+def test_many_tiny_prompts_still_share_one_padded_group() -> None:
+    query_lens = np.random.default_rng(1).integers(8, 17, 64)  # first chunks under ALONE_MIN_TOKENS
+    groups = prefill_groups(query_lens, query_lens.copy())
+    assert len(groups) == 1 and len(groups[0]) == 64
