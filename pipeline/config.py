@@ -160,6 +160,10 @@ class SchedulerConfig:
     # burst's short prompts get their first tokens sooner and no request passes an earlier arrival;
     # "shortest": the fewest prompt tokens first, before fair share (benchmarks/prefill_order.py).
     prefill_order: str = "burst"
+    # vLLM's knob of the same name: a sequence's prompt chunk in a step at most this many tokens (0: no
+    # cap), so one long prompt cannot take a whole step's budget from the prompts beside it
+    # (benchmarks/prefill_order.py --thresholds measures the trade-off).
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
         _require(self.prefill_order in PREFILL_ORDERS,
@@ -175,6 +179,8 @@ class SchedulerConfig:
         _require(self.max_num_batched_tokens >= 1,
                  f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         _require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        _require(self.long_prefill_token_threshold >= 0,
+                 f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="priority policy: equal priorities admitted by fair share and arrival (burst: those "
                             "arriving between two steps fewest prompt tokens first), or fewest prompt tokens "
                             "first before fair share (shortest)")
+    group.add_argument("--long-prefill-token-threshold", type=int, default=0,
+                       help="a sequence's prompt chunk in a step at most this many tokens, so one long prompt "
+                            "does not take a whole step from the prompts beside it (vLLM's flag; 0: no cap)")
     group.add_argument("--fair-step-tokens", type=int, default=8,
                        help="priority policy: when tenants share a step, the busiest is held to the next one's "
                             "level of tokens, at least this many (0: no step shares; seats are still shared)")
@@ -277,7 +280,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                                   priority_aging_steps=args.priority_aging_steps,
                                   max_bulk_prefill_tokens=args.max_bulk_prefill_tokens or None,
                                   fair_step_tokens=args.fair_step_tokens or None,
-                                  prefill_order=args.prefill_order),
+                                  prefill_order=args.prefill_order,
+                                  long_prefill_token_threshold=args.long_prefill_token_threshold),
         lora=lora_config_from_args(args),
         speculative=speculative_config_from_args(args),
         limits=RequestLimits(max_stop_strings=args.max_stop_strings, max_dry_breakers=args.max_dry_breakers,

@@ -262,9 +262,12 @@ class Scheduler(WaitingAdmission):
         return self.failures.take()
 
     def _step_capped(self, seq: Sequence, num_new: int) -> int:
-        """`num_new` within what the sequence's tenant may still compute this step (tenant_shares.py)
-        and, for a bulk request's prefill chunk, what is left of the step's bulk prefill share
-        (max_bulk_prefill_tokens)."""
+        """`num_new` within long_prefill_token_threshold (a prompt chunk's cap), what the sequence's tenant
+        may still compute this step (tenant_shares.py) and, for a bulk request's prefill chunk, what is
+        left of the step's bulk prefill share (max_bulk_prefill_tokens)."""
+        threshold = self.config.long_prefill_token_threshold
+        if threshold:
+            num_new = min(num_new, threshold)
         if self._step_shares is not None:
             num_new = self._step_shares.allowed(seq, num_new)
         if self._bulk_prefill_left is None or num_new <= 1 or seq.request.priority <= 0:

@@ -38,6 +38,8 @@ def test_vllm_flags_map_onto_the_engine_config(default_model_path: Path) -> None
                                    ).model.generation_config == "vllm"
     assert not engine_config_from_args(build_parser().parse_args(
         ["worker", "--no-enable-prefix-caching"])).cache.enable_prefix_caching
+    assert engine_config_from_args(build_parser().parse_args(
+        ["serve", "--long-prefill-token-threshold", "64"])).scheduler.long_prefill_token_threshold == 64
     assert engine_config_from_args(build_parser().parse_args(["batch", "-i", "x", "-o", "y", "--dtype", "half"])
                                    ).model.dtype == "float16"
     with pytest.raises(ValueError, match="two models"):

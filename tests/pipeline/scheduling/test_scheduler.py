@@ -20,6 +20,33 @@ def test_long_prompt_is_chunked_under_the_token_budget():
     assert chunks == [16, 16, 16, 2, 1, 1]
 
 
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_long_prefill_token_threshold_caps_each_prompt_chunk_and_leaves_the_budget_to_others(policy):
+    """vLLM's long_prefill_token_threshold: no sequence computes more than 12 prompt tokens a step, so
+    the short prompt behind the long one is not kept waiting for the long one's whole prompt."""
+    scheduler = make_scheduler(max_num_batched_tokens=32, num_blocks=64, long_prefill_token_threshold=12,
+                               scheduling_policy=policy, prefill_order="arrival")
+    scheduler.add_request(make_request("long", prompt_len=30, max_tokens=2))
+    scheduler.add_request(make_request("short", prompt_len=8, max_tokens=2, first_token=50))
+    long_seq = scheduler.requests["long"].sequences[0]
+    short_seq = scheduler.requests["short"].sequences[0]
+    first = run_step(scheduler)
+    assert first.num_scheduled_tokens == {long_seq.seq_id: 12, short_seq.seq_id: 8}
+    assert [run_step(scheduler).num_scheduled_tokens[long_seq.seq_id] for _ in range(2)] == [12, 6]
+    run_to_completion(scheduler)
+    assert long_seq.num_output_tokens == 2 and short_seq.num_output_tokens == 2
+    _check_block_accounting(scheduler)
+
+
+def test_without_the_threshold_the_first_prompt_takes_the_budget():
+    scheduler = make_scheduler(max_num_batched_tokens=32, num_blocks=64, prefill_order="arrival")
+    scheduler.add_request(make_request("long", prompt_len=30, max_tokens=2))
+    scheduler.add_request(make_request("short", prompt_len=8, max_tokens=2, first_token=50))
+    first = run_step(scheduler)
+    assert first.num_scheduled_tokens == {scheduler.requests["long"].sequences[0].seq_id: 30,
+                                          scheduler.requests["short"].sequences[0].seq_id: 2}
+
+
 def test_decodes_keep_running_beside_a_chunked_prefill():
     scheduler = make_scheduler(max_num_batched_tokens=16, prefix_caching=False)
     scheduler.add_request(make_request("short", prompt_len=4, max_tokens=10))
