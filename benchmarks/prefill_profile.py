@@ -148,7 +148,8 @@ def parts_timed(model: torch.nn.Module, timer: PartTimer) -> Iterator[None]:
             heads.append(module)
     backends = {id(module.backend): module.backend for module in model.modules() if hasattr(module, "backend")}
     wrapped = [(backend, name, getattr(backend, name)) for backend in backends.values()
-               for name in ("forward", "rope_and_write_kv") if callable(getattr(backend, name, None))]
+               for name in ("forward", "rope_and_write_kv")
+               if callable(getattr(backend, name, None)) and name not in vars(backend)]
     for backend, name, function in wrapped:
         setattr(backend, name, timer.wrap("attention" if name == "forward" else "rope + K/V writes", function))
     try:

@@ -112,7 +112,7 @@ def split_prefills(query_lens: np.ndarray, seq_lens: np.ndarray) -> list[np.ndar
         grown_real = real + q_len * kv_len
         if groups and padded <= MAX_PADDING_RATIO * grown_real and padded - grown_real <= MAX_PADDED_SCORES:
             groups[-1].append(seq)
-            real, max_q, max_kv = real + q_len * kv_len, max(max_q, q_len), max(max_kv, kv_len)
+            real, max_q, max_kv = grown_real, max(max_q, q_len), max(max_kv, kv_len)
         else:
             groups.append([seq])
             real, max_q, max_kv = q_len * kv_len, q_len, kv_len
