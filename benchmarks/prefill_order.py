@@ -12,8 +12,9 @@ The workload of `aqueduct bench --serve`: --requests prompts of 40-400 words (se
 (ignore_eos). With --long-first, one prompt of that many words arrives a step before the burst (a
 long document already in prefill when the burst comes), its TTFT printed apart. Each round runs
 every order, budget and threshold on fresh engines, reversing the sequence every other round;
-printed per run: the burst's time to first token p50 and p99 (from its arrival), and output
-tokens/s over the whole burst. The box's noise moves every figure: compare within a round.
+printed per run: the burst's time to first token p50 and p99 (from its arrival), and the burst's
+output tokens/s (the long prompt's own not counted). The box's noise moves every figure: compare
+within a round.
 """
 
 from __future__ import annotations
