@@ -9,39 +9,42 @@
  * Returns the floating-point operations done (a multiply-add counts as two); -1 where this build's
  * CPU flags do not have the instructions. The sums are written to `sink` so the loop is not removed.
  */
+#include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 
 #define CHAINS 12  /* the unroll pragmas below repeat it (they take no macro) */
 
-long long float32_fma_loop(long long iterations, float *sink) {
+/* The widest float32 FMA this build's CPU flags have: one loop below for either width. */
 #if defined(__AVX512F__)
-    __m512 acc[CHAINS];
-    const __m512 scale = _mm512_set1_ps(0.999f), add = _mm512_set1_ps(0.001f);
-    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
-    for (long long i = 0; i < iterations; i++) {
-#pragma GCC unroll 12
-        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_fmadd_ps(acc[c], scale, add);
-    }
-    __m512 total = acc[0];
-    for (int c = 1; c < CHAINS; c++) total = _mm512_add_ps(total, acc[c]);
-    *sink = _mm512_reduce_add_ps(total);
-    return iterations * CHAINS * 16 * 2;
+#define FLOAT_LANES 16
+typedef __m512 float_lanes;
+#define SET_LANES _mm512_set1_ps
+#define FMA_LANES _mm512_fmadd_ps
 #elif defined(__AVX2__) && defined(__FMA__)
-    __m256 acc[CHAINS];
-    const __m256 scale = _mm256_set1_ps(0.999f), add = _mm256_set1_ps(0.001f);
-    for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_set1_ps((float)c);
+#define FLOAT_LANES 8
+typedef __m256 float_lanes;
+#define SET_LANES _mm256_set1_ps
+#define FMA_LANES _mm256_fmadd_ps
+#endif
+
+long long float32_fma_loop(long long iterations, float *sink) {
+#if defined(FLOAT_LANES)
+    float_lanes acc[CHAINS];
+    const float_lanes scale = SET_LANES(0.999f), add = SET_LANES(0.001f);
+    for (int c = 0; c < CHAINS; c++) acc[c] = SET_LANES((float)c);
     for (long long i = 0; i < iterations; i++) {
 #pragma GCC unroll 12
-        for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_fmadd_ps(acc[c], scale, add);
+        for (int c = 0; c < CHAINS; c++) acc[c] = FMA_LANES(acc[c], scale, add);
     }
-    __m256 total = acc[0];
-    for (int c = 1; c < CHAINS; c++) total = _mm256_add_ps(total, acc[c]);
-    float lanes[8];
-    _mm256_storeu_ps(lanes, total);
-    *sink = lanes[0] + lanes[7];
-    return iterations * CHAINS * 8 * 2;
+    float lanes[FLOAT_LANES], total = 0.0f;
+    for (int c = 0; c < CHAINS; c++) {
+        memcpy(lanes, &acc[c], sizeof lanes);
+        for (int lane = 0; lane < FLOAT_LANES; lane++) total += lanes[lane];
+    }
+    *sink = total;
+    return iterations * CHAINS * FLOAT_LANES * 2;
 #else
     (void)iterations, (void)sink;
     return -1;
